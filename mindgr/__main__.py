@@ -1,0 +1,5 @@
+import sys
+
+from mindgr.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks behind `mindgr bench`: they print measured figures; none of them is a test."""

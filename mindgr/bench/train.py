@@ -1,0 +1,59 @@
+"""`mindgr bench train`: real tokens/s, step time and MFU of the compiled training step of a config."""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -> dict:
+    from mindspore import Tensor
+    from mindgr.train.flops import train_flops
+    from mindgr.train.peak import peak_flops
+    from mindgr.train.trainer import Trainer
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.run.out_dir, cfg.run.name = tmp, "bench"
+        trainer = Trainer(cfg, quiet=True)
+        data, model, sampler = trainer.data, trainer.model, trainer.sampler
+        plan = data.plan.batches(0)
+        peak = peak_flops()["flops_per_s"]
+        times, tokens, flops, fills = [], 0, 0.0, []
+        compile_s = None
+        for i in range(warmup + steps):
+            indices = plan[i % len(plan)]
+            batch = data.train.batch(indices)
+            negatives, drop = sampler.draw(0, i)
+            args = [Tensor(x) for x in (batch.ids, batch.positions, batch.offsets, batch.timestamps,
+                                        batch.targets, negatives, drop)]
+            t0 = time.perf_counter()
+            model.train_step(*args).asnumpy()
+            dt = time.perf_counter() - t0
+            if i == 0:
+                compile_s = dt
+            if i >= warmup:
+                times.append(dt)
+                tokens += batch.num_tokens
+                fills.append(batch.fill)
+                lengths = np.diff(batch.offsets[: batch.num_rows + 1])
+                flops += train_flops(cfg.model, lengths, int((batch.targets > 0).sum()), cfg.loss.num_negatives)
+    total = float(np.sum(times))
+    result = {
+        "arch": cfg.model.arch, "backend": trainer.backend, "token_capacity": data.train.token_capacity,
+        "row_capacity": data.train.row_capacity, "steps": steps, "first_step_s_incl_compile": compile_s,
+        "step_time_s_median": float(np.median(times)), "real_tokens_per_s": tokens / total,
+        "fill": float(np.mean(fills)), "model_tflops_per_step": flops / steps / 1e12,
+        "mfu": flops / total / peak, "peak_gflops": peak / 1e9,
+    }
+    print(f"bench train [{cfg.model.arch}, backend {result['backend']}, T_cap {result['token_capacity']}, "
+          f"B_cap {result['row_capacity']}]")
+    print(f"  step time (median of {steps}) {result['step_time_s_median'] * 1e3:.1f} ms | first step incl. "
+          f"compile {compile_s:.1f} s")
+    print(f"  real tokens/s {result['real_tokens_per_s']:.0f} | fill {result['fill']:.3f} | "
+          f"MFU {result['mfu'] * 100:.2f}% of {result['peak_gflops']:.1f} GFLOP/s (MindSpore fp32 MatMul peak)")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=1))
+    return result

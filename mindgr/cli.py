@@ -1,0 +1,135 @@
+"""`mindgr` command line: train, eval, data prepare, bench.
+
+Bad configs, data and checkpoints end the command with ONE line on stderr naming what is wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _overrides(args) -> list[str]:
+    return list(args.set or []) + list(getattr(args, "overrides", None) or [])
+
+
+def _load(args):
+    from mindgr.config import load_config
+    return load_config(args.config, _overrides(args))
+
+
+def cmd_train(args) -> int:
+    from mindgr.config import dump_config
+    cfg = _load(args)
+    if args.print_config:
+        print(dump_config(cfg), end="")
+        return 0
+    from mindgr.train.trainer import Trainer
+    result = Trainer(cfg, resume=args.resume).fit()
+    print(json.dumps({k: result[k] for k in ("valid", "test", "checkpoint")}, indent=1))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from mindgr.train.trainer import evaluate_run
+    result = evaluate_run(args.run, args.split, args.checkpoint)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def cmd_data(args) -> int:
+    from mindgr.config import parse_override
+    from mindgr.datasets import prepare
+    options = {}
+    for text in args.option or []:
+        key, _, raw = text.partition("=")
+        options.update(parse_override(f"o.{key}={raw}")["o"])
+    prepare(args.kind, args.src, args.out, lenient=args.lenient, **options)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    if args.what == "peak":
+        from mindgr.train.peak import peak_flops
+        p = peak_flops(refresh=args.refresh)
+        print(f"peak fp32 GEMM (MindSpore MatMul): {p['flops_per_s'] / 1e9:.1f} GFLOP/s  [{p['method']}]")
+        return 0
+    from mindgr.bench.train import bench_train
+    bench_train(_load(args), steps=args.steps, warmup=args.warmup, out=args.out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mindgr", description="MindGR: generative recommendation training on MindSpore")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a model from a YAML config")
+    t.add_argument("--config", help="YAML config (defaults: the built-in synthetic smoke setup)")
+    t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    t.add_argument("--resume", action="store_true", help="continue the run in run.out_dir/run.name")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="re-evaluate a saved run")
+    e.add_argument("--run", required=True, help="run directory (holds config.yaml and checkpoints/)")
+    e.add_argument("--split", default="test", choices=["valid", "test"])
+    e.add_argument("--checkpoint", default="best", choices=["best", "latest"])
+    e.set_defaults(func=cmd_eval)
+
+    d = sub.add_parser("data", help="prepare a dataset into a sequence store")
+    dsub = d.add_subparsers(dest="data_command", required=True)
+    dp = dsub.add_parser("prepare", help="read raw logs and write a Parquet sequence store")
+    dp.add_argument("kind", choices=["movielens-1m", "movielens-100k", "kuairand", "synthetic"])
+    dp.add_argument("--src", default=None, help="source file or directory (not needed for synthetic)")
+    dp.add_argument("--out", required=True, help="output directory for the store")
+    dp.add_argument("--lenient", action="store_true", help="skip and count malformed lines instead of failing")
+    dp.add_argument("--option", action="append", metavar="KEY=VALUE",
+                    help="reader option, e.g. num_users=500 (synthetic) or positive_column=is_like (kuairand)")
+    dp.set_defaults(func=cmd_data)
+
+    b = sub.add_parser("bench", help="measure speed (prints figures; never part of the tests)")
+    b.add_argument("what", choices=["peak", "train"])
+    b.add_argument("--config")
+    b.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
+    b.add_argument("--steps", type=int, default=20, help="timed steps (train)")
+    b.add_argument("--warmup", type=int, default=3, help="untimed steps first, compile included (train)")
+    b.add_argument("--refresh", action="store_true", help="re-measure the peak even if cached (peak)")
+    b.add_argument("--out", help="also write the figures as JSON to this path")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the progress lines
+    parser = build_parser()
+    # Bare SECTION.KEY=VALUE words anywhere on the line are overrides, like --set.
+    args, extra = parser.parse_known_args(argv)
+    bad = [w for w in extra if "=" not in w or w.startswith("-")]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    if extra and args.command not in ("train", "bench"):
+        parser.error(f"overrides are for train and bench: {' '.join(extra)}")
+    args.overrides = extra
+    from mindgr.config import ConfigError
+    from mindgr.datasets import DataError
+    from mindgr.train.checkpoint import CheckpointError
+    from mindgr.ops.backend import BackendUnavailable
+    if os.environ.get("MINDGR_DEBUG"):
+        return args.func(args)  # full tracebacks
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"mindgr: error: {e}", file=sys.stderr)
+        return 2
+    except (DataError, CheckpointError, BackendUnavailable, FileNotFoundError, ValueError,
+            FloatingPointError) as e:
+        print(f"mindgr: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("mindgr: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Typed run configuration: YAML file + `section.key=value` overrides, validated with one-line errors.
+
+Every field is declared once here with its type and allowed range, so `--print-config` shows the whole
+resolved run and a typo fails fast instead of being silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad config: the message is one line naming the key, the value and what is allowed."""
+
+
+def _rng(lo=None, hi=None, lo_open=False, choices=None):
+    return {"lo": lo, "hi": hi, "lo_open": lo_open, "choices": choices}
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    out_dir: str = "runs"                     # the run directory is out_dir/name
+    seed: int = field(default=0, metadata=_rng(lo=0))
+    log_every: int = field(default=10, metadata=_rng(lo=1))
+    keep_last: int = field(default=2, metadata=_rng(lo=1))   # checkpoints kept besides the best one
+    ckpt_every: int = field(default=0, metadata=_rng(lo=0))  # steps between checkpoints; 0 = once per epoch
+
+
+@dataclass
+class SyntheticConfig:
+    num_users: int = field(default=2000, metadata=_rng(lo=1))
+    num_items: int = field(default=1000, metadata=_rng(lo=2))
+    median_len: int = field(default=50, metadata=_rng(lo=2))
+    min_len: int = field(default=5, metadata=_rng(lo=3))
+    max_len: int = field(default=200, metadata=_rng(lo=3))
+    num_clusters: int = field(default=20, metadata=_rng(lo=1))
+    seed: int = field(default=0, metadata=_rng(lo=0))
+
+
+@dataclass
+class DataConfig:
+    kind: str = field(default="synthetic", metadata=_rng(
+        choices=["synthetic", "movielens-1m", "movielens-100k", "kuairand", "store"]))
+    path: str = ""                            # source file/dir (or a prepared store dir for kind=store)
+    lenient: bool = False                     # skip (and count) malformed lines instead of failing
+    max_len: int = field(default=200, metadata=_rng(lo=2))    # N: the most recent items kept
+    holdout: int = field(default=2, metadata=_rng(lo=1, hi=2))  # 2: train on s[:-2]; 1: HSTU protocol s[:-1]
+    token_capacity: int = field(default=0, metadata=_rng(lo=0))  # T_cap; 0 = derived from batch size
+    row_capacity: int = field(default=0, metadata=_rng(lo=0))    # B_cap; 0 = derived
+    positive_column: str = "is_click"         # kuairand: which column marks a positive interaction
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass
+class ModelConfig:
+    arch: str = field(default="hstu", metadata=_rng(choices=["hstu", "sasrec"]))
+    dim: int = field(default=50, metadata=_rng(lo=1))         # D, item embedding width
+    num_blocks: int = field(default=2, metadata=_rng(lo=1))
+    num_heads: int = field(default=1, metadata=_rng(lo=1))
+    dqk: int = field(default=0, metadata=_rng(lo=0))          # per-head q/k width; 0 = dim / heads
+    dv: int = field(default=0, metadata=_rng(lo=0))           # per-head v width; 0 = dim / heads
+    dropout: float = field(default=0.2, metadata=_rng(lo=0.0, hi=0.95))
+    time_bias: bool = True                    # HSTU relative time bias (needs timestamps)
+    num_time_buckets: int = field(default=128, metadata=_rng(lo=1))
+    ffn_dim: int = field(default=0, metadata=_rng(lo=0))      # SASRec FFN width; 0 = dim
+
+
+@dataclass
+class LossConfig:
+    negatives: str = field(default="per_token", metadata=_rng(choices=["per_token"]))
+    num_negatives: int = field(default=128, metadata=_rng(lo=1))
+    temperature: float = field(default=0.05, metadata=_rng(lo=0.0, lo_open=True))
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = field(default=10, metadata=_rng(lo=1))
+    max_steps: int = field(default=0, metadata=_rng(lo=0))    # 0 = run all epochs
+    batch_size: int = field(default=128, metadata=_rng(lo=1))  # mean sequences per batch
+    lr: float = field(default=1e-3, metadata=_rng(lo=0.0, lo_open=True))
+    beta1: float = field(default=0.9, metadata=_rng(lo=0.0, hi=0.999999))
+    beta2: float = field(default=0.98, metadata=_rng(lo=0.0, hi=0.999999))
+    eps: float = field(default=1e-8, metadata=_rng(lo=0.0, lo_open=True))
+    weight_decay: float = field(default=0.0, metadata=_rng(lo=0.0))
+
+
+@dataclass
+class EvalConfig:
+    every_epochs: int = field(default=1, metadata=_rng(lo=0))  # 0 = only at the end
+    ks: list = field(default_factory=lambda: [1, 10, 50, 200])
+    batch_size: int = field(default=256, metadata=_rng(lo=1))  # sequences per eval batch (mean)
+
+
+@dataclass
+class OpsConfig:
+    backend: str = field(default="auto", metadata=_rng(choices=["auto", "reference", "cpu", "ascend"]))
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    ops: OpsConfig = field(default_factory=OpsConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.out_dir) / self.run.name
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value, tp):
+    """Check `value` against the declared type; ints are accepted for floats, nothing else is converted."""
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif tp is list:
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return value
+        raise ConfigError(f"config: {key} = {value!r}: expected a list of integers")
+    raise ConfigError(f"config: {key} = {value!r}: expected {_type_name(tp)}")
+
+
+def _check_range(key: str, value, meta: dict):
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"config: {key} = {value!r}: expected one of {', '.join(choices)}")
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None and (value <= lo if meta.get("lo_open") else value < lo):
+        rel = ">" if meta.get("lo_open") else ">="
+        bound = f"{rel} {lo}" + (f" and <= {hi}" if hi is not None else "")
+        raise ConfigError(f"config: {key} = {value!r}: expected a value {bound}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"config: {key} = {value!r}: expected a value <= {hi}")
+
+
+def _apply(obj, data: dict, prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {prefix.rstrip('.') or '<top>'} = {data!r}: expected a mapping")
+    hints = typing.get_type_hints(type(obj))
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    for name, value in data.items():
+        key = prefix + str(name)
+        if name not in fields:
+            raise ConfigError(f"config: unknown key '{key}' (allowed: {', '.join(fields)})")
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            _apply(getattr(obj, name), value, key + ".")
+            continue
+        value = _coerce(key, value, tp)
+        _check_range(key, value, fields[name].metadata)
+        setattr(obj, name, value)
+
+
+def _nest(dotted: str, value) -> dict:
+    out: dict = {}
+    node = out
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def _merge(dst: dict, src: dict):
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _merge(dst[k], v)
+        else:
+            dst[k] = v
+
+
+def parse_override(text: str) -> dict:
+    """`model.dim=64` -> {"model": {"dim": 64}}; the value is read as YAML (so 1e-3, true, [1,10] work)."""
+    if "=" not in text:
+        raise ConfigError(f"config: override {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or "." not in key:
+        raise ConfigError(f"config: override {text!r}: expected section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return _nest(key, value)
+
+
+def _validate_cross(cfg: Config):
+    m = cfg.model
+    for name in ("dqk", "dv"):
+        if getattr(m, name) == 0 and m.dim % m.num_heads:
+            raise ConfigError(f"config: model.{name} = 0 derives dim/num_heads, but model.dim = {m.dim} "
+                              f"is not divisible by model.num_heads = {m.num_heads}: set model.{name}")
+    if cfg.data.kind != "synthetic" and not cfg.data.path:
+        raise ConfigError(f"config: data.path = '': data.kind = {cfg.data.kind} needs a source path")
+    if cfg.data.token_capacity and cfg.data.token_capacity < cfg.data.max_len:
+        raise ConfigError(f"config: data.token_capacity = {cfg.data.token_capacity}: expected 0 (auto) "
+                          f"or >= data.max_len = {cfg.data.max_len}")
+    if not cfg.eval.ks or min(cfg.eval.ks) < 1:
+        raise ConfigError(f"config: eval.ks = {cfg.eval.ks!r}: expected a non-empty list of integers >= 1")
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Load a YAML config (or the defaults), apply overrides, validate. Raises ConfigError."""
+    data: dict = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config: file not found: {path}")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark else ""
+            raise ConfigError(f"config: {path}{where}: not valid YAML") from None
+        if loaded is not None:
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"config: {path}: expected a mapping of sections at the top level")
+            data = loaded
+    for text in overrides or []:
+        _merge(data, parse_override(text))
+    cfg = Config()
+    _apply(cfg, data, "")
+    _validate_cross(cfg)
+    return cfg
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def config_from_dict(data: dict) -> Config:
+    cfg = Config()
+    _apply(cfg, data, "")
+    _validate_cross(cfg)
+    return cfg

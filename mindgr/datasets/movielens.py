@@ -1,0 +1,149 @@
+"""MovieLens readers: ML-1M (ratings.dat[.gz] or sequences.txt) and ML-100K (u.data)."""
+import gzip
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataError, SkipCounter
+from .parsing import (DELIMITERS, BadLine, build_store, check_file, other_delimiter, parse_id, parse_time,
+                      progress, read_lines, report)
+from .store import SequenceStore, remap_items
+
+
+def _read_rating_lines(path, sep, field_names, lenient):
+    """Parse `user SEP item SEP rating SEP timestamp` lines into int64 arrays."""
+    lines = read_lines(path)
+    layout = sep.join(field_names) if sep != "\t" else "<tab>".join(field_names)
+    nfields = len(field_names)
+    user_f, item_f, rating_f, time_f = field_names
+    skips = SkipCounter()
+    users, items, times = [], [], []
+    for lineno, line in enumerate(progress(lines, path, len(lines)), 1):
+        if not line.strip():
+            continue
+        try:
+            parts = line.split(sep)
+            if len(parts) != nfields:
+                other = other_delimiter(line, sep, nfields)
+                if other is not None:
+                    raise BadLine("wrong delimiter", f"expected fields separated by {DELIMITERS[sep]} "
+                                                      f"({layout}), found {other}")
+                raise BadLine("wrong number of fields",
+                               f"expected {nfields} fields ({layout}), found {len(parts)}")
+            u = parse_id(parts[0], user_f, 1)
+            i = parse_id(parts[1], item_f, 1)
+            try:
+                float(parts[2])
+            except ValueError:
+                raise BadLine("non-numeric field",
+                               f"field {rating_f} is not a number: {parts[2].strip()!r}") from None
+            t = parse_time(parts[3], time_f)
+        except BadLine as bad:
+            if not lenient:
+                raise DataError(path, lineno, bad.message) from None
+            skips.count(bad.reason)
+            continue
+        users.append(u)
+        items.append(i)
+        times.append(t)
+    report(path, skips)
+    if not users:
+        raise DataError(path, None, f"no valid interactions ({skips.summary()})")
+    return users, items, times
+
+
+def _read_sequence_lines(path, lenient):
+    """Parse `user_id item item ...` lines (file order is chronological)."""
+    lines = read_lines(path)
+    skips = SkipCounter()
+    seen = {}
+    user_ids, seqs = [], []
+    dropped = 0
+    for lineno, line in enumerate(progress(lines, path, len(lines)), 1):
+        if not line.strip():
+            continue
+        try:
+            for sep in ("::", ",", ";", "|"):
+                if sep in line:
+                    raise BadLine("wrong delimiter", f"expected space-separated 'user_id item item ...', "
+                                                      f"found {DELIMITERS[sep]}")
+            parts = line.split()
+            try:
+                values = np.array(parts, dtype=np.int64)
+            except (ValueError, OverflowError):
+                for k, p in enumerate(parts):
+                    parse_id(p, "user_id" if k == 0 else f"item {k}", 1)
+                raise BadLine("non-numeric field", "line holds a non-integer field") from None
+            bad = np.flatnonzero(values < 1)
+            if len(bad):
+                k = int(bad[0])
+                raise BadLine("negative id" if values[k] < 0 else "id out of range",
+                               f"{'user_id' if k == 0 else f'item {k}'} must be >= 1, got {values[k]}")
+            user = int(values[0])
+            if user in seen:
+                raise BadLine("duplicate user", f"user {user} already appeared on line {seen[user]}")
+        except BadLine as bad:
+            if not lenient:
+                raise DataError(path, lineno, bad.message) from None
+            skips.count(bad.reason)
+            continue
+        seen[user] = lineno
+        if len(values) < 2:
+            dropped += 1  # a user needs at least one item
+            continue
+        user_ids.append(user)
+        seqs.append(values[1:])
+    report(path, skips, dropped)
+    if not seqs:
+        raise DataError(path, None, f"no valid interactions ({skips.summary()})")
+    order = np.argsort(np.asarray(user_ids, dtype=np.int64), kind="stable")
+    item_seqs, item_raw_ids = remap_items([seqs[k] for k in order])
+    return SequenceStore(name="movielens-1m", user_ids=np.asarray(user_ids, dtype=np.int64)[order],
+                         item_seqs=item_seqs, time_seqs=None, item_raw_ids=item_raw_ids, time_unit="s")
+
+
+def _is_ratings_file(path):
+    name = path.name.lower()
+    if name.endswith(".txt"):
+        return False
+    if ".dat" in name:
+        return True
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", errors="replace") as f:
+            for line in f:
+                if line.strip():
+                    return "::" in line
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(path, None, f"cannot read file: {e}") from e
+    return False
+
+
+def read_movielens_1m(path, lenient=False):
+    """ML-1M from ratings.dat(.gz) (`UserID::MovieID::Rating::Timestamp`) or sequences.txt.
+
+    A directory uses ratings.dat, then ratings.dat.gz, then sequences.txt.
+    """
+    path = Path(path)
+    if path.is_dir():
+        for name in ("ratings.dat", "ratings.dat.gz", "sequences.txt"):
+            if (path / name).is_file():
+                path = path / name
+                break
+        else:
+            raise DataError(path, None, "no ratings.dat, ratings.dat.gz or sequences.txt in directory")
+    check_file(path)
+    if not _is_ratings_file(path):
+        return _read_sequence_lines(path, lenient)
+    users, items, times = _read_rating_lines(path, "::", ["UserID", "MovieID", "Rating", "Timestamp"], lenient)
+    return build_store("movielens-1m", users, items, times, "s")
+
+
+def read_movielens_100k(path, lenient=False):
+    """ML-100K u.data: tab-separated `user item rating timestamp` (path = file or its directory)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "u.data"
+    users, items, times = _read_rating_lines(path, "\t", ["user_id", "item_id", "rating", "timestamp"], lenient)
+    return build_store("movielens-100k", users, items, times, "s")

@@ -1,0 +1,190 @@
+"""Synthetic KuaiRand-like data with real, learnable sequential structure.
+
+Items belong to latent clusters; each item has a few likely successors inside
+its cluster, users drift between their preferred clusters, and some steps are
+popularity noise. A next-item model can learn this; a popularity model cannot.
+"""
+from pathlib import Path
+
+import numpy as np
+
+from .store import SequenceStore, remap_items
+
+_SUCCESSOR_PROBS = np.array([0.6, 0.25, 0.15])  # weights of an item's few successors
+_P_SWITCH = 0.08   # per step: jump to another of the user's preferred clusters
+_P_NOISE = 0.12    # per step: a globally popular item regardless of context
+_START_MS = 1_600_000_000_000
+
+
+class _ClusterSampler:
+    """Draws items by popularity restricted to a cluster, vectorised over many draws."""
+
+    def __init__(self, cluster, pop):
+        self.cluster = cluster
+        self.by_cluster = np.argsort(cluster, kind="stable")
+        self.cdf = np.cumsum(pop[self.by_cluster])
+        sorted_c = cluster[self.by_cluster]
+        ids = np.arange(cluster.max() + 1)
+        self.start = np.searchsorted(sorted_c, ids, side="left")
+        self.end = np.searchsorted(sorted_c, ids, side="right")
+        self.lo = np.where(self.start > 0, self.cdf[np.maximum(self.start - 1, 0)], 0.0)
+        self.hi = self.cdf[self.end - 1]
+
+    def neighbour(self, items):
+        """The next item of the same cluster (wrapping); the item itself if alone."""
+        pos = np.empty_like(self.by_cluster)
+        pos[self.by_cluster] = np.arange(len(pos))
+        c = self.cluster[items]
+        k = self.start[c] + (pos[items] - self.start[c] + 1) % (self.end[c] - self.start[c])
+        return self.by_cluster[k]
+
+    def __call__(self, rng, clusters):
+        u = self.lo[clusters] + rng.random(len(clusters)) * (self.hi[clusters] - self.lo[clusters])
+        k = np.searchsorted(self.cdf, u, side="right")
+        k = np.clip(k, self.start[clusters], self.end[clusters] - 1)  # guard float rounding
+        return self.by_cluster[k]
+
+
+def _session_gaps(rng, n, new_session):
+    """Millisecond gaps: seconds-minutes inside a session, hours-days between sessions."""
+    inside = np.exp(np.log(40_000.0) + 1.0 * rng.standard_normal(n))
+    between = np.exp(np.log(8 * 3600_000.0) + 1.2 * rng.standard_normal(n))
+    gaps = np.where(new_session, between, inside)
+    return np.maximum(gaps, 1000.0).astype(np.int64)
+
+
+def generate_synthetic(num_users=2000, num_items=1000, median_len=50, max_len=200, min_len=5,
+                       num_clusters=20, seed=0, sigma=0.8, zipf_a=1.1):
+    """Deterministic (per seed) synthetic store; time_unit "ms", raw item ids 1..num_items."""
+    if not (1 <= min_len <= max_len) or num_users < 1 or num_items < 2:
+        raise ValueError("need num_users >= 1, num_items >= 2 and 1 <= min_len <= max_len")
+    rng = np.random.default_rng(seed)
+    num_clusters = max(1, min(num_clusters, num_items))
+
+    lens = np.exp(np.log(median_len) + sigma * rng.standard_normal(num_users))
+    lens = np.clip(np.round(lens), min_len, max_len).astype(np.int64)
+
+    pop = (rng.permutation(num_items) + 1.0) ** -zipf_a  # Zipf over a random item order
+    pop /= pop.sum()
+    pop_cdf = np.cumsum(pop)
+    cluster = rng.permutation(num_items) % num_clusters  # balanced, none empty
+    in_cluster = _ClusterSampler(cluster, pop)
+
+    # Sparse within-cluster transitions: a few successors per item, avoiding self-loops.
+    k_succ = len(_SUCCESSOR_PROBS)
+    succ = in_cluster(rng, np.repeat(cluster, k_succ)).reshape(num_items, k_succ)
+    succ_cluster = np.repeat(cluster, k_succ).reshape(num_items, k_succ)
+    for _ in range(20):
+        selfloop = succ == np.arange(num_items)[:, None]
+        if not selfloop.any():
+            break
+        succ[selfloop] = in_cluster(rng, succ_cluster[selfloop])
+    # Very popular items keep drawing themselves: fall back to their cluster neighbour.
+    rows, cols = np.nonzero(succ == np.arange(num_items)[:, None])
+    succ[rows, cols] = in_cluster.neighbour(rows)
+
+    # Each user prefers a few clusters (sparse Dirichlet) and switches among them.
+    pref_cdf = np.cumsum(rng.dirichlet(np.full(num_clusters, 0.3), size=num_users), axis=1)
+
+    def pick_cluster(users):
+        u = rng.random(len(users))[:, None]
+        return np.minimum((pref_cdf[users] < u).sum(axis=1), num_clusters - 1)
+
+    steps = int(lens.max())
+    items = np.empty((num_users, steps), dtype=np.int64)
+    new_session = np.zeros((num_users, steps), dtype=bool)
+    everyone = np.arange(num_users)
+    prev = in_cluster(rng, pick_cluster(everyone))
+    items[:, 0] = prev
+    for t in range(1, steps):
+        r = rng.random(num_users)
+        switch = r < _P_SWITCH
+        noise = (r >= _P_SWITCH) & (r < _P_SWITCH + _P_NOISE)
+        which = np.searchsorted(np.cumsum(_SUCCESSOR_PROBS), rng.random(num_users) * _SUCCESSOR_PROBS.sum())
+        nxt = succ[prev, np.minimum(which, k_succ - 1)]
+        nxt[noise] = np.minimum(np.searchsorted(pop_cdf, rng.random(int(noise.sum()))), num_items - 1)
+        nxt[switch] = in_cluster(rng, pick_cluster(everyone[switch]))
+        items[:, t] = nxt
+        # Sessions tend to break when the user's interest jumps.
+        new_session[:, t] = rng.random(num_users) < np.where(switch, 0.5, 0.04)
+        prev = nxt
+
+    mask = np.arange(steps)[None, :] < lens[:, None]
+    starts = _START_MS + rng.integers(0, 60 * 86400_000, size=num_users)
+    gaps = _session_gaps(rng, num_users * steps, new_session.reshape(-1)).reshape(num_users, steps)
+    gaps[:, 0] = starts
+    times = np.cumsum(gaps, axis=1)
+
+    splits = np.cumsum(lens)[:-1]
+    raw_seqs = np.split(items[mask] + 1, splits)
+    item_seqs, item_raw_ids = remap_items(raw_seqs)  # keep only items that occur
+    return SequenceStore(name="synthetic", user_ids=np.arange(1, num_users + 1, dtype=np.int64),
+                         item_seqs=item_seqs, time_seqs=np.split(times[mask], splits),
+                         item_raw_ids=item_raw_ids, time_unit="ms")
+
+
+KUAIRAND_COLUMNS = ["user_id", "video_id", "date", "hourmin", "time_ms", "is_click", "is_like",
+                    "is_follow", "is_comment", "is_forward", "is_hate", "long_view", "play_time_ms",
+                    "duration_ms", "profile_stay_time", "comment_stay_time", "is_profile_enter",
+                    "is_rand", "tab"]
+
+
+def write_kuairand_csv(store, out_dir, files=2, seed=0):
+    """Write the store as KuaiRand-style log_*.csv files; returns their paths.
+
+    Store interactions become is_click=1 rows; extra is_click=0 rows are mixed in
+    (a reader must filter them out) and each user's rows are spread over the files.
+    An exact round trip needs strictly increasing times per user (ties may reorder).
+    """
+    import pyarrow as pa  # lazy: the generator itself does not need it
+    import pyarrow.csv as pacsv
+
+    if not store.has_timestamps:
+        raise ValueError("write_kuairand_csv needs a store with timestamps")
+    rng = np.random.default_rng(seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lens = store.lengths()
+    users = np.repeat(store.user_ids, lens)
+    videos = store.item_raw_ids[np.concatenate(store.item_seqs)]
+    times = np.concatenate(store.time_seqs).astype(np.int64) * (1000 if store.time_unit == "s" else 1)
+
+    # Non-clicks: shown around real interactions, with random videos.
+    n_pos = len(users)
+    n_neg = n_pos // 2
+    anchor = rng.integers(0, len(users), size=n_neg)
+    users = np.concatenate([users, users[anchor]])
+    videos = np.concatenate([videos, store.item_raw_ids[rng.integers(1, store.num_items + 1, size=n_neg)]])
+    times = np.concatenate([times, times[anchor] + rng.integers(1, 5000, size=n_neg)])
+    click = np.concatenate([np.ones(n_pos, np.int64), np.zeros(n_neg, np.int64)])
+    n = len(users)
+
+    beijing = (times + 8 * 3600_000).astype("datetime64[ms]")
+    day = beijing.astype("datetime64[D]")
+    date = np.char.replace(np.datetime_as_string(day), "-", "").astype(np.int64)
+    minute_of_day = (beijing - day).astype(np.int64) // 60_000
+    duration = rng.integers(5_000, 120_000, size=n)
+    play = np.where(click == 1, (duration * rng.uniform(0.1, 1.5, size=n)).astype(np.int64), 0)
+    cols = {
+        "user_id": users, "video_id": videos, "date": date,
+        "hourmin": (minute_of_day // 60) * 100 + minute_of_day % 60, "time_ms": times, "is_click": click,
+        "is_like": click * (rng.random(n) < 0.05), "is_follow": click * (rng.random(n) < 0.01),
+        "is_comment": click * (rng.random(n) < 0.01), "is_forward": click * (rng.random(n) < 0.005),
+        "is_hate": (rng.random(n) < 0.002).astype(np.int64), "long_view": (play > duration // 2).astype(np.int64),
+        "play_time_ms": play, "duration_ms": duration, "profile_stay_time": np.zeros(n, np.int64),
+        "comment_stay_time": np.zeros(n, np.int64), "is_profile_enter": click * (rng.random(n) < 0.02),
+        "is_rand": np.zeros(n, np.int64), "tab": rng.integers(0, 6, size=n),
+    }
+    part = rng.integers(0, files, size=n)
+    paths = []
+    for k in range(files):
+        rows = np.flatnonzero(part == k)
+        rows = rows[np.lexsort((times[rows], users[rows]))]
+        table = pa.table({c: pa.array(np.asarray(cols[c], dtype=np.int64)[rows]) for c in KUAIRAND_COLUMNS})
+        path = out / f"log_synthetic_part{k + 1}.csv"
+        with open(path, "wb") as f:  # plain header: pyarrow would quote the column names
+            f.write((",".join(KUAIRAND_COLUMNS) + "\n").encode())
+            pacsv.write_csv(table, f, write_options=pacsv.WriteOptions(include_header=False,
+                                                                      quoting_style="none"))
+        paths.append(path)
+    return paths

@@ -1,0 +1,71 @@
+"""HSTU (Zhai et al., ICML 2024) exactly as published, on jagged sequences.
+
+Per block, for tokens x [T, D]:
+    u, v, q, k = split(SiLU(LayerNorm(x) @ W_uvqk))                      (no bias)
+    A(x) v     = per row: sum_{j<=i} SiLU(q_i.k_j + rab_pos(i,j) + rab_time(i,j)) / N * v_j
+    y          = x + Linear(Dropout(u * LayerNorm(A(x) v)))
+Input: item_emb * sqrt(D) + pos_emb, dropout; output L2-normalised. N is the configured max length.
+"""
+import numpy as np
+from mindspore import nn, ops
+
+from mindgr.models.layers import apply_dropout, l2_normalize, layer_norm, param, trunc_normal, xavier_uniform
+from mindgr.ops.attention import jagged_hstu_attention
+
+
+class HSTUBlock(nn.Cell):
+    def __init__(self, rng, dim, num_heads, dqk, dv, max_len, num_time_buckets, time_bias, prefix):
+        super().__init__()
+        self.h, self.dqk, self.dv, self.max_len = num_heads, dqk, dv, max_len
+        width = num_heads * (2 * dv + 2 * dqk)
+        self.w_uvqk = param(trunc_normal(rng, (dim, width), 0.02), f"{prefix}.w_uvqk")
+        self.w_pos = param(trunc_normal(rng, (2 * max_len - 1,), 0.02), f"{prefix}.w_pos")
+        self.w_ts = param(trunc_normal(rng, (num_time_buckets + 1,), 0.02), f"{prefix}.w_ts") if time_bias else None
+        self.w_out = param(xavier_uniform(rng, num_heads * dv, dim), f"{prefix}.w_out")
+        self.b_out = param(np.zeros(dim, np.float32), f"{prefix}.b_out")
+
+    def construct(self, x, offsets, timestamps, drop_mask=None):
+        t = x.shape[0]
+        hv, hqk = self.h * self.dv, self.h * self.dqk
+        z = ops.silu(ops.matmul(layer_norm(x), self.w_uvqk))
+        u, v, q, k = ops.split(z, [hv, hv, hqk, hqk], 1)
+        v = v.reshape(t, self.h, self.dv)
+        q = q.reshape(t, self.h, self.dqk)
+        k = k.reshape(t, self.h, self.dqk)
+        attn = jagged_hstu_attention(q, k, v, offsets, timestamps, self.w_pos, self.w_ts, self.max_len)
+        o = u * layer_norm(attn.reshape(t, hv))
+        if drop_mask is not None:
+            o = apply_dropout(o, drop_mask)
+        return x + ops.matmul(o, self.w_out) + self.b_out
+
+
+class HSTU(nn.Cell):
+    """Jagged HSTU encoder. construct(ids, positions, offsets, timestamps, drop) -> [T, D] unit vectors."""
+
+    def __init__(self, num_items, dim, num_blocks, num_heads, dqk, dv, max_len, dropout=0.2,
+                 time_bias=True, num_time_buckets=128, seed=0):
+        super().__init__()
+        rng = np.random.default_rng([seed, 1])
+        self.dim, self.max_len, self.dropout = dim, max_len, dropout
+        self.item_emb = param(trunc_normal(rng, (num_items + 1, dim), 0.02), "item_emb")
+        self.pos_emb = param(trunc_normal(rng, (max_len, dim), float(np.sqrt(1.0 / dim))), "pos_emb")
+        self.blocks = nn.CellList([
+            HSTUBlock(rng, dim, num_heads, dqk, dv, max_len, num_time_buckets, time_bias, f"blocks.{i}")
+            for i in range(num_blocks)])
+        self.num_blocks = num_blocks
+        self.scale = float(np.sqrt(dim))
+        # Host-drawn dropout masks: one for the input and one per block, each [T, width].
+        self.dropout_sites = 1 + num_blocks
+        self.dropout_width = max(dim, num_heads * dv)
+
+    def item_table(self):
+        return l2_normalize(self.item_emb)
+
+    def construct(self, ids, positions, offsets, timestamps, drop=None):
+        x = ops.gather(self.item_emb, ids, 0) * self.scale + ops.gather(self.pos_emb, positions, 0)
+        masks = ops.unstack(drop, 0) if drop is not None else None
+        if masks is not None:
+            x = apply_dropout(x, masks[0])
+        for i in range(self.num_blocks):
+            x = self.blocks[i](x, offsets, timestamps, masks[i + 1] if masks is not None else None)
+        return l2_normalize(x)

@@ -1,0 +1,80 @@
+"""SASRec (Kang & McAuley, 2018), the baseline of the published HSTU table, on jagged sequences.
+
+Pre-LayerNorm Transformer blocks with causal softmax attention and a ReLU feed-forward; input
+item_emb * sqrt(D) + pos_emb with dropout; final LayerNorm; output L2-normalised so it trains with
+the same sampled-softmax-on-cosine loss as HSTU.
+"""
+import numpy as np
+from mindspore import nn, ops
+
+from mindgr.models.layers import apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
+from mindgr.ops.attention import jagged_softmax_attention
+
+
+class SASRecBlock(nn.Cell):
+    def __init__(self, rng, dim, num_heads, ffn_dim, max_len, prefix):
+        super().__init__()
+        self.h, self.d, self.max_len = num_heads, dim // num_heads, max_len
+        self.ln_attn = nn.LayerNorm((dim,), epsilon=1e-8)
+        self.ln_ffn = nn.LayerNorm((dim,), epsilon=1e-8)
+        self.w_qkv = param(xavier_uniform(rng, dim, 3 * dim), f"{prefix}.w_qkv")
+        self.b_qkv = param(np.zeros(3 * dim, np.float32), f"{prefix}.b_qkv")
+        self.w_o = param(xavier_uniform(rng, dim, dim), f"{prefix}.w_o")
+        self.w_1 = param(xavier_uniform(rng, dim, ffn_dim), f"{prefix}.w_1")
+        self.b_1 = param(np.zeros(ffn_dim, np.float32), f"{prefix}.b_1")
+        self.w_2 = param(xavier_uniform(rng, ffn_dim, dim), f"{prefix}.w_2")
+        self.b_2 = param(np.zeros(dim, np.float32), f"{prefix}.b_2")
+        self.ln_attn.gamma.name, self.ln_attn.beta.name = f"{prefix}.ln_attn.gamma", f"{prefix}.ln_attn.beta"
+        self.ln_ffn.gamma.name, self.ln_ffn.beta.name = f"{prefix}.ln_ffn.gamma", f"{prefix}.ln_ffn.beta"
+
+    def construct(self, x, offsets, m_attn=None, m_hidden=None, m_ffn=None):
+        t, dim = x.shape
+        qkv = ops.matmul(self.ln_attn(x), self.w_qkv) + self.b_qkv
+        q, k, v = ops.split(qkv, [dim, dim, dim], 1)
+        q = q.reshape(t, self.h, self.d)
+        k = k.reshape(t, self.h, self.d)
+        v = v.reshape(t, self.h, self.d)
+        a = ops.matmul(jagged_softmax_attention(q, k, v, offsets, self.max_len).reshape(t, dim), self.w_o)
+        if m_attn is not None:
+            a = apply_dropout(a, m_attn)
+        x = x + a
+        hidden = ops.relu(ops.matmul(self.ln_ffn(x), self.w_1) + self.b_1)
+        if m_hidden is not None:
+            hidden = apply_dropout(hidden, m_hidden)
+        f = ops.matmul(hidden, self.w_2) + self.b_2
+        if m_ffn is not None:
+            f = apply_dropout(f, m_ffn)
+        return x + f
+
+
+class SASRec(nn.Cell):
+    def __init__(self, num_items, dim, num_blocks, num_heads, max_len, dropout=0.2, ffn_dim=0, seed=0):
+        super().__init__()
+        rng = np.random.default_rng([seed, 2])
+        ffn_dim = ffn_dim or dim
+        self.dim, self.max_len, self.dropout = dim, max_len, dropout
+        self.item_emb = param(trunc_normal(rng, (num_items + 1, dim), 0.02), "item_emb")
+        self.pos_emb = param(trunc_normal(rng, (max_len, dim), float(np.sqrt(1.0 / dim))), "pos_emb")
+        self.blocks = nn.CellList([SASRecBlock(rng, dim, num_heads, ffn_dim, max_len, f"blocks.{i}")
+                                   for i in range(num_blocks)])
+        self.ln_out = nn.LayerNorm((dim,), epsilon=1e-8)
+        self.ln_out.gamma.name, self.ln_out.beta.name = "ln_out.gamma", "ln_out.beta"
+        self.num_blocks = num_blocks
+        self.scale = float(np.sqrt(dim))
+        self.dropout_sites = 1 + 3 * num_blocks
+        self.dropout_width = max(dim, ffn_dim)
+
+    def item_table(self):
+        return l2_normalize(self.item_emb)
+
+    def construct(self, ids, positions, offsets, timestamps, drop=None):
+        x = ops.gather(self.item_emb, ids, 0) * self.scale + ops.gather(self.pos_emb, positions, 0)
+        if drop is not None:
+            masks = ops.unstack(drop, 0)
+            x = apply_dropout(x, masks[0])
+            for i in range(self.num_blocks):
+                x = self.blocks[i](x, offsets, masks[1 + 3 * i], masks[2 + 3 * i], masks[3 + 3 * i])
+        else:
+            for i in range(self.num_blocks):
+                x = self.blocks[i](x, offsets)
+        return l2_normalize(self.ln_out(x))

@@ -1,0 +1,21 @@
+"""Jagged attention ops, dispatched to the configured backend (see mindgr.ops.backend).
+
+jagged_hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, dv]
+    per row and head: out_i = sum_{j<=i} SiLU(q_i.k_j + w_pos[N-1+j-i] + w_ts[bucket(t_{i+1}, t_j)]) / N * v_j
+    q, k [T, H, dqk]; v [T, H, dv]; offsets [B+1] int32; timestamps [T] int64; w_pos [2N-1];
+    w_ts [buckets+1] or None (no time bias); N = max_len. Tail tokens and empty rows give zeros.
+jagged_softmax_attention(q, k, v, offsets, max_len) -> [T, H, dv]: causal softmax attention (SASRec).
+"""
+from mindgr.ops import backend, reference
+
+
+def jagged_hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
+    if backend._current == "cpu":
+        from mindgr.ops import cpu
+        return cpu.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
+    return reference.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
+
+
+def jagged_softmax_attention(q, k, v, offsets, max_len: int):
+    # Only the reference exists for SASRec: it is the baseline, not an accelerated path.
+    return reference.softmax_attention(q, k, v, offsets, max_len)

@@ -1,0 +1,122 @@
+"""Pure-MindSpore implementations of the jagged ops: the oracle every fused kernel is tested against.
+
+They convert jagged tensors to padded [B, N, ...] blocks internally, so they cost B * N^2 for attention.
+That is what the fused kernels remove; here clarity matters more than speed.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import ops
+
+TIME_BUCKET_DIV = 0.301  # HSTU: bucket = floor(ln(|dt|) / 0.301), about log base 2
+
+
+def token_rows(offsets, num_tokens: int):
+    """Row index of each token position 0..T-1 (B for the unused tail): the number of row ends <= i."""
+    tok = ops.arange(num_tokens, dtype=offsets.dtype)
+    return ops.searchsorted(offsets[1:], tok, right=True).astype(ms.int32)
+
+
+def padded_index(offsets, max_len: int):
+    """For each (row, position) the token it holds and whether it is real: ([B, N] int32, [B, N] bool)."""
+    starts = offsets[:-1].astype(ms.int32)
+    lengths = (offsets[1:] - offsets[:-1]).astype(ms.int32)
+    pos = ops.arange(max_len, dtype=ms.int32)
+    index = starts[:, None] + pos[None, :]
+    valid = pos[None, :] < lengths[:, None]
+    return ops.where(valid, index, ops.zeros_like(index)), valid
+
+
+def jagged_to_padded(values, offsets, max_len: int):
+    """values [T, *F] -> [B, N, *F], zeros past each row's length. Rows longer than N are cut to N."""
+    index, valid = padded_index(offsets, max_len)
+    b = index.shape[0]
+    gathered = ops.gather(values, index.reshape(-1), 0)
+    gathered = gathered.reshape((b, max_len) + tuple(values.shape[1:]))
+    mask = valid.reshape((b, max_len) + (1,) * (values.ndim - 1)).astype(values.dtype)
+    return gathered * mask
+
+
+def padded_to_jagged(padded, offsets, num_tokens: int):
+    """padded [B, N, *F] -> [T, *F]; tokens past the last offset (the tail) are zero."""
+    b, n = padded.shape[0], padded.shape[1]
+    rows = token_rows(offsets, num_tokens)
+    real = rows < b
+    rows_c = ops.where(real, rows, ops.zeros_like(rows))
+    pos = ops.arange(num_tokens, dtype=ms.int32) - ops.gather(offsets.astype(ms.int32), rows_c, 0)
+    real = ops.logical_and(real, pos < n)
+    pos = ops.where(real, pos, ops.zeros_like(pos))
+    flat = padded.reshape((b * n,) + tuple(padded.shape[2:]))
+    out = ops.gather(flat, rows_c * n + pos, 0)
+    mask = real.reshape((num_tokens,) + (1,) * (padded.ndim - 2)).astype(padded.dtype)
+    return out * mask
+
+
+def time_buckets(dt, num_buckets: int):
+    """Bucket of a time gap: clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_buckets)."""
+    gap = ops.maximum(ops.abs(dt), ops.ones_like(dt)).astype(ms.float32)
+    b = ops.floor(ops.log(gap) / TIME_BUCKET_DIV)
+    return ops.clip(b, 0.0, float(num_buckets)).astype(ms.int32)
+
+
+def _causal(max_len: int):
+    """[N, N] float mask: key j <= query i."""
+    pos = ops.arange(max_len, dtype=ms.int32)
+    return (pos[None, :] <= pos[:, None]).astype(ms.float32)
+
+
+def _causal_valid(offsets, max_len: int):
+    """[B, 1, N, N] float mask: key j <= query i and both inside the row."""
+    _, valid = padded_index(offsets, max_len)
+    pos = ops.arange(max_len, dtype=ms.int32)
+    causal = pos[None, :] <= pos[:, None]                       # [N(i), N(j)]
+    both = ops.logical_and(valid[:, :, None], valid[:, None, :])
+    return ops.logical_and(both, causal[None]).astype(ms.float32)[:, None]
+
+
+def hstu_bias(offsets, timestamps, w_pos, w_ts, max_len: int):
+    """Relative attention bias [B or 1, 1, N, N]: w_pos[N-1+j-i] (+ w_ts[bucket(t_{i+1} - t_j)])."""
+    n = max_len
+    pos = ops.arange(n, dtype=ms.int32)
+    rel = n - 1 + pos[None, :] - pos[:, None]                   # [N, N], in [0, 2N-2]
+    bias = ops.gather(w_pos, rel.reshape(-1), 0).reshape(1, 1, n, n)
+    if w_ts is None:
+        return bias
+    ts = jagged_to_padded(timestamps, offsets, n)               # [B, N] int64
+    lengths = (offsets[1:] - offsets[:-1]).astype(ms.int32)
+    # The query at i looks at the time of the next event t_{i+1}; the last position uses its own time.
+    nxt = ops.concat((ts[:, 1:], ts[:, -1:]), 1)
+    has_next = (pos[None, :] + 1) < lengths[:, None]
+    tq = ops.where(has_next, nxt, ts)
+    buckets = time_buckets(tq[:, :, None] - ts[:, None, :], w_ts.shape[0] - 1)
+    b = buckets.shape[0]
+    tbias = ops.gather(w_ts, buckets.reshape(-1), 0).reshape(b, 1, n, n)
+    return bias + tbias
+
+
+def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
+    """out_i = sum_{j<=i} SiLU(q_i.k_j + rab(i, j)) / N * v_j per row and head. q,k [T,H,dqk], v [T,H,dv]."""
+    t = q.shape[0]
+    qp = jagged_to_padded(q, offsets, max_len).transpose(0, 2, 1, 3)   # [B, H, N, dqk]
+    kp = jagged_to_padded(k, offsets, max_len).transpose(0, 2, 1, 3)
+    vp = jagged_to_padded(v, offsets, max_len).transpose(0, 2, 1, 3)   # [B, H, N, dv]
+    scores = ops.matmul(qp, kp.transpose(0, 1, 3, 2))                 # [B, H, N, N]
+    scores = scores + hstu_bias(offsets, timestamps, w_pos, w_ts, max_len)
+    # Only the causal mask is needed: padded keys have v = 0 and padded queries are dropped on the way back.
+    weights = ops.silu(scores) * (_causal(max_len) / float(max_len))
+    out = ops.matmul(weights, vp).transpose(0, 2, 1, 3)               # [B, N, H, dv]
+    return padded_to_jagged(out, offsets, t)
+
+
+def softmax_attention(q, k, v, offsets, max_len: int):
+    """Causal softmax attention (SASRec), scaled by 1/sqrt(d). q,k [T,H,d], v [T,H,dv]."""
+    t, d = q.shape[0], q.shape[2]
+    qp = jagged_to_padded(q, offsets, max_len).transpose(0, 2, 1, 3)
+    kp = jagged_to_padded(k, offsets, max_len).transpose(0, 2, 1, 3)
+    vp = jagged_to_padded(v, offsets, max_len).transpose(0, 2, 1, 3)
+    scores = ops.matmul(qp, kp.transpose(0, 1, 3, 2)) / float(d) ** 0.5
+    allowed = _causal_valid(offsets, max_len)
+    scores = scores * allowed + (allowed - 1.0) * 1e9
+    weights = ops.softmax(scores, -1) * allowed
+    out = ops.matmul(weights, vp).transpose(0, 2, 1, 3)
+    return padded_to_jagged(out, offsets, t)

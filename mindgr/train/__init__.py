@@ -1,0 +1,1 @@
+"""Training: the compiled step, the loop, checkpoints, evaluation, metrics, FLOPs and MFU."""

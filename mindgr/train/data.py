@@ -1,0 +1,86 @@
+"""From a data config to the fixed-capacity batches the compiled step consumes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mindgr.datasets import (EpochPlan, auto_capacities, build_batch, eval_examples, leave_one_out,
+                             plan_batches, read_any, read_store, training_examples)
+
+
+def load_store(data_cfg, seed: int = 0):
+    """Read the configured source; a directory holding a prepared store is read as a store."""
+    d = data_cfg
+    if d.kind == "synthetic":
+        s = d.synthetic
+        return read_any("synthetic", None, num_users=s.num_users, num_items=s.num_items,
+                        median_len=s.median_len, min_len=s.min_len, max_len=s.max_len,
+                        num_clusters=s.num_clusters, seed=s.seed)
+    if d.kind == "store" or (Path(d.path) / "sequences.parquet").is_file():
+        return read_store(d.path)
+    opts = {"positive_column": d.positive_column} if d.kind == "kuairand" else {}
+    return read_any(d.kind, d.path, lenient=d.lenient, **opts)
+
+
+def _in_seconds(times, unit: str):
+    """HSTU's time buckets are defined on seconds; millisecond logs are converted once here."""
+    if times is None or unit == "s":
+        return times
+    return [t // 1000 for t in times]
+
+
+@dataclass
+class Examples:
+    """Jagged examples (inputs, their times, aligned targets) packed at fixed capacities."""
+    inputs: list
+    times: list | None
+    targets: list
+    token_capacity: int
+    row_capacity: int
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(x) for x in self.inputs], dtype=np.int64)
+
+    def batch(self, indices):
+        return build_batch(indices, self.inputs, self.times, self.targets, self.token_capacity,
+                           self.row_capacity)
+
+    def in_order(self):
+        """Every example once, in order (evaluation)."""
+        for idx in plan_batches(self.lengths, self.token_capacity, self.row_capacity, rng=None):
+            yield self.batch(idx)
+
+
+class RunData:
+    """Store, leave-one-out split, training examples with their epoch plans, and the eval sets."""
+
+    def __init__(self, cfg):
+        d = cfg.data
+        self.store = load_store(d)
+        if cfg.model.arch == "hstu" and cfg.model.time_bias and not self.store.has_timestamps:
+            raise ValueError(f"model.time_bias = true, but data '{self.store.name}' has no timestamps: "
+                             "set model.time_bias=false")
+        self.num_items = self.store.num_items
+        self.split = leave_one_out(self.store, holdout=d.holdout)
+        unit = self.store.time_unit
+        inputs, times, targets = training_examples(self.split.train, _in_seconds(self.split.train_times, unit),
+                                                   d.max_len)
+        if not inputs:
+            raise ValueError(f"data '{self.store.name}': no training sequence has 2 or more items")
+        lengths = np.array([len(x) for x in inputs])
+        t_cap, b_cap = auto_capacities(lengths, cfg.train.batch_size, d.max_len)
+        self.train = Examples(inputs, times, targets, d.token_capacity or t_cap, d.row_capacity or b_cap)
+        self.plan = EpochPlan(lengths, self.train.token_capacity, self.train.row_capacity, seed=cfg.run.seed)
+        self.eval = {name: self._eval_examples(getattr(self.split, name), cfg) for name in ("valid", "test")}
+
+    def _eval_examples(self, evalset, cfg):
+        if len(evalset.targets) == 0:
+            return None
+        inputs, times, targets = eval_examples(evalset, cfg.data.max_len)
+        times = _in_seconds(times, self.store.time_unit)
+        lengths = np.array([len(x) for x in inputs])
+        t_cap, b_cap = auto_capacities(lengths, cfg.eval.batch_size, cfg.data.max_len)
+        return Examples(inputs, times, targets, t_cap, b_cap)

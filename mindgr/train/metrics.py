@@ -1,0 +1,50 @@
+"""Full-ranking metrics: the target is ranked against every item, the user's history filtered out."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def target_ranks(scores: np.ndarray, targets: np.ndarray, histories: list) -> np.ndarray:
+    """0-based rank of each target among all items 1..V. scores [U, V+1] (column 0 is padding).
+
+    Items of the user's history other than the target itself are removed from the ranking, and so is
+    padding id 0; an item ranks above the target only with a strictly higher score.
+    """
+    scores = np.array(scores, dtype=np.float32, copy=True)
+    scores[:, 0] = -np.inf
+    rows = np.arange(len(targets))
+    target_scores = scores[rows, targets].copy()
+    for u, hist in enumerate(histories):
+        if len(hist):
+            scores[u, hist] = -np.inf
+    scores[rows, targets] = target_scores
+    return (scores > target_scores[:, None]).sum(1)
+
+
+def ranking_metrics(ranks: np.ndarray, ks=(1, 10, 50, 200)) -> dict:
+    """HR@K, NDCG@K (one relevant item: 1/log2(rank+2) if rank < K) and MRR from 0-based ranks."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    out = {"count": int(len(ranks))}
+    if len(ranks) == 0:
+        return out
+    gain = 1.0 / np.log2(ranks + 2.0)
+    for k in ks:
+        hit = ranks < k
+        out[f"hr@{k}"] = float(hit.mean())
+        if k > 1:
+            out[f"ndcg@{k}"] = float((gain * hit).mean())
+    out["mrr"] = float((1.0 / (ranks + 1.0)).mean())
+    return out
+
+
+def popularity_scores(train_seqs, num_items: int) -> np.ndarray:
+    """[V+1] training counts of each item: the non-personalised baseline every model must beat."""
+    counts = np.zeros(num_items + 1, np.float32)
+    for s in train_seqs:
+        np.add.at(counts, s, 1.0)
+    return counts
+
+
+def popularity_metrics(train_seqs, num_items: int, evalset, ks) -> dict:
+    scores = np.broadcast_to(popularity_scores(train_seqs, num_items), (len(evalset.targets), num_items + 1))
+    return ranking_metrics(target_ranks(scores, evalset.targets, evalset.histories), ks)

@@ -1,0 +1,291 @@
+"""The training loop: fixed-capacity jagged batches -> one compiled step -> logs, checkpoints, evaluation.
+
+Everything random on the host (batch order, negatives, dropout masks) is drawn from generators seeded by
+(seed, epoch, batch), so a run resumed from a checkpoint replays exactly what an uninterrupted run does.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mindgr.config import Config, ConfigError, dump_config
+from mindgr.train.checkpoint import (CheckpointError, CheckpointManager, load_checkpoint, named_parameters,
+                                     restore_parameters)
+from mindgr.train.logger import MetricsLog, format_metrics, write_json_atomic
+
+# Config keys a resumed run may change; anything else would change what is being trained.
+RESUMABLE_CHANGES = {"train.epochs", "train.max_steps", "run.log_every", "run.keep_last", "run.ckpt_every",
+                     "eval.every_epochs", "eval.ks", "ops.backend"}
+
+
+def setup_mindspore(cfg: Config):
+    import mindspore as ms
+    ms.set_context(mode=ms.GRAPH_MODE)
+    if ms.get_context("device_target") != "Ascend":
+        ms.set_device("CPU")
+    ms.set_seed(cfg.run.seed)
+    from mindgr.ops import set_backend
+    return set_backend(cfg.ops.backend)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_resume_config(saved: dict, current: dict):
+    a, b = _flatten(saved), _flatten(current)
+    for key in sorted(set(a) | set(b)):
+        if key not in RESUMABLE_CHANGES and a.get(key) != b.get(key):
+            raise ConfigError(f"config: {key} = {b.get(key)!r} differs from the run being resumed "
+                              f"({a.get(key)!r}); only {', '.join(sorted(RESUMABLE_CHANGES))} may change")
+
+
+class Model:
+    """Encoder, loss, optimizer and the compiled cells built from a config and the data's catalogue."""
+
+    def __init__(self, cfg: Config, num_items: int):
+        from mindgr.models import SampledSoftmaxLoss, build_encoder
+        from mindgr.models.losses import use_score_all
+        from mindgr.train.step import EncodeLast, TrainStep, build_optimizer
+        self.encoder = build_encoder(cfg.model, num_items, cfg.data.max_len, cfg.run.seed)
+        self.score_all = use_score_all(num_items, cfg.loss.num_negatives)
+        self.loss_net = SampledSoftmaxLoss(self.encoder, cfg.loss.temperature, self.score_all)
+        self.optimizer = build_optimizer(self.encoder.trainable_params(), cfg.train)
+        self.train_step = TrainStep(self.loss_net, self.optimizer)
+        self.encode_last = EncodeLast(self.encoder)
+
+    def item_table(self) -> np.ndarray:
+        return self.encoder.item_table().asnumpy()
+
+
+class HostSampler:
+    """Negatives and dropout masks for one batch, from a generator seeded by (seed, epoch, batch)."""
+
+    def __init__(self, cfg: Config, num_items: int, encoder, token_capacity: int):
+        self.seed, self.num_items = cfg.run.seed, num_items
+        self.num_negatives, self.p = cfg.loss.num_negatives, cfg.model.dropout
+        self.shape = (encoder.dropout_sites, token_capacity, encoder.dropout_width)
+        self.token_capacity = token_capacity
+        self._ones = np.ones(self.shape, np.float32)
+
+    def draw(self, epoch: int, batch: int):
+        rng = np.random.default_rng([self.seed, epoch, batch, 7])
+        negatives = rng.integers(1, self.num_items + 1, (self.token_capacity, self.num_negatives), dtype=np.int32)
+        if self.p == 0:
+            return negatives, self._ones
+        keep = rng.random(self.shape, dtype=np.float32) >= self.p
+        return negatives, keep.astype(np.float32) * np.float32(1.0 / (1.0 - self.p))
+
+
+class Trainer:
+    def __init__(self, cfg: Config, resume: bool = False, quiet: bool = False):
+        self.cfg = cfg
+        self.backend = setup_mindspore(cfg)
+        self.run_dir = cfg.run_dir
+        self.ckpts = CheckpointManager(self.run_dir, cfg.run.keep_last)
+        self._prepare_run_dir(resume)
+        from mindgr.train.data import RunData
+        t0 = time.perf_counter()
+        self.data = RunData(cfg)
+        self.log = MetricsLog(self.run_dir, quiet)
+        tr = self.data.train
+        self.log.info(f"data: {self.data.store.num_users} users, {self.data.num_items} items, "
+                      f"{len(tr.inputs)} training sequences, capacity {tr.token_capacity} tokens x "
+                      f"{tr.row_capacity} rows, {self.data.plan.num_batches(0)} batches/epoch "
+                      f"({time.perf_counter() - t0:.1f}s) | ops backend: {self.backend}")
+        self.model = Model(cfg, self.data.num_items)
+        self.sampler = HostSampler(cfg, self.data.num_items, self.model.encoder, tr.token_capacity)
+        self.step, self.epoch, self.next_batch = 0, 0, 0
+        self.best = {"metric": -1.0, "epoch": None}
+        self.history: list[dict] = []
+        if resume:
+            self._resume()
+
+    # ---- run directory and resume ---------------------------------------------------------------
+    def _prepare_run_dir(self, resume: bool):
+        import yaml
+        cfg_path = self.run_dir / "config.yaml"
+        if resume:
+            if not cfg_path.is_file():
+                raise CheckpointError(f"--resume: {self.run_dir} holds no run (no config.yaml)")
+            check_resume_config(yaml.safe_load(cfg_path.read_text()), self.cfg.to_dict())
+        elif self.ckpts.latest() is not None:
+            raise CheckpointError(f"{self.run_dir} already holds checkpoints: pass --resume to continue it, "
+                                  "or choose another run.name")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_text = cfg_path.with_name("config.yaml.tmp")
+        write_text.write_text(dump_config(self.cfg))
+        os.replace(write_text, cfg_path)
+
+    def _resume(self):
+        latest = self.ckpts.latest()
+        if latest is None:
+            raise CheckpointError(f"--resume: no checkpoint in {self.ckpts.dir}")
+        tensors, meta = load_checkpoint(latest)
+        restore_parameters(self.model.train_step, tensors, str(latest))
+        self.step, self.epoch, self.next_batch = meta["step"], meta["epoch"], meta["next_batch"]
+        self.best = meta.get("best", self.best)
+        self.history = meta.get("history", [])
+        self.log.info(f"resumed from {latest.name}: step {self.step}, epoch {self.epoch}, batch {self.next_batch}")
+
+    def _meta(self) -> dict:
+        return {"epoch": self.epoch, "next_batch": self.next_batch, "best": self.best, "history": self.history,
+                "seed": self.cfg.run.seed, "rng": "host draws are seeded by (seed, epoch, batch)"}
+
+    def save(self):
+        return self.ckpts.save(self.step, named_parameters(self.model.train_step), self._meta())
+
+    # ---- training --------------------------------------------------------------------------------
+    def _peak(self) -> float:
+        from mindgr.train.peak import peak_flops
+        return peak_flops()["flops_per_s"]
+
+    def fit(self) -> dict:
+        from mindspore import Tensor
+        from mindgr.train.flops import train_flops
+        cfg = self.cfg
+        peak = self._peak()
+        window = {"loss": 0.0, "n": 0, "tokens": 0, "fill": 0.0, "step_s": 0.0, "flops": 0.0,
+                  "t0": time.perf_counter()}
+        done = False
+        try:
+            while self.epoch < cfg.train.epochs and not done:
+                epoch = self.epoch
+                for b, indices in self.data.plan.iter_batches(epoch, self.next_batch):
+                    batch = self.data.train.batch(indices)
+                    negatives, drop = self.sampler.draw(epoch, b)
+                    t0 = time.perf_counter()
+                    loss = self.model.train_step(
+                        Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets),
+                        Tensor(batch.timestamps), Tensor(batch.targets), Tensor(negatives), Tensor(drop))
+                    loss = float(loss.asnumpy())
+                    step_s = time.perf_counter() - t0
+                    self.step, self.next_batch = self.step + 1, b + 1
+                    if not math.isfinite(loss):
+                        raise FloatingPointError(f"loss is {loss} at step {self.step} (epoch {epoch}, batch {b}); "
+                                                 "the last checkpoint is kept: lower train.lr and resume")
+                    lengths = np.diff(batch.offsets[: batch.num_rows + 1])
+                    window["loss"] += loss
+                    window["n"] += 1
+                    window["tokens"] += batch.num_tokens
+                    window["fill"] += batch.fill
+                    window["step_s"] += step_s
+                    window["flops"] += train_flops(cfg.model, lengths, int((batch.targets > 0).sum()),
+                                                   cfg.loss.num_negatives)
+                    if self.step % cfg.run.log_every == 0:
+                        self._log_window(window, peak)
+                    if cfg.run.ckpt_every and self.step % cfg.run.ckpt_every == 0:
+                        self.save()
+                    if cfg.train.max_steps and self.step >= cfg.train.max_steps:
+                        done = True
+                        break
+                if self.next_batch >= self.data.plan.num_batches(epoch):
+                    self.epoch, self.next_batch = epoch + 1, 0
+                    self._end_of_epoch()
+            if window["n"]:
+                self._log_window(window, peak)
+            self.save()
+        except KeyboardInterrupt:
+            path = self.save()
+            self.log.info(f"interrupted: saved {path.name} at step {self.step}; continue with --resume")
+            raise
+        return self.finish()
+
+    def _log_window(self, w: dict, peak: float):
+        wall = time.perf_counter() - w["t0"]
+        rec = {"step": self.step, "epoch": self.epoch, "loss": w["loss"] / w["n"],
+               "tokens_per_s": w["tokens"] / wall, "step_time_s": w["step_s"] / w["n"],
+               "fill": w["fill"] / w["n"], "mfu": w["flops"] / wall / peak,
+               "compute_fraction": w["step_s"] / wall}
+        self.log.write(rec, f"step {self.step:6d} epoch {self.epoch:3d} loss {rec['loss']:.4f} "
+                            f"tok/s {rec['tokens_per_s']:8.0f} step {rec['step_time_s'] * 1e3:7.1f}ms "
+                            f"fill {rec['fill']:.3f} mfu {rec['mfu'] * 100:.2f}%")
+        w.update(loss=0.0, n=0, tokens=0, fill=0.0, step_s=0.0, flops=0.0, t0=time.perf_counter())
+
+    def _end_of_epoch(self):
+        every = self.cfg.eval.every_epochs
+        if every and self.epoch % every == 0 and self.data.eval["valid"] is not None:
+            metrics = self.evaluate("valid")
+            key = f"ndcg@{10 if 10 in self.cfg.eval.ks else max(self.cfg.eval.ks)}"
+            score = metrics.get(key, metrics["mrr"])
+            self.history.append({"epoch": self.epoch, "step": self.step, **metrics})
+            if score > self.best["metric"]:
+                self.best = {"metric": score, "key": key, "epoch": self.epoch, "step": self.step}
+                self.ckpts.save_best(named_parameters(self.model.train_step), self._meta())
+        if not self.cfg.run.ckpt_every:
+            self.save()
+
+    def evaluate(self, split: str) -> dict:
+        from mindgr.train.evaluate import evaluate
+        examples = self.data.eval[split]
+        if examples is None:
+            return {"count": 0}
+        t0 = time.perf_counter()
+        self.model.encoder.set_train(False)
+        metrics = evaluate(self.model.encode_last, self.model.item_table(), examples,
+                           getattr(self.data.split, split), self.cfg.eval.ks)
+        self.model.encoder.set_train(True)
+        rec = {"eval": split, "step": self.step, "epoch": self.epoch, "seconds": time.perf_counter() - t0, **metrics}
+        self.log.write(rec, f"eval {split} epoch {self.epoch} step {self.step}: {format_metrics(metrics)} "
+                            f"({rec['seconds']:.1f}s)")
+        return metrics
+
+    def finish(self) -> dict:
+        """Test (and validation) metrics of the best validation checkpoint, or of the last weights."""
+        result = {"run": str(self.run_dir), "step": self.step, "epoch": self.epoch, "history": self.history}
+        best = self.ckpts.best()
+        if best is not None:
+            tensors, meta = load_checkpoint(best)
+            restore_parameters(self.model.train_step, tensors, str(best))
+            result["checkpoint"] = {"name": "best", **self.best}
+        else:
+            result["checkpoint"] = {"name": "last", "step": self.step}
+        for split in ("valid", "test"):
+            result[split] = self.evaluate(split)
+        from mindgr.train.metrics import popularity_metrics
+        if self.data.eval["test"] is not None:
+            result["popularity_test"] = popularity_metrics(self.data.split.train, self.data.num_items,
+                                                           self.data.split.test, self.cfg.eval.ks)
+            self.log.info(f"popularity baseline, test: {format_metrics(result['popularity_test'])}")
+        write_json_atomic(self.run_dir / "eval.json", result)
+        self.log.info(f"test: {format_metrics(result['test'])} -> {self.run_dir / 'eval.json'}")
+        return result
+
+
+def evaluate_run(run_dir: Path, split: str = "test", which: str = "best") -> dict:
+    """Re-evaluate a saved run (`mindgr eval`): its own config, its best (or latest) checkpoint."""
+    import yaml
+    from mindgr.config import config_from_dict
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{run_dir}: not a run directory (no config.yaml)")
+    cfg = config_from_dict(yaml.safe_load(cfg_path.read_text()))
+    cfg.run.out_dir, cfg.run.name = str(run_dir.parent), run_dir.name
+    setup_mindspore(cfg)
+    from mindgr.train.data import RunData
+    data = RunData(cfg)
+    model = Model(cfg, data.num_items)
+    ckpts = CheckpointManager(run_dir, cfg.run.keep_last)
+    path = ckpts.best() if which == "best" else ckpts.latest()
+    if path is None:
+        path = ckpts.latest()
+    if path is None:
+        raise CheckpointError(f"{run_dir}: no checkpoint to evaluate")
+    tensors, meta = load_checkpoint(path)
+    restore_parameters(model.train_step, tensors, str(path))
+    from mindgr.train.evaluate import evaluate
+    model.encoder.set_train(False)
+    metrics = evaluate(model.encode_last, model.item_table(), data.eval[split], getattr(data.split, split),
+                       cfg.eval.ks)
+    return {"run": str(run_dir), "split": split, "checkpoint": path.name, "step": meta.get("step"), **metrics}

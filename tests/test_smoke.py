@@ -1,0 +1,20 @@
+"""The README's main job, end to end: the built-in smoke config trains, evaluates and beats popularity."""
+import json
+
+from test_cli import run
+
+
+def test_smoke_config_trains_and_beats_popularity(tmp_path):
+    p = run("train", "--config", "configs/smoke.yaml", f"run.out_dir={tmp_path}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "loss" in p.stdout and "fill" in p.stdout
+    result = json.loads((tmp_path / "smoke" / "eval.json").read_text())
+    model, pop = result["test"], result["popularity_test"]
+    assert model["count"] == pop["count"] > 0
+    assert model["hr@10"] > 2 * pop["hr@10"] and model["hr@10"] > 0.5, (model, pop)
+    assert model["ndcg@10"] > 2 * pop["ndcg@10"]
+    logged = [json.loads(l) for l in (tmp_path / "smoke" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in logged if "loss" in r]
+    assert steps and all(0 < r["fill"] <= 1 and r["tokens_per_s"] > 0 and r["mfu"] > 0 for r in steps)
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    assert (tmp_path / "smoke" / "checkpoints" / "best.safetensors").is_file()
