@@ -53,6 +53,7 @@ class DataConfig:
     token_capacity: int = field(default=0, metadata=_rng(lo=0))  # T_cap; 0 = derived from batch size
     row_capacity: int = field(default=0, metadata=_rng(lo=0))    # B_cap; 0 = derived
     positive_column: str = "is_click"         # kuairand: which column marks a positive interaction
+    prefetch: int = field(default=2, metadata=_rng(lo=0))  # batches prepared ahead in a thread; 0 = inline
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -72,8 +73,14 @@ class ModelConfig:
 
 @dataclass
 class LossConfig:
-    negatives: str = field(default="per_token", metadata=_rng(choices=["per_token"]))
-    num_negatives: int = field(default=128, metadata=_rng(lo=1))
+    negatives: str = field(default="per_token", metadata=_rng(
+        choices=["per_token", "shared_pool", "in_batch", "mixed"]))
+    num_negatives: int = field(default=128, metadata=_rng(lo=1))   # R, per_token
+    pool_size: int = field(default=4096, metadata=_rng(lo=1))      # K, shared_pool / mixed
+    in_batch_size: int = field(default=1024, metadata=_rng(lo=1))  # distinct targets kept, in_batch / mixed
+    sampling: str = field(default="uniform", metadata=_rng(choices=["uniform", "popularity"]))  # the pool's q
+    logq: bool = True                          # logQ correction of shared candidates
+    fp16_negatives: bool = False               # hold shared candidate embeddings and scores in float16
     temperature: float = field(default=0.05, metadata=_rng(lo=0.0, lo_open=True))
 
 
@@ -102,6 +109,24 @@ class OpsConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """Multi-process data parallel training (msrun); see docs/distributed.md. Every key may change on resume."""
+    nproc: int = field(default=1, metadata=_rng(lo=1))       # processes `mindgr train` launches with msrun
+    threads: int = field(default=0, metadata=_rng(lo=0))     # CPU compute threads per process; 0 = default
+    balance: str = field(default="cost", metadata=_rng(choices=["cost", "tokens", "random"]))
+    calibrate: bool = True                    # fit cost_a/b/c0 by a timed probe at start; false = use them
+    cost_a: float = field(default=0.0, metadata=_rng(lo=0.0))   # cost per token (c(L) = c0 + a*L + b*L^2)
+    cost_b: float = field(default=0.0, metadata=_rng(lo=0.0))   # cost per attended pair
+    cost_c0: float = field(default=0.0, metadata=_rng(lo=0.0))  # cost per sequence
+    capacity_slack: float = field(default=0.01, metadata=_rng(lo=0.0, hi=1.0))  # per-rank capacity headroom
+    timeout: float = field(default=300.0, metadata=_rng(lo=0.0, lo_open=True))  # s without progress -> exit
+    node_timeout: int = field(default=30, metadata=_rng(lo=5))   # s before msrun's scheduler drops a dead rank
+    cluster_timeout: int = field(default=120, metadata=_rng(lo=10))  # s to wait for every rank to join
+    master_port: int = field(default=0, metadata=_rng(lo=0, hi=65535))  # 0 = pick a free port
+    log_dir: str = ""                         # msrun logs; "" = RUN_DIR/msrun
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -110,6 +135,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ops: OpsConfig = field(default_factory=OpsConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @property
     def run_dir(self) -> Path:
@@ -226,6 +252,10 @@ def _validate_cross(cfg: Config):
     if cfg.data.token_capacity and cfg.data.token_capacity < cfg.data.max_len:
         raise ConfigError(f"config: data.token_capacity = {cfg.data.token_capacity}: expected 0 (auto) "
                           f"or >= data.max_len = {cfg.data.max_len}")
+    p = cfg.parallel
+    if p.nproc > 1 and not p.calibrate and p.cost_a == 0 and p.cost_b == 0 and p.cost_c0 == 0:
+        raise ConfigError("config: parallel.calibrate = false needs a cost model: set parallel.cost_a and/or "
+                          "parallel.cost_b (> 0), or parallel.calibrate=true")
     if not cfg.eval.ks or min(cfg.eval.ks) < 1:
         raise ConfigError(f"config: eval.ks = {cfg.eval.ks!r}: expected a non-empty list of integers >= 1")
 

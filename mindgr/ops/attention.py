@@ -11,8 +11,7 @@ from mindgr.ops import backend, reference
 
 def jagged_hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
     if backend._current == "cpu":
-        from mindgr.ops import cpu
-        return cpu.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
+        return backend._cpu.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
     return reference.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 BACKENDS = ("reference", "cpu", "ascend")
 _current = "reference"
+_cpu = None  # the mindgr.ops.cpu module once selected: graph code cannot run import statements
 
 
 class BackendUnavailable(RuntimeError):
@@ -44,8 +45,11 @@ def resolve_backend(name: str) -> str:
 
 
 def set_backend(name: str) -> str:
-    global _current
+    global _current, _cpu
     _current = resolve_backend(name)
+    if _current == "cpu":
+        from mindgr.ops import cpu
+        _cpu = cpu
     return _current
 
 

@@ -8,13 +8,11 @@ from mindgr.ops import backend, reference
 
 def jagged_to_padded(values, offsets, max_len: int):
     if backend._current == "cpu":
-        from mindgr.ops import cpu
-        return cpu.jagged_to_padded(values, offsets, max_len)
+        return backend._cpu.jagged_to_padded(values, offsets, max_len)
     return reference.jagged_to_padded(values, offsets, max_len)
 
 
 def padded_to_jagged(padded, offsets, num_tokens: int):
     if backend._current == "cpu":
-        from mindgr.ops import cpu
-        return cpu.padded_to_jagged(padded, offsets, num_tokens)
+        return backend._cpu.padded_to_jagged(padded, offsets, num_tokens)
     return reference.padded_to_jagged(padded, offsets, num_tokens)
