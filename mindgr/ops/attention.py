@@ -12,6 +12,8 @@ from mindgr.ops import backend, reference
 def jagged_hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
     if backend._current == "cpu":
         return backend._cpu.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
+    if backend._current == "ascend":
+        return backend._ascend.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
     return reference.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 BACKENDS = ("reference", "cpu", "ascend")
 _current = "reference"
-_cpu = None  # the mindgr.ops.cpu module once selected: graph code cannot run import statements
+_cpu = None     # the mindgr.ops.cpu module once selected: graph code cannot run import statements
+_ascend = None  # likewise mindgr.ops.ascend
 
 
 class BackendUnavailable(RuntimeError):
@@ -24,10 +25,8 @@ def _available(name: str) -> str | None:
             return "the C++ kernels are not part of this installation"
         return cpu.unavailable_reason()
     if name == "ascend":
-        import mindspore as ms
-        if ms.get_context("device_target") != "Ascend":
-            return "the device is not Ascend"
-        return None
+        from mindgr.ops import ascend  # imports nothing Ascend-only until used
+        return ascend.unavailable_reason()
     return f"unknown backend (expected one of {', '.join(BACKENDS)})"
 
 
@@ -36,7 +35,7 @@ def resolve_backend(name: str) -> str:
     if name == "auto":
         import mindspore as ms
         if ms.get_context("device_target") == "Ascend":
-            return "ascend"
+            return "ascend" if _available("ascend") is None else "reference"
         return "cpu" if _available("cpu") is None else "reference"
     reason = _available(name)
     if reason is not None:
@@ -45,11 +44,14 @@ def resolve_backend(name: str) -> str:
 
 
 def set_backend(name: str) -> str:
-    global _current, _cpu
+    global _current, _cpu, _ascend
     _current = resolve_backend(name)
     if _current == "cpu":
         from mindgr.ops import cpu
         _cpu = cpu
+    if _current == "ascend":
+        from mindgr.ops import ascend
+        _ascend = ascend
     return _current
 
 
