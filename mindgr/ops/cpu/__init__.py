@@ -1,0 +1,268 @@
+"""CPU backend of the jagged ops: C++ kernels run as MindSpore custom AOT ops, with bprops.
+
+    hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, dv]
+    jagged_to_padded(values, offsets, max_len) -> [B, N, *F]
+    padded_to_jagged(padded, offsets, num_tokens) -> [T, *F]
+
+Same math as `mindgr.ops.reference`; usable in PyNative and inside a GRAPH-mode Cell (static shapes
+only: a custom AOT op cannot infer a shape from a value). Output lengths that are not a dimension
+of an input (max_len, num_tokens) travel as the first dimension of a "carrier" input
+(zeros of length N or T). The shared library is built on first use (see `build.py`); importing this
+module never builds or fails. Kernels use MINDGR_CPU_THREADS threads (default: the usable cores).
+
+Registered ops (inputs -> outputs; N = carrier.shape[0]):
+    MindgrHstuFwd(q, k, v, offsets, timestamps, w_pos, w_ts, carrier_N) -> out
+    MindgrHstuFwdNoTs(q, k, v, offsets, w_pos, carrier_N) -> out
+    MindgrHstuBwd(q, k, v, offsets, timestamps, w_pos, w_ts, carrier_N, dout) -> dq, dk, dv, dw_pos, dw_ts
+    MindgrHstuBwdNoTs(q, k, v, offsets, w_pos, carrier_N, dout) -> dq, dk, dv, dw_pos
+    MindgrJaggedToPadded(values, offsets, carrier_N) -> padded      (gradient: MindgrPaddedToJagged)
+    MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
+
+A kernel that rejects its inputs makes MindSpore raise "Return value from CPU AOT kernel ... is N":
+10-16 wrong number/rank/dtype/shape of arguments, 17 offsets not non-decreasing from >= 0 to <= T,
+18 w_pos shorter than 2N-1, 19 timestamps not int64 [T], 20 empty w_ts, 21-23 gradient/output
+shapes, 99 out of memory or threads unavailable.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+import mindspore as ms
+from mindspore import ops
+
+
+def _builder():
+    # imported lazily so that `python -m mindgr.ops.cpu.build` runs the module only once
+    from mindgr.ops.cpu import build
+    return build
+
+_SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBwdNoTs",
+            "MindgrJaggedToPadded", "MindgrPaddedToJagged", "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads")
+
+_lock = threading.Lock()
+_loaded: dict = {}  # "path" -> built library path, "cdll" -> ctypes handle, "error" -> reason
+
+
+def _one_line(text: str) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return lines[0] if len(lines) == 1 else "; ".join(lines[:1] + lines[-1:]) if lines else "unknown error"
+
+
+def _library() -> str:
+    """Build (if needed) and load the kernels once per process; raise BuildError if impossible."""
+    _build = _builder()
+    with _lock:
+        if "path" in _loaded:
+            return _loaded["path"]
+        if "error" in _loaded:
+            raise _build.BuildError(_loaded["error"])
+        try:
+            path = _build.build()
+            white = os.environ.get("MS_CUSTOM_AOT_WHITE_LIST")
+            if white and os.path.commonpath([os.path.realpath(path), os.path.realpath(white)]) != \
+                    os.path.realpath(white):
+                raise _build.BuildError(f"the kernel library {path} is outside MS_CUSTOM_AOT_WHITE_LIST={white}; "
+                                        f"set MINDGR_CPU_BUILD_DIR inside it or {_build.WAY_OUT}")
+            try:
+                cdll = ctypes.CDLL(path)
+                for name in _SYMBOLS:
+                    getattr(cdll, name)
+            except (OSError, AttributeError) as exc:
+                raise _build.BuildError(f"cannot load the C++ kernels from {path}: {exc}; {_build.WAY_OUT}") from exc
+        except _build.BuildError as exc:
+            _loaded["error"] = str(exc)
+            raise
+        for fn in (cdll.mindgr_time_bucket, cdll.mindgr_time_bucket_formula):
+            fn.argtypes = (ctypes.c_int64, ctypes.c_int)
+            fn.restype = ctypes.c_int
+        cdll.mindgr_num_threads.restype = ctypes.c_int
+        _loaded["cdll"] = cdll
+        _loaded["path"] = path
+        return path
+
+
+def unavailable_reason() -> str | None:
+    """None when the kernels are built and loadable, else a one-line reason (builds on first call)."""
+    try:
+        _library()
+    except _builder().BuildError as exc:
+        return _one_line(exc)
+    return None
+
+
+def library_path() -> str:
+    return _library()
+
+
+def kernel_threads() -> int:
+    """Threads the kernels use now (MINDGR_CPU_THREADS, default the usable cores)."""
+    _library()
+    return int(_loaded["cdll"].mindgr_num_threads())
+
+
+def time_bucket(dt: int, num_buckets: int, formula: bool = False) -> int:
+    """The time bucket the attention kernel assigns to a gap dt (for tests): from its lookup table,
+    or with formula=True straight from clamp(floor(logf(float(max(|dt|, 1))) / 0.301f), 0, nb)."""
+    _library()
+    fn = _loaded["cdll"].mindgr_time_bucket_formula if formula else _loaded["cdll"].mindgr_time_bucket
+    return int(fn(int(dt), int(num_buckets)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Custom primitives, created once on first use (the attribute access also works while a graph is
+# being compiled: the properties run in Python during parsing).
+
+def _aot(name: str, out_shape, out_dtype, bprop=None):
+    return ops.Custom(f"{_library()}:{name}", out_shape=out_shape, out_dtype=out_dtype,
+                      func_type="aot", bprop=bprop)
+
+
+def _zeros_carrier(n: int):
+    return ops.zeros((n,), ms.float32)
+
+
+class _Primitives:
+    """Lazily created Custom ops; one instance per process."""
+
+    def __init__(self):
+        self._cache = {}
+        self._mu = threading.RLock()  # make() may fetch another primitive
+
+    def _get(self, key, make):
+        prim = self._cache.get(key)
+        if prim is None:
+            with self._mu:
+                prim = self._cache.get(key)
+                if prim is None:
+                    prim = make()
+                    self._cache[key] = prim
+        return prim
+
+    # HSTU attention with time bias ------------------------------------------------------------
+    @property
+    def hstu_bwd_ts(self):
+        return self._get("hstu_bwd_ts", lambda: _aot(
+            "MindgrHstuBwd",
+            lambda q, k, v, o, t, wp, wt, c, d: (q, k, v, wp, wt),
+            lambda q, k, v, o, t, wp, wt, c, d: (q, k, v, wp, wt)))
+
+    @property
+    def hstu_fwd_ts(self):
+        def make():
+            bwd = self.hstu_bwd_ts
+
+            def bprop(q, k, v, off, ts, wp, wt, car, out, dout):
+                dq, dk, dv, dwp, dwt = bwd(q, k, v, off, ts, wp, wt, car, dout)
+                return dq, dk, dv, ops.zeros_like(off), ops.zeros_like(ts), dwp, dwt, ops.zeros_like(car)
+
+            return _aot("MindgrHstuFwd",
+                        lambda q, k, v, o, t, wp, wt, c: v,
+                        lambda q, k, v, o, t, wp, wt, c: v, bprop)
+        return self._get("hstu_fwd_ts", make)
+
+    # HSTU attention without time bias ---------------------------------------------------------
+    @property
+    def hstu_bwd(self):
+        return self._get("hstu_bwd", lambda: _aot(
+            "MindgrHstuBwdNoTs",
+            lambda q, k, v, o, wp, c, d: (q, k, v, wp),
+            lambda q, k, v, o, wp, c, d: (q, k, v, wp)))
+
+    @property
+    def hstu_fwd(self):
+        def make():
+            bwd = self.hstu_bwd
+
+            def bprop(q, k, v, off, wp, car, out, dout):
+                dq, dk, dv, dwp = bwd(q, k, v, off, wp, car, dout)
+                return dq, dk, dv, ops.zeros_like(off), dwp, ops.zeros_like(car)
+
+            return _aot("MindgrHstuFwdNoTs",
+                        lambda q, k, v, o, wp, c: v,
+                        lambda q, k, v, o, wp, c: v, bprop)
+        return self._get("hstu_fwd", make)
+
+    # Jagged <-> padded (each one's gradient is the other) -------------------------------------
+    @property
+    def _p2j_raw(self):
+        return self._get("p2j_raw", lambda: _aot(
+            "MindgrPaddedToJagged",
+            lambda p, o, c: [c[0]] + list(p[2:]),
+            lambda p, o, c: p))
+
+    @property
+    def _j2p_raw(self):
+        return self._get("j2p_raw", lambda: _aot(
+            "MindgrJaggedToPadded",
+            lambda x, o, c: [o[0] - 1, c[0]] + list(x[1:]),
+            lambda x, o, c: x))
+
+    @property
+    def j2p(self):
+        def make():
+            p2j = self._p2j_raw
+
+            def bprop(values, off, car, out, dout):
+                # the values themselves carry T
+                return p2j(dout, off, values), ops.zeros_like(off), ops.zeros_like(car)
+
+            return _aot("MindgrJaggedToPadded",
+                        lambda x, o, c: [o[0] - 1, c[0]] + list(x[1:]),
+                        lambda x, o, c: x, bprop)
+        return self._get("j2p", make)
+
+    @property
+    def p2j(self):
+        def make():
+            j2p = self._j2p_raw
+
+            def bprop(padded, off, car, out, dout):
+                return j2p(dout, off, _zeros_carrier(padded.shape[1])), ops.zeros_like(off), ops.zeros_like(car)
+
+            return _aot("MindgrPaddedToJagged",
+                        lambda p, o, c: [c[0]] + list(p[2:]),
+                        lambda p, o, c: p, bprop)
+        return self._get("p2j", make)
+
+
+_P = _Primitives()
+
+
+# ------------------------------------------------------------------------------------------------
+# The ops (same signatures as mindgr.ops.reference).
+
+def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
+    """out_i = sum_{j<=i} SiLU(q_i.k_j + w_pos[N-1+j-i] (+ w_ts[bucket])) / N * v_j; see reference."""
+    dtype = q.dtype
+    if dtype != ms.float32:
+        q = q.astype(ms.float32)
+    if k.dtype != ms.float32:
+        k = k.astype(ms.float32)
+    if v.dtype != ms.float32:
+        v = v.astype(ms.float32)
+    if w_pos.dtype != ms.float32:
+        w_pos = w_pos.astype(ms.float32)
+    carrier = _zeros_carrier(max_len)
+    if w_ts is None:
+        out = _P.hstu_fwd(q, k, v, offsets, w_pos, carrier)
+    else:
+        if w_ts.dtype != ms.float32:
+            w_ts = w_ts.astype(ms.float32)
+        if timestamps.dtype != ms.int64:
+            timestamps = timestamps.astype(ms.int64)
+        out = _P.hstu_fwd_ts(q, k, v, offsets, timestamps, w_pos, w_ts, carrier)
+    if dtype != ms.float32:
+        out = out.astype(dtype)
+    return out
+
+
+def jagged_to_padded(values, offsets, max_len: int):
+    """values [T, *F] -> [B, N, *F], zeros past each row's length (rows longer than N are cut)."""
+    return _P.j2p(values, offsets, _zeros_carrier(max_len))
+
+
+def padded_to_jagged(padded, offsets, num_tokens: int):
+    """padded [B, N, *F] -> [T, *F]; tokens outside every row (the unused tail) are zero."""
+    return _P.p2j(padded, offsets, _zeros_carrier(num_tokens))

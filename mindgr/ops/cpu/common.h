@@ -1,0 +1,230 @@
+// Shared helpers for MindGR's CPU kernels: threads, 16-lane float vectors, a vectorisable exp,
+// and reading MindSpore custom-op (AOT) arguments.
+#pragma once
+
+#include <sched.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace mindgr {
+
+// ---------------------------------------------------------------------------------------------
+// Threads. MINDGR_CPU_THREADS (>= 1) wins; otherwise the number of cores this process may use.
+inline int num_threads() {
+  const char* env = std::getenv("MINDGR_CPU_THREADS");
+  if (env != nullptr && *env != '\0') {
+    int n = std::atoi(env);
+    if (n >= 1) return std::min(n, 256);
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n >= 1) return std::min(n, 256);
+  }
+  unsigned n = std::thread::hardware_concurrency();
+  return n >= 1 ? static_cast<int>(std::min(n, 256u)) : 1;
+}
+
+// Runs fn(tid) for tid in [0, n): tid 0 on the calling thread, the others on fresh threads.
+template <class Fn>
+void parallel_run(int n, Fn&& fn) {
+  if (n <= 1) {
+    fn(0);
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(n - 1);
+  for (int t = 1; t < n; ++t) pool.emplace_back([&fn, t] { fn(t); });
+  fn(0);
+  for (auto& th : pool) th.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scratch memory reused across calls: large fresh allocations cost page faults on every call.
+// Contents are NOT cleared between uses.  Buffers up to kKeepBytes are kept for the process.
+class ScratchPool {
+ public:
+  static ScratchPool& instance() {
+    static ScratchPool* pool = new ScratchPool();  // never destroyed: used until exit
+    return *pool;
+  }
+  std::vector<float>* acquire(size_t n) {
+    std::vector<float>* v = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // the smallest free buffer that is large enough, else the largest one (grown below)
+      size_t best = free_.size();
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (best == free_.size()) {
+          best = i;
+          continue;
+        }
+        const size_t si = free_[i]->size(), sb = free_[best]->size();
+        const bool fi = si >= n, fb = sb >= n;
+        if ((fi && !fb) || (fi && fb && si < sb) || (!fi && !fb && si > sb)) best = i;
+      }
+      if (best < free_.size()) {
+        v = free_[best];
+        free_.erase(free_.begin() + best);
+      }
+    }
+    if (v == nullptr) v = new std::vector<float>();
+    if (v->size() < n) v->resize(n);
+    return v;
+  }
+  void release(std::vector<float>* v) {
+    if (v->size() * sizeof(float) > kKeepBytes) {
+      delete v;
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(v);
+  }
+
+ private:
+  static constexpr size_t kKeepBytes = size_t(512) << 20;
+  std::mutex mu_;
+  std::vector<std::vector<float>*> free_;
+};
+
+// A scratch buffer of at least n floats for the lifetime of this object (contents undefined).
+class Scratch {
+ public:
+  explicit Scratch(size_t n) : v_(ScratchPool::instance().acquire(n)) {}
+  ~Scratch() { ScratchPool::instance().release(v_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* data() { return v_->data(); }
+  const float* data() const { return v_->data(); }
+
+ private:
+  std::vector<float>* v_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// 16-lane vectors (GCC/Clang vector extensions: one zmm with AVX-512, split otherwise).
+constexpr int VL = 16;
+typedef float vf __attribute__((vector_size(VL * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(VL * sizeof(int32_t))));
+
+inline vf vload(const float* p) {
+  vf r;
+  std::memcpy(&r, p, sizeof(r));
+  return r;
+}
+inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+inline vf vbcast(float a) { return vf{a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
+inline vf vzero() { return vf{}; }
+inline vi iota16() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
+// mask ? a : 0 for an integer mask of -1/0 lanes.
+inline vf vselect(vi mask, vf a) {
+  vi bits;
+  std::memcpy(&bits, &a, sizeof(bits));
+  bits &= mask;
+  vf r;
+  std::memcpy(&r, &bits, sizeof(r));
+  return r;
+}
+
+// exp(x) for every lane, about 1 ulp on [-87, 88] (inputs are clamped to that range): 2^n * p(r)
+// with n = round(x / ln 2), r = x - n ln 2 split in two parts, p a degree-7 minimax polynomial.
+inline vf vexp(vf x) {
+  const vf hi = vbcast(88.0f), lo = vbcast(-87.0f);
+  x = x < hi ? x : hi;
+  x = x > lo ? x : lo;
+  vf t = x * 1.44269504088896341f + 0.5f;
+  vi ti = __builtin_convertvector(t, vi);  // truncates toward zero
+  vf tf = __builtin_convertvector(ti, vf);
+  vi above = tf > t;                        // -1 where truncation rounded up (negative t)
+  tf += __builtin_convertvector(above, vf); // floor(t)
+  ti = __builtin_convertvector(tf, vi);
+  vf r = x - tf * 0.693359375f;
+  r = r - tf * -2.12194440e-4f;
+  vf p = vbcast(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  vi bits = (ti + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// 1 / x: with AVX-512 a 14-bit estimate refined by one Newton step (about 1 ulp, and much
+// cheaper than a division); elsewhere a plain division.
+inline vf vrecip(vf x) {
+#if defined(__AVX512F__)
+  vf r = (vf)_mm512_rcp14_ps((__m512)x);
+  return r * (2.0f - x * r);
+#else
+  return 1.0f / x;
+#endif
+}
+
+// 1 / (1 + exp(-x))
+inline vf vsigmoid(vf x) { return vrecip(1.0f + vexp(-x)); }
+
+// ---------------------------------------------------------------------------------------------
+// AOT arguments.
+inline int64_t numel(int ndim, const int64_t* shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+inline bool is_dtype(const char* got, const char* want) { return got != nullptr && std::strcmp(got, want) == 0; }
+
+inline bool is_f32(const char* dt) { return is_dtype(dt, "float32") || is_dtype(dt, "float"); }
+
+// Size in bytes of one element, 0 if the dtype is unknown.
+inline int dtype_size(const char* dt) {
+  if (dt == nullptr) return 0;
+  static const struct { const char* name; int size; } table[] = {
+      {"float32", 4}, {"float", 4}, {"float16", 2}, {"bfloat16", 2}, {"float64", 8}, {"double", 8},
+      {"int8", 1}, {"int16", 2}, {"int32", 4}, {"int", 4}, {"int64", 8}, {"uint8", 1},
+      {"uint16", 2}, {"uint32", 4}, {"uint", 4}, {"uint64", 8}, {"bool", 1}, {"complex64", 8},
+      {"complex128", 16}};
+  for (const auto& e : table)
+    if (std::strcmp(dt, e.name) == 0) return e.size;
+  return 0;
+}
+
+// Integer tensor (int32 or int64) as int64 values; false for other dtypes.
+inline bool read_ints(const void* p, const char* dt, int64_t n, std::vector<int64_t>* out) {
+  out->resize(static_cast<size_t>(n));
+  if (is_dtype(dt, "int32") || is_dtype(dt, "int")) {
+    const int32_t* s = static_cast<const int32_t*>(p);
+    for (int64_t i = 0; i < n; ++i) (*out)[i] = s[i];
+    return true;
+  }
+  if (is_dtype(dt, "int64")) {
+    const int64_t* s = static_cast<const int64_t*>(p);
+    for (int64_t i = 0; i < n; ++i) (*out)[i] = s[i];
+    return true;
+  }
+  return false;
+}
+
+// Offsets must start >= 0, never decrease and end <= num_tokens.
+inline bool offsets_ok(const std::vector<int64_t>& off, int64_t num_tokens) {
+  if (off.empty()) return false;
+  if (off[0] < 0) return false;
+  for (size_t b = 1; b < off.size(); ++b)
+    if (off[b] < off[b - 1]) return false;
+  return off.back() <= num_tokens;
+}
+
+}  // namespace mindgr
