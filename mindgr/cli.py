@@ -21,11 +21,20 @@ def _load(args):
 
 def cmd_train(args) -> int:
     from mindgr.config import dump_config
+    if args.nproc is not None:
+        args.set = list(args.set or []) + [f"parallel.nproc={args.nproc}"]
     cfg = _load(args)
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
-    from mindgr.train.trainer import Trainer
+    from mindgr.parallel.context import under_msrun
+    if under_msrun():  # a rank of a multi-process job (or msrun's scheduler, which stops in init)
+        from mindgr.parallel.trainer import DistributedTrainer as Trainer
+    elif cfg.parallel.nproc > 1:
+        from mindgr.parallel.launch import launch_train
+        return launch_train(cfg, args.argv)
+    else:
+        from mindgr.train.trainer import Trainer
     result = Trainer(cfg, resume=args.resume).fit()
     print(json.dumps({k: result[k] for k in ("valid", "test", "checkpoint")}, indent=1))
     return 0
@@ -55,6 +64,14 @@ def cmd_bench(args) -> int:
         p = peak_flops(refresh=args.refresh)
         print(f"peak fp32 GEMM (MindSpore MatMul): {p['flops_per_s'] / 1e9:.1f} GFLOP/s  [{p['method']}]")
         return 0
+    if args.what in ("balance", "distributed"):
+        if args.what == "balance":
+            from mindgr.bench.balance import bench_balance as bench
+        else:
+            from mindgr.bench.distributed import bench_scaling as bench
+        bench(args.config, _overrides(args), steps=args.steps, out=args.out,
+              ranks=[int(r) for r in args.ranks.split(",")], real=not args.no_real)
+        return 0
     from mindgr.bench.train import bench_train
     bench_train(_load(args), steps=args.steps, warmup=args.warmup, out=args.out)
     return 0
@@ -69,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     t.add_argument("--resume", action="store_true", help="continue the run in run.out_dir/run.name")
+    t.add_argument("--nproc", type=int, help="train data parallel on N processes launched with msrun "
+                                             "(same as parallel.nproc=N)")
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="re-evaluate a saved run")
@@ -89,13 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     dp.set_defaults(func=cmd_data)
 
     b = sub.add_parser("bench", help="measure speed (prints figures; never part of the tests)")
-    b.add_argument("what", choices=["peak", "train"])
+    b.add_argument("what", choices=["peak", "train", "balance", "distributed"])
     b.add_argument("--config")
     b.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
     b.add_argument("--steps", type=int, default=20, help="timed steps (train)")
     b.add_argument("--warmup", type=int, default=3, help="untimed steps first, compile included (train)")
     b.add_argument("--refresh", action="store_true", help="re-measure the peak even if cached (peak)")
     b.add_argument("--out", help="also write the figures as JSON to this path")
+    b.add_argument("--ranks", default="8,16,64", help="simulated rank counts (balance)")
+    b.add_argument("--no-real", action="store_true", help="skip the 2-process msrun measurement (balance)")
     b.set_defaults(func=cmd_bench)
     return p
 
@@ -104,7 +125,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the progress lines
     parser = build_parser()
     # Bare SECTION.KEY=VALUE words anywhere on the line are overrides, like --set.
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
+    args.argv = argv
     bad = [w for w in extra if "=" not in w or w.startswith("-")]
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
@@ -115,6 +138,7 @@ def main(argv=None) -> int:
     from mindgr.datasets import DataError
     from mindgr.train.checkpoint import CheckpointError
     from mindgr.ops.backend import BackendUnavailable
+    from mindgr.parallel.context import CollectiveError
     if os.environ.get("MINDGR_DEBUG"):
         return args.func(args)  # full tracebacks
     try:
@@ -123,7 +147,7 @@ def main(argv=None) -> int:
         print(f"mindgr: error: {e}", file=sys.stderr)
         return 2
     except (DataError, CheckpointError, BackendUnavailable, FileNotFoundError, ValueError,
-            FloatingPointError) as e:
+            FloatingPointError, CollectiveError) as e:
         print(f"mindgr: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

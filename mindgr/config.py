@@ -114,6 +114,7 @@ class ParallelConfig:
     nproc: int = field(default=1, metadata=_rng(lo=1))       # processes `mindgr train` launches with msrun
     threads: int = field(default=0, metadata=_rng(lo=0))     # CPU compute threads per process; 0 = default
     balance: str = field(default="cost", metadata=_rng(choices=["cost", "tokens", "random"]))
+    draws: str = field(default="global", metadata=_rng(choices=["global", "sequence"]))  # host negatives/masks
     calibrate: bool = True                    # fit cost_a/b/c0 by a timed probe at start; false = use them
     cost_a: float = field(default=0.0, metadata=_rng(lo=0.0))   # cost per token (c(L) = c0 + a*L + b*L^2)
     cost_b: float = field(default=0.0, metadata=_rng(lo=0.0))   # cost per attended pair

@@ -20,8 +20,10 @@ def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -
         data, model, sampler = trainer.data, trainer.model, trainer.sampler
         plan = data.plan.batches(0)
         peak = peak_flops()["flops_per_s"]
+        from mindgr.bench.backends import peak_rss_mb, rss_mb
         times, tokens, flops, fills = [], 0, 0.0, []
         compile_s = None
+        rss_before = rss_mb()
         for i in range(warmup + steps):
             indices = plan[i % len(plan)]
             batch = data.train.batch(indices)
@@ -46,11 +48,14 @@ def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -
         "step_time_s_median": float(np.median(times)), "real_tokens_per_s": tokens / total,
         "fill": float(np.mean(fills)), "model_tflops_per_step": flops / steps / 1e12,
         "mfu": flops / total / peak, "peak_gflops": peak / 1e9,
+        "rss_before_mb": rss_before, "peak_rss_mb": peak_rss_mb(),
     }
     print(f"bench train [{cfg.model.arch}, backend {result['backend']}, T_cap {result['token_capacity']}, "
           f"B_cap {result['row_capacity']}]")
     print(f"  step time (median of {steps}) {result['step_time_s_median'] * 1e3:.1f} ms | first step incl. "
           f"compile {compile_s:.1f} s")
+    print(f"  resident memory {result['rss_before_mb']:.0f} MB before the first step, peak "
+          f"{result['peak_rss_mb']:.0f} MB")
     print(f"  real tokens/s {result['real_tokens_per_s']:.0f} | fill {result['fill']:.3f} | "
           f"MFU {result['mfu'] * 100:.2f}% of {result['peak_gflops']:.1f} GFLOP/s (MindSpore fp32 MatMul peak)")
     if out:

@@ -1,4 +1,16 @@
-"""Distributed training (msrun, collectives, load balancing, sparse sharding).
+"""Multi-process training on MindSpore's own engine: msrun launches the ranks, mccl (CPU) / HCCL (Ascend)
+carry the collectives.
 
-Empty in this version: single-process training only. Multi-process support is tracked as its own work item.
+    context   who am I (rank, world), MindSpore + communication init, per-process thread limits
+    comm      all_reduce / all_gather / broadcast / all_to_all_v / reduce_scatter over a named group
+              (native on Ascend, exact AllGather/AllReduce emulation on CPU)
+    balance   cost model c(L) = c0 + a*L + b*L^2 and the cost-balanced split of a global batch
+    calibrate timed probe that fits a, b, c0 on the compiled step
+    plan      global batch -> this rank's packed batch (+ host draws mapped token by token)
+    dp        data-parallel step: local grads of a globally normalised loss, summed by all-reduce
+    trainer   DistributedTrainer: the single-process loop with rank-aware outputs and evaluation
+    watchdog  a rank that stops making progress exits (no hang)
+    launch    msrun wrapper used by `mindgr train --nproc N`
+    modelarts ModelArts entry (data_url / train_url)
+See docs/distributed.md.
 """

@@ -14,8 +14,9 @@ class TrainStep(nn.Cell):
         self.optimizer = optimizer
         self.grad_fn = ms.value_and_grad(loss_net, None, optimizer.parameters)
 
-    def construct(self, ids, positions, offsets, timestamps, targets, negatives, drop):
-        loss, grads = self.grad_fn(ids, positions, offsets, timestamps, targets, negatives, drop)
+    def construct(self, *inputs):
+        # (ids, positions, offsets, timestamps, targets, negatives..., drop): the loss decides the negatives
+        loss, grads = self.grad_fn(*inputs)
         self.optimizer(grads)
         return loss
 

@@ -19,14 +19,18 @@ from mindgr.train.logger import MetricsLog, format_metrics, write_json_atomic
 
 # Config keys a resumed run may change; anything else would change what is being trained.
 RESUMABLE_CHANGES = {"train.epochs", "train.max_steps", "run.log_every", "run.keep_last", "run.ckpt_every",
-                     "eval.every_epochs", "eval.ks", "ops.backend"}
+                     "eval.every_epochs", "eval.ks", "ops.backend", "data.prefetch"}
 
 
 def setup_mindspore(cfg: Config):
     import mindspore as ms
     ms.set_context(mode=ms.GRAPH_MODE)
     if ms.get_context("device_target") != "Ascend":
-        ms.set_device("CPU")
+        from mindgr.parallel.context import current
+        if current() is None:  # a rank of a multi-process job set it before communication init
+            ms.set_device("CPU")
+    from mindgr.parallel.context import limit_threads
+    limit_threads(cfg.parallel.threads)
     ms.set_seed(cfg.run.seed)
     from mindgr.ops import set_backend
     return set_backend(cfg.ops.backend)
@@ -44,7 +48,12 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def check_resume_config(saved: dict, current: dict):
     a, b = _flatten(saved), _flatten(current)
+    defaults = _flatten(Config().to_dict())
     for key in sorted(set(a) | set(b)):
+        if key not in a and b.get(key) == defaults.get(key):
+            continue  # a key newer than the run, left at its default, changes nothing
+        if key.startswith("parallel."):
+            continue  # how many ranks train a global batch never changes what is trained
         if key not in RESUMABLE_CHANGES and a.get(key) != b.get(key):
             raise ConfigError(f"config: {key} = {b.get(key)!r} differs from the run being resumed "
                               f"({a.get(key)!r}); only {', '.join(sorted(RESUMABLE_CHANGES))} may change")
@@ -55,11 +64,14 @@ class Model:
 
     def __init__(self, cfg: Config, num_items: int):
         from mindgr.models import SampledSoftmaxLoss, build_encoder
-        from mindgr.models.losses import use_score_all
+        from mindgr.models.losses import SharedNegativesLoss, use_score_all
         from mindgr.train.step import EncodeLast, TrainStep, build_optimizer
         self.encoder = build_encoder(cfg.model, num_items, cfg.data.max_len, cfg.run.seed)
-        self.score_all = use_score_all(num_items, cfg.loss.num_negatives)
-        self.loss_net = SampledSoftmaxLoss(self.encoder, cfg.loss.temperature, self.score_all)
+        if cfg.loss.negatives == "per_token":
+            self.score_all = use_score_all(num_items, cfg.loss.num_negatives)
+            self.loss_net = SampledSoftmaxLoss(self.encoder, cfg.loss.temperature, self.score_all)
+        else:  # one candidate set per batch, scored by one matmul
+            self.loss_net = SharedNegativesLoss(self.encoder, cfg.loss.temperature, cfg.loss.fp16_negatives)
         self.optimizer = build_optimizer(self.encoder.trainable_params(), cfg.train)
         self.train_step = TrainStep(self.loss_net, self.optimizer)
         self.encode_last = EncodeLast(self.encoder)
@@ -71,20 +83,61 @@ class Model:
 class HostSampler:
     """Negatives and dropout masks for one batch, from a generator seeded by (seed, epoch, batch)."""
 
-    def __init__(self, cfg: Config, num_items: int, encoder, token_capacity: int):
+    def __init__(self, cfg: Config, num_items: int, encoder, token_capacity: int, frequencies=None):
+        from mindgr.train.negatives import NegativeSampler
         self.seed, self.num_items = cfg.run.seed, num_items
         self.num_negatives, self.p = cfg.loss.num_negatives, cfg.model.dropout
         self.shape = (encoder.dropout_sites, token_capacity, encoder.dropout_width)
         self.token_capacity = token_capacity
+        if frequencies is None:
+            frequencies = np.concatenate([[0.0], np.full(num_items, 1.0 / num_items)])
+        self.negatives = NegativeSampler(cfg.loss, num_items, frequencies, token_capacity)
         self._ones = np.ones(self.shape, np.float32)
 
-    def draw(self, epoch: int, batch: int):
+    def draw(self, epoch: int, batch: int, targets=None):
+        """(negatives, dropout masks): negatives are ids [T, R] (per_token) or (ids [K], logQ [K])."""
         rng = np.random.default_rng([self.seed, epoch, batch, 7])
-        negatives = rng.integers(1, self.num_items + 1, (self.token_capacity, self.num_negatives), dtype=np.int32)
+        drawn = self.negatives.draw(rng, targets if targets is not None else np.zeros(0, np.int32))
+        negatives = drawn[0] if len(drawn) == 1 else drawn
         if self.p == 0:
             return negatives, self._ones
         keep = rng.random(self.shape, dtype=np.float32) >= self.p
         return negatives, keep.astype(np.float32) * np.float32(1.0 / (1.0 - self.p))
+
+
+class StopSignals:
+    """SIGINT / SIGTERM ask the loop to stop at the next step boundary, where it saves a checkpoint.
+
+    MindSpore turns Ctrl-C into SIGTERM to its own process, so both are caught; a second signal while
+    stopping ends the process at once.
+    """
+
+    def __init__(self):
+        self.signum = None
+        self._old = {}
+
+    def _handler(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __enter__(self):
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+
+class _StopRequested(Exception):
+    """A stop signal arrived; raised at a step boundary so that the checkpoint is consistent."""
 
 
 class Trainer:
@@ -97,22 +150,35 @@ class Trainer:
         from mindgr.train.data import RunData
         t0 = time.perf_counter()
         self.data = RunData(cfg)
-        self.log = MetricsLog(self.run_dir, quiet)
+        self.log = self._make_log(quiet)
         tr = self.data.train
         self.log.info(f"data: {self.data.store.num_users} users, {self.data.num_items} items, "
                       f"{len(tr.inputs)} training sequences, capacity {tr.token_capacity} tokens x "
                       f"{tr.row_capacity} rows, {self.data.plan.num_batches(0)} batches/epoch "
                       f"({time.perf_counter() - t0:.1f}s) | ops backend: {self.backend}")
         self.model = Model(cfg, self.data.num_items)
-        self.sampler = HostSampler(cfg, self.data.num_items, self.model.encoder, tr.token_capacity)
+        from mindgr.train.negatives import item_frequencies
+        self.sampler = HostSampler(cfg, self.data.num_items, self.model.encoder, tr.token_capacity,
+                                   item_frequencies(self.data.split.train, self.data.num_items))
         self.step, self.epoch, self.next_batch = 0, 0, 0
         self.best = {"metric": -1.0, "epoch": None}
         self.history: list[dict] = []
         if resume:
             self._resume()
 
+    # Hooks a multi-process trainer (mindgr.parallel.trainer) overrides: who writes shared outputs,
+    # how one global batch is trained, how checkpoints are committed.
+    writer = True
+
+    def _make_log(self, quiet: bool):
+        return MetricsLog(self.run_dir, quiet)
+
     # ---- run directory and resume ---------------------------------------------------------------
     def _prepare_run_dir(self, resume: bool):
+        self._check_run_dir(resume)
+        self._write_run_config()
+
+    def _check_run_dir(self, resume: bool):
         import yaml
         cfg_path = self.run_dir / "config.yaml"
         if resume:
@@ -122,6 +188,9 @@ class Trainer:
         elif self.ckpts.latest() is not None:
             raise CheckpointError(f"{self.run_dir} already holds checkpoints: pass --resume to continue it, "
                                   "or choose another run.name")
+
+    def _write_run_config(self):
+        cfg_path = self.run_dir / "config.yaml"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_text = cfg_path.with_name("config.yaml.tmp")
         write_text.write_text(dump_config(self.cfg))
@@ -139,11 +208,15 @@ class Trainer:
         self.log.info(f"resumed from {latest.name}: step {self.step}, epoch {self.epoch}, batch {self.next_batch}")
 
     def _meta(self) -> dict:
-        return {"epoch": self.epoch, "next_batch": self.next_batch, "best": self.best, "history": self.history,
+        return {"step": self.step, "epoch": self.epoch, "next_batch": self.next_batch, "best": self.best,
+                "history": self.history,
                 "seed": self.cfg.run.seed, "rng": "host draws are seeded by (seed, epoch, batch)"}
 
     def save(self):
         return self.ckpts.save(self.step, named_parameters(self.model.train_step), self._meta())
+
+    def _save_best(self):
+        self.ckpts.save_best(named_parameters(self.model.train_step), self._meta())
 
     # ---- training --------------------------------------------------------------------------------
     def _peak(self) -> float:
@@ -151,66 +224,120 @@ class Trainer:
         return peak_flops()["flops_per_s"]
 
     def fit(self) -> dict:
-        from mindspore import Tensor
+        peak = self._peak()
+        window = {"loss": 0.0, "n": 0, "tokens": 0, "fill": 0.0, "step_s": 0.0, "flops": 0.0, "wait_s": 0.0,
+                  "t0": time.perf_counter(), "cpu0": time.process_time()}
+        with StopSignals() as stop:
+            try:
+                self._epochs(window, peak, stop)
+            except _StopRequested:
+                path = self.save()
+                self.log.info(f"stopped by signal {stop.signum}: saved {path.name} at step {self.step}; "
+                              "continue with --resume")
+                raise KeyboardInterrupt from None
+            except KeyboardInterrupt:
+                self.log.info(f"interrupted during step {self.step + 1}: nothing saved for it; --resume continues "
+                              "from the last checkpoint")
+                raise
+        if window["n"]:
+            self._log_window(window, peak)
+        self.save()
+        return self.finish()
+
+    def _epochs(self, window: dict, peak: float, stop):
         from mindgr.train.flops import train_flops
         cfg = self.cfg
-        peak = self._peak()
-        window = {"loss": 0.0, "n": 0, "tokens": 0, "fill": 0.0, "step_s": 0.0, "flops": 0.0,
-                  "t0": time.perf_counter()}
         done = False
-        try:
-            while self.epoch < cfg.train.epochs and not done:
-                epoch = self.epoch
-                for b, indices in self.data.plan.iter_batches(epoch, self.next_batch):
-                    batch = self.data.train.batch(indices)
-                    negatives, drop = self.sampler.draw(epoch, b)
-                    t0 = time.perf_counter()
-                    loss = self.model.train_step(
-                        Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets),
-                        Tensor(batch.timestamps), Tensor(batch.targets), Tensor(negatives), Tensor(drop))
-                    loss = float(loss.asnumpy())
-                    step_s = time.perf_counter() - t0
+        while self.epoch < cfg.train.epochs and not done:
+            epoch = self.epoch
+            stream = self._input_stream(epoch)
+            try:
+                for (b, indices), prepared in stream:
+                    if prepared is None:  # a subclass that trains a batch its own way
+                        loss, step_s, batch = self._train_batch(epoch, b, indices)
+                    else:
+                        loss, step_s, batch = self._execute(prepared)
                     self.step, self.next_batch = self.step + 1, b + 1
                     if not math.isfinite(loss):
                         raise FloatingPointError(f"loss is {loss} at step {self.step} (epoch {epoch}, batch {b}); "
                                                  "the last checkpoint is kept: lower train.lr and resume")
-                    lengths = np.diff(batch.offsets[: batch.num_rows + 1])
                     window["loss"] += loss
                     window["n"] += 1
-                    window["tokens"] += batch.num_tokens
-                    window["fill"] += batch.fill
+                    window["tokens"] += batch["tokens"]
+                    window["fill"] += batch["fill"]
                     window["step_s"] += step_s
-                    window["flops"] += train_flops(cfg.model, lengths, int((batch.targets > 0).sum()),
-                                                   cfg.loss.num_negatives)
+                    window["flops"] += train_flops(cfg.model, batch["lengths"], batch["targets"],
+                                                   self.sampler.negatives.num_candidates)
+                    window["wait_s"] += stream.wait_s
+                    stream.wait_s = 0.0
                     if self.step % cfg.run.log_every == 0:
                         self._log_window(window, peak)
                     if cfg.run.ckpt_every and self.step % cfg.run.ckpt_every == 0:
                         self.save()
+                    if stop.signum is not None:
+                        raise _StopRequested
                     if cfg.train.max_steps and self.step >= cfg.train.max_steps:
                         done = True
                         break
-                if self.next_batch >= self.data.plan.num_batches(epoch):
-                    self.epoch, self.next_batch = epoch + 1, 0
-                    self._end_of_epoch()
-            if window["n"]:
-                self._log_window(window, peak)
-            self.save()
-        except KeyboardInterrupt:
-            path = self.save()
-            self.log.info(f"interrupted: saved {path.name} at step {self.step}; continue with --resume")
-            raise
-        return self.finish()
+            finally:
+                stream.close()
+            if self.next_batch >= self.data.plan.num_batches(epoch):
+                self.epoch, self.next_batch = epoch + 1, 0
+                self._end_of_epoch()
+
+    def _input_stream(self, epoch: int):
+        """(batch number, indices) with the batch's host arrays, prepared `data.prefetch` batches ahead in
+        a thread. A subclass that replaces _train_batch gets the items unprepared (None)."""
+        from mindgr.train.pipeline import Inline, Prefetcher
+        items = self.data.plan.iter_batches(epoch, self.next_batch)
+        if type(self)._train_batch is not Trainer._train_batch:
+            return Inline(items, lambda item: None)
+        if self.cfg.data.prefetch == 0:
+            return Inline(items, lambda item: self._prepare(epoch, *item))
+        return Prefetcher(items, lambda item: self._prepare(epoch, *item), self.cfg.data.prefetch)
+
+    def _prepare(self, epoch: int, b: int, indices):
+        """Host work for batch `b` of `epoch` (in the input thread): (step inputs, what is trained)."""
+        batch = self.data.train.batch(indices)
+        negatives, drop = self.sampler.draw(epoch, b, batch.targets)
+        negatives = negatives if isinstance(negatives, tuple) else (negatives,)
+        inputs = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.targets, *negatives, drop)
+        return inputs, {"tokens": batch.num_tokens, "fill": batch.fill,
+                        "lengths": np.diff(batch.offsets[: batch.num_rows + 1]),
+                        "targets": int((batch.targets > 0).sum())}
+
+    def _execute(self, prepared):
+        """One optimizer step on prepared inputs: (loss, seconds inside the compiled step, info)."""
+        from mindspore import Tensor
+        inputs, info = prepared
+        tensors = [Tensor(x) for x in inputs]
+        t0 = time.perf_counter()
+        loss = float(self.model.train_step(*tensors).asnumpy())
+        return loss, time.perf_counter() - t0, info
+
+    def _train_batch(self, epoch: int, b: int, indices):
+        """One optimizer step on batch `b` of `epoch`: (loss, seconds, what was trained)."""
+        return self._execute(self._prepare(epoch, b, indices))
+
+    def _window_extra(self) -> tuple[dict, str]:
+        """More fields (and text) for a logging window; called at the same steps on every rank."""
+        return {}, ""
 
     def _log_window(self, w: dict, peak: float):
         wall = time.perf_counter() - w["t0"]
         rec = {"step": self.step, "epoch": self.epoch, "loss": w["loss"] / w["n"],
                "tokens_per_s": w["tokens"] / wall, "step_time_s": w["step_s"] / w["n"],
                "fill": w["fill"] / w["n"], "mfu": w["flops"] / wall / peak,
-               "compute_fraction": w["step_s"] / wall}
+               "compute_fraction": w["step_s"] / wall, "input_wait_s": w["wait_s"],
+               "cpu_util": (time.process_time() - w["cpu0"]) / wall}  # cores this process kept busy
+        extra, text = self._window_extra()
+        rec.update(extra)
         self.log.write(rec, f"step {self.step:6d} epoch {self.epoch:3d} loss {rec['loss']:.4f} "
                             f"tok/s {rec['tokens_per_s']:8.0f} step {rec['step_time_s'] * 1e3:7.1f}ms "
-                            f"fill {rec['fill']:.3f} mfu {rec['mfu'] * 100:.2f}%")
-        w.update(loss=0.0, n=0, tokens=0, fill=0.0, step_s=0.0, flops=0.0, t0=time.perf_counter())
+                            f"fill {rec['fill']:.3f} mfu {rec['mfu'] * 100:.2f}% busy "
+                            f"{rec['compute_fraction'] * 100:.0f}%{text}")
+        w.update(loss=0.0, n=0, tokens=0, fill=0.0, step_s=0.0, flops=0.0, wait_s=0.0, t0=time.perf_counter(),
+                 cpu0=time.process_time())
 
     def _end_of_epoch(self):
         every = self.cfg.eval.every_epochs
@@ -221,7 +348,7 @@ class Trainer:
             self.history.append({"epoch": self.epoch, "step": self.step, **metrics})
             if score > self.best["metric"]:
                 self.best = {"metric": score, "key": key, "epoch": self.epoch, "step": self.step}
-                self.ckpts.save_best(named_parameters(self.model.train_step), self._meta())
+                self._save_best()
         if not self.cfg.run.ckpt_every:
             self.save()
 
@@ -257,7 +384,8 @@ class Trainer:
             result["popularity_test"] = popularity_metrics(self.data.split.train, self.data.num_items,
                                                            self.data.split.test, self.cfg.eval.ks)
             self.log.info(f"popularity baseline, test: {format_metrics(result['popularity_test'])}")
-        write_json_atomic(self.run_dir / "eval.json", result)
+        if self.writer:
+            write_json_atomic(self.run_dir / "eval.json", result)
         self.log.info(f"test: {format_metrics(result['test'])} -> {self.run_dir / 'eval.json'}")
         return result
 

@@ -1,0 +1,90 @@
+"""Who am I in the job: msrun detection, MindSpore + communication init, per-process thread limits."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+_ctx = None
+_COLLECTIVE = re.compile(r"\b(AllReduce|AllGather|Broadcast|ReduceScatter|AlltoAll\w*)\b")
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed on this rank (one line): usually another rank died or hung."""
+
+
+def collective_failure(exc: BaseException) -> str | None:
+    """The collective named in a MindSpore kernel failure, or None if `exc` is something else."""
+    text = str(exc)
+    m = _COLLECTIVE.search(text)
+    return m.group(1) if m and ("failed" in text or "timeout" in text.lower()) else None
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world: int
+    backend: str          # "mccl" on CPU, "hccl" on Ascend
+
+    @property
+    def is_writer(self) -> bool:
+        """Rank 0 logs and writes the shared outputs (config, metrics, checkpoints, eval.json)."""
+        return self.rank == 0
+
+
+def under_msrun() -> bool:
+    """True in a process started by msrun (a worker, or the scheduler that runs the same command)."""
+    return os.environ.get("MS_ROLE") in ("MS_WORKER", "MS_SCHED") and "MS_WORKER_NUM" in os.environ
+
+
+def limit_threads(threads: int):
+    """At most `threads` compute threads in this process: MindSpore's CPU kernels, our C++ kernels, BLAS.
+
+    Measured (docs/distributed.md): `ms.device_context.cpu.op_tuning.threads_num(1)` runs every kernel on
+    the calling thread; the BLAS variables only act on libraries not loaded yet (the launcher exports them).
+    """
+    if threads <= 0:
+        return
+    os.environ["MINDGR_CPU_THREADS"] = str(threads)   # read by mindgr.ops.cpu at every call
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(threads))
+    import mindspore as ms
+    if ms.get_context("device_target") == "CPU":
+        from mindspore._c_expression import RuntimeConf
+        if not RuntimeConf.get_instance().is_op_threads_num_configured():
+            ms.device_context.cpu.op_tuning.threads_num(threads)
+
+
+def thread_env(threads: int) -> dict:
+    """Environment for child processes so that every thread pool starts at `threads`."""
+    if threads <= 0:
+        return {}
+    v = str(threads)
+    return {"OMP_NUM_THREADS": v, "OPENBLAS_NUM_THREADS": v, "MKL_NUM_THREADS": v, "MINDGR_CPU_THREADS": v}
+
+
+def init_distributed(threads: int = 0) -> DistContext:
+    """Graph mode, device, thread limits, then the collective backend. Idempotent.
+
+    msrun's scheduler process runs the same command: init() turns it into the scheduler and it never
+    returns, so call this before any expensive work.
+    """
+    global _ctx
+    if _ctx is not None:
+        return _ctx
+    import mindspore as ms
+    ms.set_context(mode=ms.GRAPH_MODE)
+    if ms.get_context("device_target") != "Ascend":
+        ms.set_device("CPU")
+    limit_threads(threads)
+    from mindspore.communication import GlobalComm, get_group_size, get_rank, init
+    init()
+    _ctx = DistContext(rank=int(get_rank()), world=int(get_group_size()), backend=str(GlobalComm.BACKEND))
+    from mindgr.parallel.launch import record_pid
+    record_pid(_ctx.rank)
+    print(f"mindgr: rank {_ctx.rank}/{_ctx.world} pid {os.getpid()} ({_ctx.backend})", flush=True)
+    return _ctx
+
+
+def current() -> DistContext | None:
+    return _ctx

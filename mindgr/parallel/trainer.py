@@ -1,0 +1,305 @@
+"""DistributedTrainer: the single-process training loop, run by every rank of an msrun job.
+
+Per step every rank takes the same global batch (the single-process EpochPlan), keeps its cost-balanced
+part (mindgr.parallel.plan), computes the gradients of its share of the globally normalised loss, and
+the gradients are summed over ranks (mindgr.parallel.dp). Rank 0 writes the shared outputs (config,
+metrics, checkpoints, eval.json); every rank writes its own shard state next to each checkpoint.
+Evaluation is split over ranks and gathered (mindgr.parallel.evaluate). A watchdog ends a rank that
+stops making progress.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+
+import numpy as np
+
+from mindgr.config import ConfigError
+from mindgr.parallel import comm
+from mindgr.parallel.balance import CostModel, imbalance
+from mindgr.parallel.context import CollectiveError, collective_failure, init_distributed
+from mindgr.parallel.watchdog import Watchdog
+from mindgr.train.checkpoint import named_parameters
+from mindgr.train.trainer import Trainer
+
+
+class _NoLog:
+    """Ranks other than 0 write no metrics file and print nothing."""
+
+    def write(self, record, text=None):
+        pass
+
+    def info(self, text):
+        pass
+
+    def close(self):
+        pass
+
+
+def param_digest(cell) -> int:
+    """crc32 over every parameter's bytes: replicas that diverged show different digests."""
+    crc = 0
+    for _, p in sorted(named_parameters(cell).items()):
+        crc = zlib.crc32(np.ascontiguousarray(p.asnumpy()).tobytes(), crc)
+    return crc
+
+
+def _fault_plan():
+    """MINDGR_FAULT=RANK:STEP:raise|hang|exit - make one rank fail on purpose (tests of failure handling)."""
+    text = os.environ.get("MINDGR_FAULT", "")
+    if not text:
+        return None
+    rank, step, kind = text.split(":")
+    return int(rank), int(step), kind
+
+
+def _inject_fault(kind: str, rank: int, step: int):
+    if kind == "raise":
+        raise RuntimeError(f"injected fault (MINDGR_FAULT) on rank {rank} at step {step}")
+    if kind == "exit":
+        os._exit(3)
+    while True:                               # "hang": alive but never reaching the next collective
+        time.sleep(60)
+
+
+class DistributedTrainer(Trainer):
+    def __init__(self, cfg, resume: bool = False, quiet: bool = False):
+        self.ctx = init_distributed(cfg.parallel.threads)  # msrun's scheduler process stops in here
+        self._fault = _fault_plan()
+        if cfg.loss.negatives != "per_token":
+            raise ConfigError(f"config: loss.negatives = {cfg.loss.negatives!r}: only per_token is supported with "
+                              "more than one process so far")
+        self.watchdog = Watchdog(cfg.parallel.timeout, self.ctx.rank)
+        self._win = {"pred": [], "pred_step": [], "local": [], "local_cpu": [], "apply": [], "steps": [], "costs": [],
+                     "tokens": []}
+        self._win_cpu0 = time.process_time()
+        super().__init__(cfg, resume, quiet)
+        self._setup_parallel()
+
+    @property
+    def writer(self) -> bool:
+        return self.ctx.is_writer
+
+    def _make_log(self, quiet: bool):
+        return super()._make_log(quiet) if self.writer else _NoLog()
+
+    # ---- setup -----------------------------------------------------------------------------------
+    def _setup_parallel(self):
+        from mindgr.parallel.dp import DataParallelStep
+        from mindgr.parallel.plan import RankPlanner, rank_capacities
+        cfg, tr, world = self.cfg, self.data.train, self.ctx.world
+        self.rank_tokens, self.rank_rows = rank_capacities(tr.token_capacity, tr.row_capacity, world,
+                                                           cfg.parallel.capacity_slack)
+        longest = int(tr.lengths.max())
+        if longest > self.rank_tokens:
+            raise ConfigError(f"config: data.token_capacity = {tr.token_capacity} over {world} ranks leaves "
+                              f"{self.rank_tokens} tokens per rank, less than the longest sequence ({longest}): "
+                              "raise data.token_capacity (or train.batch_size)")
+        self.dp = DataParallelStep(self.model.loss_net, self.model.optimizer, world)
+        self.calibration = self._calibrate() if cfg.parallel.calibrate else None
+        p = cfg.parallel
+        self.cost_model = self.calibration["model"] if self.calibration else CostModel(p.cost_a, p.cost_b, p.cost_c0)
+        self.fixed_s = self.calibration["fixed_s"] if self.calibration else 0.0   # per-step cost every rank pays
+        self.planner = RankPlanner(tr, world, self.ctx.rank, self.rank_tokens, self.rank_rows, self.cost_model,
+                                   p.balance, cfg.run.seed)
+        self.seq_draws = None
+        if p.draws == "sequence":
+            from mindgr.parallel.plan import SequenceDraws
+            sites, _, width = self.sampler.shape
+            self.seq_draws = SequenceDraws(cfg.run.seed, self.data.num_items, cfg.loss.num_negatives,
+                                           cfg.model.dropout, sites, width)
+        elif world > 8:
+            self.log.info(f"note: parallel.draws=global makes every rank draw negatives and masks for the whole "
+                          f"global batch ({world} ranks' tokens); parallel.draws=sequence draws only its own")
+        cm = self.cost_model
+        self.log.info(f"parallel: {world} ranks ({self.ctx.backend}), per rank {self.rank_tokens} tokens x "
+                      f"{self.rank_rows} rows (global {tr.token_capacity} x {tr.row_capacity}, slack "
+                      f"{p.capacity_slack:g}), balance {p.balance}, cost c(L) = {cm.c0:.3g} + {cm.a:.3g} L + "
+                      f"{cm.b:.3g} L^2" + (f" (calibrated in {self.calibration['probe_s']:.1f}s, fixed "
+                                            f"{self.calibration['fixed_s'] * 1e3:.1f} ms/step)"
+                                            if self.calibration else " (given)"))
+        if self.calibration:
+            self.log.write({"calibration": {**cm.as_dict(), "fixed_s": self.calibration["fixed_s"],
+                                            "rel_residual": self.calibration["rel_residual"],
+                                            "probe": self.calibration["probe"], "world": world}})
+
+    def _calibrate(self) -> dict:
+        from mindgr.parallel.calibrate import calibrate, grads_timer
+        self.watchdog.beat("calibrating the cost model")
+        sites, _, width = self.sampler.shape
+        time_step = grads_timer(self.dp.local, self.data.num_items, self.rank_tokens, self.rank_rows,
+                                self.cfg.loss.num_negatives, sites, width, seed=self.cfg.run.seed)
+        result = calibrate(time_step, self.rank_tokens, self.rank_rows, self.cfg.data.max_len)
+        m = result["model"]
+        # Every rank must split batches identically: average the fits, then take rank 0's bytes.
+        mean = comm.all_reduce(np.array([m.a, m.b, m.c0, result["fixed_s"]], np.float32)) / self.ctx.world
+        mean = comm.broadcast(mean.astype(np.float32), 0)
+        result["model"] = CostModel(a=float(mean[0]), b=float(mean[1]), c0=float(mean[2]))
+        result["fixed_s"] = float(mean[3])
+        return result
+
+    # ---- training --------------------------------------------------------------------------------
+    def fit(self) -> dict:
+        try:
+            return super().fit()
+        except RuntimeError as e:
+            name = collective_failure(e)
+            if name is None:
+                raise
+            raise CollectiveError(f"rank {self.ctx.rank}: collective {name} failed after step {self.step}; another "
+                                  "rank has probably died or hung (see its log)") from None
+
+    def _prepare(self, epoch: int, b: int, indices):
+        """Host work for global batch `b` (in the input thread): this rank's part, packed, with its draws."""
+        from mindgr.datasets import build_batch
+        from mindgr.parallel.plan import local_rows
+        tr = self.data.train
+        share = self.planner.share(epoch, b, indices)
+        batch = build_batch(share.indices, tr.inputs, tr.times, tr.targets, self.rank_tokens, self.rank_rows)
+        if self.seq_draws is not None:
+            negatives, drop = self.seq_draws.draw(epoch, share.indices, self.planner.lengths[share.indices],
+                                                  self.rank_tokens)
+        else:                                                      # the single-process draws, global layout
+            negatives, drop = self.sampler.draw(epoch, b)
+            negatives = local_rows(negatives, share.token_src, self.rank_tokens, fill=1)
+            drop = local_rows(drop, share.token_src, self.rank_tokens, fill=1.0, axis=1)
+        inputs = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.targets, negatives, drop,
+                  np.float32(share.scale))
+        return inputs, {"tokens": share.global_tokens,
+                        "fill": share.global_tokens / (self.ctx.world * self.rank_tokens),
+                        "lengths": share.lengths, "targets": share.global_targets, "share": share}
+
+    def _execute(self, prepared):
+        from mindspore import Tensor
+        inputs, info = prepared
+        share, step = info["share"], self.step + 1
+        tensors = [Tensor(x) for x in inputs]
+        self.watchdog.beat(f"training step {step}")
+        if self._fault and self._fault[:2] == (self.ctx.rank, step):
+            _inject_fault(self._fault[2], self.ctx.rank, step)
+        # Kernels run on this thread with parallel.threads=1, so its CPU time is the rank's compute
+        # without what the input thread does meanwhile.
+        t0, c0 = time.perf_counter(), time.thread_time()
+        loss, grads = self.dp.grads(*tensors)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        loss = self.dp.apply(loss, grads)
+        t2 = time.perf_counter()
+        w = self._win
+        w["pred"].append(imbalance(share.rank_cost))
+        w["pred_step"].append(imbalance(share.rank_cost + self.fixed_s))
+        w["local"].append(t1 - t0)
+        w["local_cpu"].append(c1 - c0)
+        w["apply"].append(t2 - t1)
+        w["steps"].append(step)
+        w["costs"].append(share.rank_cost)
+        w["tokens"].append(share.rank_tokens)
+        return loss, t2 - t0, info
+
+    def _window_extra(self):
+        """Per-rank compute times of the window, gathered: measured imbalance next to the predicted one.
+
+        Wall time is what the step costs; CPU time (one compute thread per process) is the same work
+        without the time other processes on a shared machine took the core away.
+        """
+        w = self._win
+        if not w["local"]:
+            return {}, ""
+        cpu_now = time.process_time()
+        mine = np.concatenate([w["local"], w["local_cpu"], [cpu_now - self._win_cpu0]]).astype(np.float32)
+        self._win_cpu0 = cpu_now
+        every = comm.all_gather(mine[None, :])                                     # [rank, 2 n + 1]
+        n = len(w["local"])
+        times, cpu, window_cpu = every[:, :n], every[:, n: 2 * n], every[:, 2 * n]
+        measured = [imbalance(times[:, k]) for k in range(n)]
+        measured_cpu = [imbalance(cpu[:, k]) for k in range(n)]
+        extra = {"imbalance_pred": float(np.mean(w["pred"])), "imbalance_pred_step": float(np.mean(w["pred_step"])),
+                 "imbalance_measured": float(np.mean(measured)),
+                 "imbalance_measured_cpu": float(np.mean(measured_cpu)), "rank_step_s": times.mean(1).tolist(),
+                 "rank_step_cpu_s": cpu.mean(1).tolist(), "rank_cpu_s": window_cpu.tolist(),
+                 "reduce_apply_s": float(np.mean(w["apply"]))}
+        if self.writer:
+            with open(self.run_dir / "balance.jsonl", "a") as f:
+                for k, step in enumerate(w["steps"]):
+                    f.write(json.dumps({"step": step, "pred_cost": np.round(w["costs"][k], 9).tolist(),
+                                        "tokens": w["tokens"][k].tolist(), "step_s": times[:, k].tolist(),
+                                        "step_cpu_s": cpu[:, k].tolist(), "imbalance_pred": w["pred"][k],
+                                        "imbalance_pred_step": w["pred_step"][k],
+                                        "imbalance_measured": measured[k],
+                                        "imbalance_measured_cpu": measured_cpu[k]}) + "\n")
+        for v in w.values():
+            v.clear()
+        return extra, (f" imb {extra['imbalance_pred'] * 100:.1f}% pred / "
+                       f"{extra['imbalance_measured'] * 100:.1f}% meas")
+
+    # ---- outputs ---------------------------------------------------------------------------------
+    def _prepare_run_dir(self, resume: bool):
+        self._check_run_dir(resume)          # every rank: the same checks give the same error
+        if self.writer:
+            self._write_run_config()
+        comm.barrier()
+
+    def _meta(self) -> dict:
+        cm = getattr(self, "cost_model", None)
+        return dict(super()._meta(), parallel={"world": self.ctx.world,
+                                               "cost_model": cm.as_dict() if cm else None})
+
+    def _shard_state(self, step: int):
+        """This rank's own state at a checkpoint: who it was and a digest of its weights."""
+        d = self.ckpts.dir / "ranks"
+        d.mkdir(parents=True, exist_ok=True)
+        state = {"rank": self.ctx.rank, "world": self.ctx.world, "step": step, "pid": os.getpid(),
+                 "param_crc32": param_digest(self.model.train_step),
+                 "next": {"epoch": self.epoch, "batch": self.next_batch}}
+        path = d / f"ckpt-step{step:08d}.rank{self.ctx.rank}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, path)
+        return state
+
+    def save(self):
+        self.watchdog.beat("saving a checkpoint")
+        state = self._shard_state(self.step)
+        crcs = comm.all_gather(np.array([state["param_crc32"]], np.int64))
+        if len(set(crcs.tolist())) > 1:
+            self.log.info(f"warning: step {self.step}: weights differ between ranks (crc32 {crcs.tolist()})")
+        path = super().save() if self.writer else self.ckpts.dir / f"ckpt-step{self.step:08d}"
+        comm.barrier()                        # nobody runs ahead of a checkpoint that is not committed yet
+        if self.writer:                       # shard files of pruned checkpoints (any world size) go too
+            keep = {p.name for p in self.ckpts.dir.glob("ckpt-step*.json")}
+            for old in (self.ckpts.dir / "ranks").glob("ckpt-step*.rank*.json"):
+                if old.name.split(".rank")[0] + ".json" not in keep:
+                    old.unlink(missing_ok=True)
+        return path
+
+    def _save_best(self):
+        self.watchdog.beat("saving the best checkpoint")
+        if self.writer:
+            super()._save_best()
+        comm.barrier()
+
+    def evaluate(self, split: str) -> dict:
+        from mindgr.parallel.evaluate import evaluate_sharded
+        from mindgr.train.logger import format_metrics
+        examples = self.data.eval[split]
+        if examples is None:
+            return {"count": 0}
+        t0 = time.perf_counter()
+        self.model.encoder.set_train(False)
+        metrics = evaluate_sharded(self.model.encode_last, self.model.item_table(), examples,
+                                   getattr(self.data.split, split), self.cfg.eval.ks, self.ctx.rank,
+                                   self.ctx.world, beat=self.watchdog.beat)
+        self.model.encoder.set_train(True)
+        rec = {"eval": split, "step": self.step, "epoch": self.epoch, "seconds": time.perf_counter() - t0,
+               "ranks": self.ctx.world, **metrics}
+        self.log.write(rec, f"eval {split} epoch {self.epoch} step {self.step}: {format_metrics(metrics)} "
+                            f"({rec['seconds']:.1f}s, {self.ctx.world} ranks)")
+        return metrics
+
+    def finish(self) -> dict:
+        self.watchdog.beat("final evaluation")
+        try:
+            return super().finish()
+        finally:
+            self.watchdog.close()

@@ -1,0 +1,46 @@
+"""Training runs a user would start: shared negatives, the input thread, and stopping with a signal."""
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from mindgr.config import load_config
+
+
+@pytest.mark.parametrize("extra", [["loss.negatives=mixed", "loss.pool_size=32", "loss.in_batch_size=16",
+                                    "loss.sampling=popularity"],
+                                   ["loss.negatives=shared_pool", "loss.pool_size=64", "loss.fp16_negatives=true",
+                                    "data.prefetch=0"]])
+def test_shared_negatives_train_and_log_input_wait(tmp_path, tiny_overrides, extra):
+    from mindgr.train.trainer import Trainer
+    cfg = load_config(None, tiny_overrides + ["eval.every_epochs=0", "train.max_steps=6", "run.log_every=3"] + extra)
+    result = Trainer(cfg, quiet=True).fit()
+    assert result["test"]["count"] > 0
+    rows = [json.loads(l) for l in (tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert len(steps) == 2 and all(r["loss"] > 0 and r["input_wait_s"] >= 0 for r in steps)
+    assert all(0 < r["compute_fraction"] <= 1 for r in steps)
+
+
+def test_sigint_saves_a_checkpoint_and_resume_continues(tmp_path, tiny_overrides):
+    overrides = [o for o in tiny_overrides if not o.startswith("train.epochs")] + [
+        "train.epochs=200", "eval.every_epochs=0", "run.log_every=1"]
+    cmd = [sys.executable, "-m", "mindgr", "train", *overrides]
+    p = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in p.stdout:
+        if line.startswith("step      3"):
+            p.send_signal(signal.SIGINT)
+            break
+    out = p.communicate(timeout=120)[0]
+    assert p.returncode == 130, out[-2000:]
+    assert "stopped by signal" in out, out[-2000:]
+    saved = json.loads(sorted((tmp_path / "tiny" / "checkpoints").glob("ckpt-step*.json"))[-1].read_text())
+    assert saved["step"] >= 3
+    resumed = subprocess.run(cmd[:-3] + ["train.epochs=200", "eval.every_epochs=0", "run.log_every=1",
+                                         f"train.max_steps={saved['step'] + 2}", "--resume"],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from ckpt-step{saved['step']:08d}" in resumed.stdout
