@@ -72,6 +72,15 @@ def cmd_bench(args) -> int:
         bench(args.config, _overrides(args), steps=args.steps, out=args.out,
               ranks=[int(r) for r in args.ranks.split(",")], real=not args.no_real)
         return 0
+    if args.what == "ops":
+        from mindgr.bench.ops import bench_ops
+        bench_ops(args.sizes.split(","), repeats=args.repeats, out=args.out)
+        return 0
+    if args.backends:
+        from mindgr.bench.backends import bench_backends
+        bench_backends(_load(args), args.backends.split(","), steps=args.steps, cfg_path=args.config,
+                       overrides=_overrides(args), memory=not args.no_memory, out=args.out)
+        return 0
     from mindgr.bench.train import bench_train
     bench_train(_load(args), steps=args.steps, warmup=args.warmup, out=args.out)
     return 0
@@ -108,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     dp.set_defaults(func=cmd_data)
 
     b = sub.add_parser("bench", help="measure speed (prints figures; never part of the tests)")
-    b.add_argument("what", choices=["peak", "train", "balance", "distributed"])
+    b.add_argument("what", choices=["peak", "train", "ops", "balance", "distributed"])
     b.add_argument("--config")
     b.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
     b.add_argument("--steps", type=int, default=20, help="timed steps (train)")
@@ -117,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", help="also write the figures as JSON to this path")
     b.add_argument("--ranks", default="8,16,64", help="simulated rank counts (balance)")
     b.add_argument("--no-real", action="store_true", help="skip the 2-process msrun measurement (balance)")
+    b.add_argument("--backends", help="train: compare op backends side by side, e.g. reference,cpu")
+    b.add_argument("--no-memory", action="store_true", help="train --backends: skip the per-backend memory runs")
+    b.add_argument("--sizes", default="small,medium", help="ops: which sizes (small, medium)")
+    b.add_argument("--repeats", type=int, default=3, help="ops: timed repeats (best is kept)")
     b.set_defaults(func=cmd_bench)
     return p
 

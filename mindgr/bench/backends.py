@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -20,16 +19,22 @@ from pathlib import Path
 import numpy as np
 
 
-def rss_mb() -> float:
+def _status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
 
+def rss_mb() -> float:
+    return _status_mb("VmRSS")
+
+
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's resident high-water mark. Not getrusage: its ru_maxrss survives fork+exec, so a
+    child would report its parent's peak."""
+    return _status_mb("VmHWM")
 
 
 def _memory_in_subprocess(cfg_path: str, overrides: list[str], backend: str) -> dict:

@@ -15,6 +15,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from mindgr.models.layers import l2_normalize
+from mindgr.ops.scoring import sampled_logits
 
 _MASKED = -1e9
 
@@ -40,12 +41,7 @@ class SampledSoftmaxLoss(nn.Cell):
         table = self.encoder.item_table()                                    # [V+1, D], unit rows
         tgt = targets.astype(ms.int32)
         pos = (out * ops.gather(table, tgt, 0)).sum(-1, keepdims=True)       # [T, 1]
-        if self.score_all:
-            logits = ops.matmul(out, table.T)                                # [T, V+1]
-            neg = ops.gather_elements(logits, 1, negatives)                  # [T, R]
-        else:
-            neg_emb = ops.gather(table, negatives, 0)                        # [T, R, D]
-            neg = (out[:, None, :] * neg_emb).sum(-1)
+        neg = sampled_logits(out, table, negatives, self.score_all)          # [T, R]
         hit = ops.equal(negatives, tgt[:, None])
         neg = ops.where(hit, ops.full_like(neg, _MASKED), neg * self.inv_tau)
         all_logits = ops.concat((pos * self.inv_tau, neg), 1)

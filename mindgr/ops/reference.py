@@ -120,3 +120,14 @@ def softmax_attention(q, k, v, offsets, max_len: int):
     weights = ops.softmax(scores, -1) * allowed
     out = ops.matmul(weights, vp).transpose(0, 2, 1, 3)
     return padded_to_jagged(out, offsets, t)
+
+
+def sampled_logits(out, table, ids, score_all: bool = False):
+    """logits[t, r] = out[t] . table[ids[t, r]]: out [T, D], table [V+1, D], ids [T, R] -> [T, R].
+
+    score_all: compute every item's score with one [T, D] x [D, V+1] matmul and pick the sampled columns;
+    for a catalogue of a few thousand items that is ~2x faster than materialising [T, R, D] (measured
+    on the ML-1M config, DESIGN.md §4)."""
+    if score_all:
+        return ops.gather_elements(ops.matmul(out, table.T), 1, ids)
+    return (out[:, None, :] * ops.gather(table, ids, 0)).sum(-1)

@@ -3,6 +3,7 @@
     hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, dv]
     jagged_to_padded(values, offsets, max_len) -> [B, N, *F]
     padded_to_jagged(padded, offsets, num_tokens) -> [T, *F]
+    sampled_logits(out, table, ids) -> [T, R]
 
 Same math as `mindgr.ops.reference`; usable in PyNative and inside a GRAPH-mode Cell (static shapes
 only: a custom AOT op cannot infer a shape from a value). Output lengths that are not a dimension
@@ -17,9 +18,12 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrHstuBwdNoTs(q, k, v, offsets, w_pos, carrier_N, dout) -> dq, dk, dv, dw_pos
     MindgrJaggedToPadded(values, offsets, carrier_N) -> padded      (gradient: MindgrPaddedToJagged)
     MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
+    MindgrSampledLogits(out, table, ids) -> logits                  (gradient: MindgrSampledLogitsBwd)
+    MindgrSampledLogitsBwd(out, table, ids, dlogits) -> d_out, d_table
 
 A kernel that rejects its inputs makes MindSpore raise "Return value from CPU AOT kernel ... is N":
-10-16 wrong number/rank/dtype/shape of arguments, 17 offsets not non-decreasing from >= 0 to <= T,
+10-16 wrong number/rank/dtype/shape of arguments, 17 offsets not non-decreasing from >= 0 to <= T
+(sampled_logits: an id outside [0, V+1)),
 18 w_pos shorter than 2N-1, 19 timestamps not int64 [T], 20 empty w_ts, 21-23 gradient/output
 shapes, 99 out of memory or threads unavailable.
 """
@@ -39,7 +43,8 @@ def _builder():
     return build
 
 _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBwdNoTs",
-            "MindgrJaggedToPadded", "MindgrPaddedToJagged", "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads")
+            "MindgrJaggedToPadded", "MindgrPaddedToJagged",
+            "MindgrSampledLogits", "MindgrSampledLogitsBwd", "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads")
 
 _lock = threading.Lock()
 _loaded: dict = {}  # "path" -> built library path, "cdll" -> ctypes handle, "error" -> reason
@@ -226,6 +231,28 @@ class _Primitives:
                         lambda p, o, c: p, bprop)
         return self._get("p2j", make)
 
+    # Sampled scoring: logits[t, r] = out[t] . table[ids[t, r]] ---------------------------------
+    @property
+    def sampled_logits_bwd(self):
+        return self._get("sampled_logits_bwd", lambda: _aot(
+            "MindgrSampledLogitsBwd",
+            lambda o, t, i, d: (o, t),
+            lambda o, t, i, d: (o, t)))
+
+    @property
+    def sampled_logits(self):
+        def make():
+            bwd = self.sampled_logits_bwd
+
+            def bprop(out, table, ids, res, dout):
+                d_out, d_table = bwd(out, table, ids, dout)
+                return d_out, d_table, ops.zeros_like(ids)
+
+            return _aot("MindgrSampledLogits",
+                        lambda o, t, i: i,
+                        lambda o, t, i: o, bprop)
+        return self._get("sampled_logits", make)
+
 
 _P = _Primitives()
 
@@ -266,3 +293,16 @@ def jagged_to_padded(values, offsets, max_len: int):
 def padded_to_jagged(padded, offsets, num_tokens: int):
     """padded [B, N, *F] -> [T, *F]; tokens outside every row (the unused tail) are zero."""
     return _P.p2j(padded, offsets, _zeros_carrier(num_tokens))
+
+
+def sampled_logits(out, table, ids):
+    """logits[t, r] = out[t] . table[ids[t, r]]: out [T, D], table [V+1, D], ids [T, R] int32/int64
+    (every id in [0, V]) -> [T, R] float32, without materialising [T, V+1] or [T, R, D]. Gradients
+    flow to out and table (deterministic, independent of the thread count); ids get zeros."""
+    if out.dtype != ms.float32:
+        out = out.astype(ms.float32)
+    if table.dtype != ms.float32:
+        table = table.astype(ms.float32)
+    if ids.dtype != ms.int32 and ids.dtype != ms.int64:
+        ids = ids.astype(ms.int32)
+    return _P.sampled_logits(out, table, ids)

@@ -1,0 +1,152 @@
+"""The fused C++ sampled-scoring kernel (mindgr.ops.cpu.sampled_logits) against the reference.
+
+logits[t, r] = out[t] . table[ids[t, r]]. Forward and both gradients (value_and_grad of
+sum(logits * cotangent)) are compared in GRAPH mode inside an nn.Cell on random inputs with repeated
+ids and id 0 present, for several (T, D, R, V+1) including D not a multiple of 16, D < 16, and a
+catalogue large enough for the kernel's second d_table algorithm (counting sort instead of chunk partials).
+Tolerance as in test_ops_cpu.py: max|cpu - reference| <= 2e-5 * max|reference| per tensor.
+The kernel must be bitwise reproducible run to run and across thread counts.
+Skipped only when no C++ compiler (g++) is available.
+"""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
+                                reason="g++ not found: the C++ CPU kernels cannot be built")
+
+import mindspore as ms  # noqa: E402
+from mindspore import nn, ops  # noqa: E402
+
+from mindgr.ops import backend, cpu, reference, scoring  # noqa: E402
+
+RTOL = 2e-5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    reason = cpu.unavailable_reason()
+    assert reason is None, reason
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=mode)
+
+
+def assert_close(got, want, name):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert np.all(np.isfinite(got)), name
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    err = float(np.max(np.abs(got - want))) if want.size else 0.0
+    assert err <= RTOL * max(scale, 1e-30), f"{name}: max abs error {err:.3g} vs scale {scale:.3g}"
+
+
+class ScoreLoss(nn.Cell):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def construct(self, out, table, ids, cot):
+        return (self.fn(out, table, ids) * cot).sum()
+
+
+class ScoreGrad(nn.Cell):
+    """(logits, d_out, d_table) in one graph."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+        self.grad = ms.value_and_grad(ScoreLoss(fn), grad_position=(0, 1))
+
+    def construct(self, out, table, ids, cot):
+        _, (d_out, d_table) = self.grad(out, table, ids, cot)
+        return self.fn(out, table, ids), d_out, d_table
+
+
+def make_inputs(seed, T, D, R, V1, id_dtype=np.int32):
+    rng = np.random.default_rng(seed)
+    out = rng.standard_normal((T, D)).astype(np.float32)
+    table = rng.standard_normal((V1, D)).astype(np.float32)
+    # a skewed id distribution: many repeats of a few ids, including 0, plus every id somewhere
+    ids = np.minimum(rng.zipf(1.5, (T, R)) - 1, V1 - 1).astype(id_dtype)
+    ids.flat[: min(V1, ids.size)] = np.arange(min(V1, ids.size))
+    ids.flat[-1] = 0
+    cot = rng.standard_normal((T, R)).astype(np.float32)
+    return [ms.Tensor(x) for x in (out, table, ids, cot)]
+
+
+CONFIGS = [  # T, D, R, V+1
+    (1, 1, 1, 1),
+    (7, 5, 3, 4),
+    (40, 16, 9, 30),
+    (97, 50, 33, 200),
+    (64, 64, 128, 17),
+    (50, 64, 20, 33000),  # 8 * (V+1) * D floats > 64 MB: the kernel's counting-sort d_table path
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "T%d_D%d_R%d_V%d" % c)
+def test_sampled_logits_matches_reference_graph(config):
+    fused, ref = ScoreGrad(cpu.sampled_logits), ScoreGrad(reference.sampled_logits)
+    for seed in (0, 1):
+        args = make_inputs(seed, *config)
+        for name, got, want in zip(("logits", "d_out", "d_table"), fused(*args), ref(*args)):
+            assert_close(got.asnumpy(), want.asnumpy(), f"{name} {config} seed {seed}")
+
+
+def test_sampled_logits_int64_ids_and_pynative():
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        out, table, ids, cot = make_inputs(3, 23, 20, 7, 11, np.int64)
+        assert_close(cpu.sampled_logits(out, table, ids).asnumpy(),
+                     reference.sampled_logits(out, table, ids).asnumpy(), "pynative int64 logits")
+        got = ms.grad(lambda o, t: (cpu.sampled_logits(o, t, ids) * cot).sum(), grad_position=(0, 1))(out, table)
+        want = ms.grad(lambda o, t: (reference.sampled_logits(o, t, ids) * cot).sum(),
+                       grad_position=(0, 1))(out, table)
+        for name, g, w in zip(("d_out", "d_table"), got, want):
+            assert_close(g.asnumpy(), w.asnumpy(), "pynative int64 " + name)
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+
+
+@pytest.mark.parametrize("num_ids", [300, 33000], ids=["chunked", "sorted"])
+def test_sampled_logits_bitwise_deterministic(monkeypatch, num_ids):
+    # large enough for the kernel to use several threads (it goes serial below ~2^18 multiply-adds)
+    args = make_inputs(5, 600, 64, 64, num_ids)
+    net = ScoreGrad(cpu.sampled_logits)
+    first = [x.asnumpy() for x in net(*args)]
+    second = [x.asnumpy() for x in net(*args)]
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+    # the bprop sums in a fixed (t, r) order per id, so the thread count does not change any bit
+    prim = cpu._P.sampled_logits_bwd
+    monkeypatch.setenv("MINDGR_CPU_THREADS", "1")
+    one = [x.asnumpy() for x in prim(*args)]
+    monkeypatch.setenv("MINDGR_CPU_THREADS", "2")
+    two = [x.asnumpy() for x in prim(*args)]
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_scoring_dispatch(monkeypatch):
+    args = make_inputs(7, 12, 8, 5, 9)[:3]
+    monkeypatch.setattr(backend, "_current", "reference")
+    want = scoring.sampled_logits(*args).asnumpy()
+    np.testing.assert_array_equal(want, reference.sampled_logits(*args).asnumpy())
+    monkeypatch.setattr(backend, "_current", "cpu")
+    monkeypatch.setattr(backend, "_cpu", cpu)
+    assert_close(scoring.sampled_logits(*args).asnumpy(), want, "dispatched logits")
+
+
+def test_sampled_logits_rejects_out_of_range_ids():
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        out, table, ids, _ = make_inputs(9, 4, 3, 2, 5)
+        bad = ms.Tensor(np.array([[0, 1], [2, 5], [0, 0], [1, 1]], np.int32))
+        with pytest.raises(Exception, match="17"):
+            cpu.sampled_logits(out, table, bad).asnumpy()
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
