@@ -76,10 +76,18 @@ def cmd_bench(args) -> int:
         from mindgr.bench.ops import bench_ops
         bench_ops(args.sizes.split(","), repeats=args.repeats, out=args.out)
         return 0
+    if args.what == "negatives":
+        from mindgr.bench.backends import bench_variants
+        from mindgr.bench.negatives import NEGATIVE_VARIANTS
+        _load(args)  # validate first: one line for a bad config
+        bench_variants(args.config, _overrides(args), NEGATIVE_VARIANTS, steps=args.steps,
+                       memory=not args.no_memory, out=args.out)
+        return 0
     if args.backends:
         from mindgr.bench.backends import bench_backends
-        bench_backends(_load(args), args.backends.split(","), steps=args.steps, cfg_path=args.config,
-                       overrides=_overrides(args), memory=not args.no_memory, out=args.out)
+        _load(args)
+        bench_backends(args.config, _overrides(args), args.backends.split(","), steps=args.steps,
+                       memory=not args.no_memory, out=args.out)
         return 0
     from mindgr.bench.train import bench_train
     bench_train(_load(args), steps=args.steps, warmup=args.warmup, out=args.out)
@@ -117,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     dp.set_defaults(func=cmd_data)
 
     b = sub.add_parser("bench", help="measure speed (prints figures; never part of the tests)")
-    b.add_argument("what", choices=["peak", "train", "ops", "balance", "distributed"])
+    b.add_argument("what", choices=["peak", "train", "ops", "negatives", "balance", "distributed"])
     b.add_argument("--config")
     b.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
     b.add_argument("--steps", type=int, default=20, help="timed steps (train)")

@@ -1,14 +1,14 @@
-"""`mindgr bench train --backends reference,cpu`: the same training step on several op backends.
+"""Side-by-side variants of one training step: `mindgr bench train --backends reference,cpu` (op
+backends) and `mindgr bench negatives` (negative strategies).
 
-Speed: every backend's step is compiled in ONE process, then timed steps alternate between backends on
+Speed: every variant's step is compiled in ONE process, then timed steps alternate between variants on
 the same batches, so machine noise hits all of them alike and the ratio is fair.
-Memory: peak memory needs a process per backend; each runs `mindgr bench train` alone and reports the
+Memory: peak memory needs a process per variant; each runs `mindgr bench train` alone and reports the
 growth of its resident memory from just before the first step to the peak (compile workspace,
 activations and optimizer state: what the step itself costs).
 """
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
@@ -37,11 +37,11 @@ def peak_rss_mb() -> float:
     return _status_mb("VmHWM")
 
 
-def _memory_in_subprocess(cfg_path: str, overrides: list[str], backend: str) -> dict:
+def _memory_in_subprocess(cfg_path: str, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "m.json"
         cmd = [sys.executable, "-m", "mindgr", "bench", "train", "--config", cfg_path, *overrides,
-               f"ops.backend={backend}", "--steps", "2", "--warmup", "1", "--out", str(out)]
+               "--steps", "2", "--warmup", "1", "--out", str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         if proc.returncode != 0 or not out.is_file():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -51,68 +51,78 @@ def _memory_in_subprocess(cfg_path: str, overrides: list[str], backend: str) -> 
                 "step_memory_mb": r["peak_rss_mb"] - r["rss_before_mb"]}
 
 
-def bench_backends(cfg, backends, steps: int = 10, cfg_path: str | None = None, overrides=(),
-                   memory: bool = True, out: str | None = None) -> dict:
+def bench_variants(cfg_path: str, overrides, variants: dict, steps: int = 10, memory: bool = True,
+                   out: str | None = None) -> dict:
+    """variants: name -> extra overrides. Each variant's step is compiled in this process (one after the
+    other: the op backend binds at compile time), then timed steps alternate between variants."""
+    from mindgr.config import load_config
     from mindgr.train.flops import train_flops
     from mindgr.train.peak import peak_flops
     from mindgr.train.trainer import Trainer
     peak = peak_flops()["flops_per_s"]
+    names = list(variants)
     trainers, compile_s = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for be in backends:
-            c = copy.deepcopy(cfg)
-            c.run.out_dir, c.run.name, c.ops.backend = tmp, f"bench-{be}", be
-            t = Trainer(c, quiet=True)              # selects the backend; the graph binds it at compile
+        for name in names:
+            c = load_config(cfg_path, list(overrides) + list(variants[name]))
+            c.run.out_dir, c.run.name = tmp, f"bench-{len(trainers)}"
+            t = Trainer(c, quiet=True)
             t0 = time.perf_counter()
             t._train_batch(0, 0, t.data.plan.batches(0)[0])
-            compile_s[be] = time.perf_counter() - t0
-            trainers[be] = t
-        plan = trainers[backends[0]].data.plan.batches(0)
-        times = {be: [] for be in backends}
-        tokens = flops = 0.0
+            compile_s[name] = time.perf_counter() - t0
+            trainers[name] = t
+        plan = trainers[names[0]].data.plan.batches(0)
+        times = {name: [] for name in names}
+        flops = {name: 0.0 for name in names}
+        tokens = 0.0
         for i in range(1, steps + 1):
-            for be in backends:                     # alternate: same batch, same moment
-                _, step_s, info = trainers[be]._train_batch(0, i % len(plan), plan[i % len(plan)])
-                times[be].append(step_s)
+            for name in names:                       # alternate: same batch, same moment
+                t = trainers[name]
+                _, step_s, info = t._train_batch(0, i % len(plan), plan[i % len(plan)])
+                times[name].append(step_s)
+                flops[name] += train_flops(t.cfg.model, info["lengths"], info["targets"],
+                                           t.sampler.negatives.num_candidates)
             tokens += info["tokens"]
-            flops += train_flops(cfg.model, info["lengths"], info["targets"], cfg.loss.num_negatives)
-    result = {"config": cfg_path, "steps": steps, "peak_gflops": peak / 1e9,
-              "token_capacity": trainers[backends[0]].data.train.token_capacity,
-              "row_capacity": trainers[backends[0]].data.train.row_capacity, "backends": {}}
-    for be in backends:
-        total = float(np.sum(times[be]))
-        result["backends"][be] = {"step_time_s_median": float(np.median(times[be])),
-                                  "real_tokens_per_s": tokens / total, "mfu": flops / total / peak,
-                                  "first_step_s_incl_compile": compile_s[be]}
-    if memory and cfg_path:
-        for be in backends:
-            result["backends"][be].update(_memory_in_subprocess(cfg_path, list(overrides), be))
-    base = backends[0]
-    for be in backends[1:]:
-        a, b = result["backends"][base], result["backends"][be]
-        a_mem, b_mem = a.get("step_memory_mb"), b.get("step_memory_mb")
-        result[f"{be}_vs_{base}"] = {
-            "tokens_per_s_ratio": b["real_tokens_per_s"] / a["real_tokens_per_s"],
-            "step_memory_saved": (1 - b_mem / a_mem) if a_mem and b_mem else None}
-    _print(result, backends)
+    first = trainers[names[0]].data.train
+    result = {"config": cfg_path, "overrides": list(overrides), "steps": steps, "peak_gflops": peak / 1e9,
+              "token_capacity": first.token_capacity, "row_capacity": first.row_capacity, "variants": {}}
+    for name in names:
+        total = float(np.sum(times[name]))
+        result["variants"][name] = {
+            "overrides": list(variants[name]), "negatives_per_position": trainers[name].sampler.negatives.num_candidates,
+            "step_time_s_median": float(np.median(times[name])), "real_tokens_per_s": tokens / total,
+            "mfu": flops[name] / total / peak, "first_step_s_incl_compile": compile_s[name]}
+    if memory:
+        for name in names:
+            result["variants"][name].update(_memory_in_subprocess(cfg_path, list(overrides) + list(variants[name])))
+    base = result["variants"][names[0]]
+    for name in names[1:]:
+        v = result["variants"][name]
+        v["tokens_per_s_vs_first"] = v["real_tokens_per_s"] / base["real_tokens_per_s"]
+        if base.get("step_memory_mb") and v.get("step_memory_mb"):
+            v["step_memory_saved_vs_first"] = 1 - v["step_memory_mb"] / base["step_memory_mb"]
+    _print(result)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=1))
     return result
 
 
-def _print(result: dict, backends):
-    print(f"bench train {result['config']}: T_cap {result['token_capacity']}, B_cap {result['row_capacity']}, "
-          f"{result['steps']} alternating steps per backend")
-    print(f"  {'backend':10s} {'step ms':>9s} {'real tok/s':>11s} {'MFU %':>7s} {'compile s':>9s} "
-          f"{'step mem MB':>11s} {'peak RSS MB':>11s}")
-    for be in backends:
-        r = result["backends"][be]
+def bench_backends(cfg_path: str, overrides, backends, steps: int = 10, memory: bool = True,
+                   out: str | None = None) -> dict:
+    return bench_variants(cfg_path, overrides, {be: [f"ops.backend={be}"] for be in backends}, steps, memory, out)
+
+
+def _print(result: dict):
+    print(f"bench {result['config']} {' '.join(result['overrides'])}: T_cap {result['token_capacity']}, "
+          f"B_cap {result['row_capacity']}, {result['steps']} alternating steps per variant")
+    print(f"  {'variant':28s} {'neg/pos':>7s} {'step ms':>9s} {'real tok/s':>11s} {'MFU %':>7s} {'compile s':>9s} "
+          f"{'step mem MB':>11s} {'peak RSS MB':>11s} {'tok/s ratio':>11s} {'mem saved':>9s}")
+    for name, r in result["variants"].items():
         mem = f"{r['step_memory_mb']:11.0f} {r['peak_rss_mb']:11.0f}" if "step_memory_mb" in r else \
             f"{r.get('error', 'not measured'):>23s}"
-        print(f"  {be:10s} {r['step_time_s_median'] * 1e3:9.1f} {r['real_tokens_per_s']:11.0f} "
-              f"{r['mfu'] * 100:7.2f} {r['first_step_s_incl_compile']:9.1f} {mem}")
-    for key, v in result.items():
-        if key.endswith(tuple(f"_vs_{b}" for b in backends)):
-            saved = "n/a" if v["step_memory_saved"] is None else f"{v['step_memory_saved'] * 100:.0f}%"
-            print(f"  {key}: tokens/s x{v['tokens_per_s_ratio']:.2f}, step memory saved {saved}")
+        ratio = f"{r['tokens_per_s_vs_first']:10.2f}x" if "tokens_per_s_vs_first" in r else f"{'1.00x':>11s}"
+        saved = f"{r['step_memory_saved_vs_first'] * 100:8.0f}%" if "step_memory_saved_vs_first" in r else f"{'-':>9s}"
+        print(f"  {name:28s} {r['negatives_per_position']:7d} {r['step_time_s_median'] * 1e3:9.1f} "
+              f"{r['real_tokens_per_s']:11.0f} {r['mfu'] * 100:7.2f} {r['first_step_s_incl_compile']:9.1f} {mem} "
+              f"{ratio} {saved}")
