@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -94,6 +95,15 @@ def measure_two_ranks(config, overrides, steps: int, warmup: int = 5) -> dict:
         run = run_training(common + [f"parallel.balance={method}"], 2, Path(out_dir), f"balance-{method}")
         rows = [r for r in read_jsonl(run / "balance.jsonl") if r["step"] > warmup]
         step_s = np.array([r["step_s"] for r in rows])
+        # Does the cost model predict which rank is slower, and by how much? (seconds vs seconds)
+        d_pred = np.array([r["pred_cost"][0] - r["pred_cost"][1] for r in rows])
+        d_wall = step_s[:, 0] - step_s[:, 1]
+        d_cpu = np.array([r["step_cpu_s"][0] - r["step_cpu_s"][1] for r in rows])
+        agree = {}
+        for name, d in (("wall", d_wall), ("cpu", d_cpu)):
+            ok = np.std(d_pred) > 0 and np.std(d) > 0
+            agree[name] = {"corr": float(np.corrcoef(d_pred, d)[0, 1]) if ok else None,
+                           "slope": float(d_pred @ d / (d_pred @ d_pred)) if np.any(d_pred) else None}
         calib = next(r["calibration"] for r in read_jsonl(run / "metrics.jsonl") if "calibration" in r)
         result[method] = {
             "steps": len(rows), "imbalance_measured_mean": float(np.mean([r["imbalance_measured"] for r in rows])),
@@ -103,9 +113,15 @@ def measure_two_ranks(config, overrides, steps: int, warmup: int = 5) -> dict:
             "imbalance_pred_step_mean": float(np.mean([r["imbalance_pred_step"] for r in rows])),
             "rank_step_s_mean": step_s.mean(0).tolist(),
             "imbalance_of_mean_times": float(step_s.mean(0).max() / step_s.mean(0).mean() - 1),
+            "pred_vs_measured_rank_difference": agree,
+            "measured_diff_noise_s": float(np.std(d_wall)), "pred_diff_s": float(np.std(d_pred)),
             "calibration": {k: calib[k] for k in ("a", "b", "c0", "fixed_s")}, "load_before": load}
-    result["run_dir"] = out_dir
+    shutil.rmtree(out_dir, ignore_errors=True)       # checkpoints and logs of the timed runs
     return result
+
+
+def _num(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
 
 
 def _print(cal, sims, real):
@@ -129,6 +145,11 @@ def _print(cal, sims, real):
                   f"of the variable cost = {r['imbalance_pred_step_mean'] * 100:.2f}% of the step, over "
                   f"{r['steps']} steps; mean step per rank "
                   f"{', '.join(f'{x * 1e3:.0f}' for x in r['rank_step_s_mean'])} ms")
+            a = r["pred_vs_measured_rank_difference"]
+            print(f"    rank 0 - rank 1 time vs the cost model's prediction: wall corr {_num(a['wall']['corr'])} "
+                  f"slope {_num(a['wall']['slope'])}, cpu corr {_num(a['cpu']['corr'])} "
+                  f"slope {_num(a['cpu']['slope'])} (predicted spread {r['pred_diff_s'] * 1e3:.1f} ms, "
+                  f"measured {r['measured_diff_noise_s'] * 1e3:.1f} ms)")
 
 
 def bench_balance(config=None, overrides=(), steps: int = 20, out: str | None = None, ranks=(8, 16, 64),

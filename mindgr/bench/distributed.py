@@ -16,6 +16,7 @@ the logging collectives. Also reported: real tokens per CPU-second of all proces
 from __future__ import annotations
 
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -72,7 +73,8 @@ def bench_scaling(config=None, overrides=(), steps: int = 30, out: str | None = 
               "tokens_per_s_1proc_alone": alone, "scaling_efficiency": two_run["tokens_per_s"] / (2 * side),
               "scaling_efficiency_vs_alone": two_run["tokens_per_s"] / (2 * alone),
               "cpu_time_efficiency": two_run["tokens_per_cpu_s"] / per_cpu,
-              "load_after": machine_load(), "run_dir": out_dir}
+              "load_after": machine_load()}
+    shutil.rmtree(out_dir, ignore_errors=True)       # checkpoints and logs of the timed runs
     for r in runs:
         print(f"{r['name']:8s} {r['nproc']} proc: {r['tokens_per_s']:8.0f} real tokens/s, step "
               f"{r['step_time_s'] * 1e3:.0f} ms, fill {r['fill']:.3f}, {r['cores_busy']:.2f} cores busy, "

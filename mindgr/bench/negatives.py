@@ -8,5 +8,4 @@ NEGATIVE_VARIANTS = {
     "shared_pool K=4096": ["loss.negatives=shared_pool", "loss.pool_size=4096"],
     "shared_pool K=4096 fp16": ["loss.negatives=shared_pool", "loss.pool_size=4096", "loss.fp16_negatives=true"],
     "mixed K=4096 + in-batch 1024": ["loss.negatives=mixed", "loss.pool_size=4096", "loss.in_batch_size=1024"],
-    "shared_pool K=16384": ["loss.negatives=shared_pool", "loss.pool_size=16384"],
 }

@@ -10,14 +10,13 @@ import numpy as np
 
 
 def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -> dict:
-    from mindspore import Tensor
     from mindgr.train.flops import train_flops
     from mindgr.train.peak import peak_flops
     from mindgr.train.trainer import Trainer
     with tempfile.TemporaryDirectory() as tmp:
         cfg.run.out_dir, cfg.run.name = tmp, "bench"
         trainer = Trainer(cfg, quiet=True)
-        data, model, sampler = trainer.data, trainer.model, trainer.sampler
+        data = trainer.data
         plan = data.plan.batches(0)
         peak = peak_flops()["flops_per_s"]
         from mindgr.bench.backends import peak_rss_mb, rss_mb
@@ -25,22 +24,15 @@ def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -
         compile_s = None
         rss_before = rss_mb()
         for i in range(warmup + steps):
-            indices = plan[i % len(plan)]
-            batch = data.train.batch(indices)
-            negatives, drop = sampler.draw(0, i)
-            args = [Tensor(x) for x in (batch.ids, batch.positions, batch.offsets, batch.timestamps,
-                                        batch.targets, negatives, drop)]
-            t0 = time.perf_counter()
-            model.train_step(*args).asnumpy()
-            dt = time.perf_counter() - t0
+            _, dt, info = trainer._train_batch(0, i % len(plan), plan[i % len(plan)])
             if i == 0:
                 compile_s = dt
             if i >= warmup:
                 times.append(dt)
-                tokens += batch.num_tokens
-                fills.append(batch.fill)
-                lengths = np.diff(batch.offsets[: batch.num_rows + 1])
-                flops += train_flops(cfg.model, lengths, int((batch.targets > 0).sum()), cfg.loss.num_negatives)
+                tokens += info["tokens"]
+                fills.append(info["fill"])
+                flops += train_flops(cfg.model, info["lengths"], info["targets"],
+                                     trainer.sampler.negatives.num_candidates)
     total = float(np.sum(times))
     result = {
         "arch": cfg.model.arch, "backend": trainer.backend, "token_capacity": data.train.token_capacity,
