@@ -291,23 +291,15 @@ class DistributedTrainer(Trainer):
             super()._save_best()
         comm.barrier()
 
-    def evaluate(self, split: str) -> dict:
+    @property
+    def eval_ranks(self) -> int:
+        return self.ctx.world
+
+    def _split_metrics(self, examples, split: str) -> dict:
         from mindgr.parallel.evaluate import evaluate_sharded
-        from mindgr.train.logger import format_metrics
-        examples = self.data.eval[split]
-        if examples is None:
-            return {"count": 0}
-        t0 = time.perf_counter()
-        self.model.encoder.set_train(False)
-        metrics = evaluate_sharded(self.model.encode_last, self.model.item_table(), examples,
-                                   getattr(self.data.split, split), self.cfg.eval.ks, self.ctx.rank,
-                                   self.ctx.world, beat=self.watchdog.beat)
-        self.model.encoder.set_train(True)
-        rec = {"eval": split, "step": self.step, "epoch": self.epoch, "seconds": time.perf_counter() - t0,
-               "ranks": self.ctx.world, **metrics}
-        self.log.write(rec, f"eval {split} epoch {self.epoch} step {self.step}: {format_metrics(metrics)} "
-                            f"({rec['seconds']:.1f}s, {self.ctx.world} ranks)")
-        return metrics
+        return evaluate_sharded(self.model.encode_last, self.model.item_table(), examples,
+                                getattr(self.data.split, split), self.cfg.eval.ks, self.ctx.rank,
+                                self.ctx.world, beat=self.watchdog.beat)
 
     def finish(self) -> dict:
         self.watchdog.beat("final evaluation")

@@ -352,19 +352,26 @@ class Trainer:
         if not self.cfg.run.ckpt_every:
             self.save()
 
-    def evaluate(self, split: str) -> dict:
+    eval_ranks = 1  # processes that share the ranking (a multi-process trainer splits it)
+
+    def _split_metrics(self, examples, split: str) -> dict:
         from mindgr.train.evaluate import evaluate
+        return evaluate(self.model.encode_last, self.model.item_table(), examples,
+                        getattr(self.data.split, split), self.cfg.eval.ks)
+
+    def evaluate(self, split: str) -> dict:
         examples = self.data.eval[split]
         if examples is None:
             return {"count": 0}
         t0 = time.perf_counter()
         self.model.encoder.set_train(False)
-        metrics = evaluate(self.model.encode_last, self.model.item_table(), examples,
-                           getattr(self.data.split, split), self.cfg.eval.ks)
+        metrics = self._split_metrics(examples, split)
         self.model.encoder.set_train(True)
-        rec = {"eval": split, "step": self.step, "epoch": self.epoch, "seconds": time.perf_counter() - t0, **metrics}
+        rec = {"eval": split, "step": self.step, "epoch": self.epoch, "seconds": time.perf_counter() - t0,
+               "ranks": self.eval_ranks, **metrics}
+        ranks = f", {self.eval_ranks} ranks" if self.eval_ranks > 1 else ""
         self.log.write(rec, f"eval {split} epoch {self.epoch} step {self.step}: {format_metrics(metrics)} "
-                            f"({rec['seconds']:.1f}s)")
+                            f"({rec['seconds']:.1f}s{ranks})")
         return metrics
 
     def finish(self) -> dict:
