@@ -76,6 +76,11 @@ def cmd_bench(args) -> int:
         from mindgr.bench.ops import bench_ops
         bench_ops(args.sizes.split(","), repeats=args.repeats, out=args.out)
         return 0
+    if args.what == "pipeline":
+        from mindgr.bench.pipeline import bench_pipeline
+        _load(args)
+        bench_pipeline(args.config, _overrides(args), steps=args.steps, rounds=args.rounds, out=args.out)
+        return 0
     if args.what == "negatives":
         from mindgr.bench.backends import bench_variants
         from mindgr.bench.negatives import NEGATIVE_VARIANTS
@@ -125,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     dp.set_defaults(func=cmd_data)
 
     b = sub.add_parser("bench", help="measure speed (prints figures; never part of the tests)")
-    b.add_argument("what", choices=["peak", "train", "ops", "negatives", "balance", "distributed"])
+    b.add_argument("what", choices=["peak", "train", "ops", "negatives", "pipeline", "balance",
+                                        "distributed"])
     b.add_argument("--config")
     b.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
     b.add_argument("--steps", type=int, default=20, help="timed steps (train)")
@@ -138,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-memory", action="store_true", help="train --backends: skip the per-backend memory runs")
     b.add_argument("--sizes", default="small,medium", help="ops: which sizes (small, medium)")
     b.add_argument("--repeats", type=int, default=3, help="ops: timed repeats (best is kept)")
+    b.add_argument("--rounds", type=int, default=3, help="pipeline: alternating blocks of --steps per variant")
     b.set_defaults(func=cmd_bench)
     return p
 

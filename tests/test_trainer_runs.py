@@ -63,3 +63,24 @@ def test_cpu_backend_training_matches_reference_losses(tmp_path, tiny_overrides)
     assert len(losses["cpu"]) == len(losses["reference"]) == 20
     for step, (a, b) in enumerate(zip(losses["reference"], losses["cpu"]), 1):
         assert abs(a - b) <= 1e-4 * abs(a) + 1e-5, (step, a, b)
+
+
+def test_evaluation_pauses_are_kept_out_of_the_busy_fraction(tmp_path, tiny_overrides):
+    from mindgr.train.trainer import Trainer
+    cfg = load_config(None, tiny_overrides + ["train.batch_size=64", "eval.every_epochs=1", "train.epochs=3"])
+    trainer = Trainer(cfg, quiet=True)
+    per_epoch = trainer.data.plan.num_batches(0)
+    trainer.cfg.run.log_every = per_epoch + 1           # so every window spans an epoch end (an evaluation)
+    trainer.fit()
+    rows = [json.loads(l) for l in (tmp_path / "tiny" / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in rows if "loss" in r]
+    assert windows and all(r["pause_s"] > 0 for r in windows)
+    assert all(0 < r["compute_fraction"] <= 1 for r in windows)
+
+
+def test_bench_pipeline_reports_both_variants(tiny_overrides):
+    from mindgr.bench.pipeline import bench_pipeline
+    result = bench_pipeline(None, tiny_overrides, steps=2, rounds=1)
+    assert len(result["variants"]) == 2
+    for r in result["variants"].values():
+        assert r["steps"] == 2 and 0 < r["busy_fraction"] <= 1 and r["input_wait_fraction"] >= 0

@@ -5,6 +5,7 @@ Everything random on the host (batch order, negatives, dropout masks) is drawn f
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -136,6 +137,16 @@ class StopSignals:
         return False
 
 
+@contextlib.contextmanager
+def _paused(window: dict):
+    """Time spent outside the training loop (evaluation, checkpoints), kept out of its busy fraction."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        window["pause_s"] += time.perf_counter() - t0
+
+
 class _StopRequested(Exception):
     """A stop signal arrived; raised at a step boundary so that the checkpoint is consistent."""
 
@@ -226,7 +237,7 @@ class Trainer:
     def fit(self) -> dict:
         peak = self._peak()
         window = {"loss": 0.0, "n": 0, "tokens": 0, "fill": 0.0, "step_s": 0.0, "flops": 0.0, "wait_s": 0.0,
-                  "t0": time.perf_counter(), "cpu0": time.process_time()}
+                  "pause_s": 0.0, "t0": time.perf_counter(), "cpu0": time.process_time()}
         with StopSignals() as stop:
             try:
                 self._epochs(window, peak, stop)
@@ -273,7 +284,8 @@ class Trainer:
                     if self.step % cfg.run.log_every == 0:
                         self._log_window(window, peak)
                     if cfg.run.ckpt_every and self.step % cfg.run.ckpt_every == 0:
-                        self.save()
+                        with _paused(window):
+                            self.save()
                     if stop.signum is not None:
                         raise _StopRequested
                     if cfg.train.max_steps and self.step >= cfg.train.max_steps:
@@ -283,7 +295,8 @@ class Trainer:
                 stream.close()
             if self.next_batch >= self.data.plan.num_batches(epoch):
                 self.epoch, self.next_batch = epoch + 1, 0
-                self._end_of_epoch()
+                with _paused(window):
+                    self._end_of_epoch()
 
     def _input_stream(self, epoch: int):
         """(batch number, indices) with the batch's host arrays, prepared `data.prefetch` batches ahead in
@@ -324,19 +337,20 @@ class Trainer:
         return {}, ""
 
     def _log_window(self, w: dict, peak: float):
-        wall = time.perf_counter() - w["t0"]
+        # Evaluation and checkpoint pauses are reported apart: the busy fraction is that of the training loop.
+        wall = time.perf_counter() - w["t0"] - w["pause_s"]
         rec = {"step": self.step, "epoch": self.epoch, "loss": w["loss"] / w["n"],
                "tokens_per_s": w["tokens"] / wall, "step_time_s": w["step_s"] / w["n"],
                "fill": w["fill"] / w["n"], "mfu": w["flops"] / wall / peak,
-               "compute_fraction": w["step_s"] / wall, "input_wait_s": w["wait_s"],
-               "cpu_util": (time.process_time() - w["cpu0"]) / wall}  # cores this process kept busy
+               "compute_fraction": w["step_s"] / wall, "input_wait_s": w["wait_s"], "pause_s": w["pause_s"],
+               "cpu_util": (time.process_time() - w["cpu0"]) / (wall + w["pause_s"])}  # cores this process kept busy
         extra, text = self._window_extra()
         rec.update(extra)
         self.log.write(rec, f"step {self.step:6d} epoch {self.epoch:3d} loss {rec['loss']:.4f} "
                             f"tok/s {rec['tokens_per_s']:8.0f} step {rec['step_time_s'] * 1e3:7.1f}ms "
                             f"fill {rec['fill']:.3f} mfu {rec['mfu'] * 100:.2f}% busy "
                             f"{rec['compute_fraction'] * 100:.0f}%{text}")
-        w.update(loss=0.0, n=0, tokens=0, fill=0.0, step_s=0.0, flops=0.0, wait_s=0.0, t0=time.perf_counter(),
+        w.update(loss=0.0, n=0, tokens=0, fill=0.0, step_s=0.0, flops=0.0, wait_s=0.0, pause_s=0.0, t0=time.perf_counter(),
                  cpu0=time.process_time())
 
     def _end_of_epoch(self):

@@ -1,0 +1,64 @@
+"""`mindgr bench pipeline`: compute-busy fraction of the training loop with the background input
+producer (`data.prefetch`) and without it (inline preparation), measured side by side.
+
+Both trainers are built (and their steps compiled) in this process; then blocks of steps alternate
+between them, so machine noise hits both alike. Busy fraction = time inside the compiled step / wall
+time of the block; input wait = time the loop waited for the next batch's host arrays.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+_NO_SIGNAL = SimpleNamespace(signum=None)
+
+
+def _run_block(trainer, steps: int) -> dict:
+    trainer.cfg.train.max_steps = trainer.step + steps
+    window = {"loss": 0.0, "n": 0, "tokens": 0, "fill": 0.0, "step_s": 0.0, "flops": 0.0, "wait_s": 0.0,
+              "pause_s": 0.0, "t0": time.perf_counter(), "cpu0": time.process_time()}
+    trainer._epochs(window, 1.0, _NO_SIGNAL)
+    wall = time.perf_counter() - window["t0"] - window["pause_s"]
+    return {"steps": window["n"], "wall_s": wall, "step_s": window["step_s"], "wait_s": window["wait_s"],
+            "tokens": window["tokens"]}
+
+
+def bench_pipeline(cfg_path: str, overrides, steps: int = 20, rounds: int = 3, prefetch: int = 2,
+                   out: str | None = None) -> dict:
+    from mindgr.config import load_config
+    from mindgr.train.trainer import Trainer
+    variants = {f"producer (prefetch {prefetch})": prefetch, "inline (prefetch 0)": 0}
+    trainers = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, depth) in enumerate(variants.items()):
+            c = load_config(cfg_path, list(overrides) + [f"data.prefetch={depth}", "eval.every_epochs=0",
+                                                         f"run.log_every={10 ** 9}", "run.ckpt_every=0"])
+            c.run.out_dir, c.run.name = tmp, f"bench-{i}"
+            t = Trainer(c, quiet=True)
+            _run_block(t, 2)                         # compile and warm up
+            trainers[name] = t
+        totals = {name: {"steps": 0, "wall_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "tokens": 0} for name in variants}
+        for _ in range(rounds):
+            for name, t in trainers.items():
+                block = _run_block(t, steps)
+                for key, value in block.items():
+                    totals[name][key] += value
+    result = {"config": cfg_path, "overrides": list(overrides), "steps_per_block": steps, "rounds": rounds,
+              "variants": {}}
+    for name, tot in totals.items():
+        result["variants"][name] = {
+            "steps": tot["steps"], "busy_fraction": tot["step_s"] / tot["wall_s"],
+            "input_wait_fraction": tot["wait_s"] / tot["wall_s"], "step_time_s_mean": tot["step_s"] / tot["steps"],
+            "real_tokens_per_s": tot["tokens"] / tot["wall_s"]}
+    print(f"bench pipeline {cfg_path} {' '.join(overrides)}: {rounds} rounds of {steps} steps per variant, alternating")
+    print(f"  {'variant':24s} {'busy %':>7s} {'input wait %':>12s} {'step ms':>8s} {'real tok/s':>11s}")
+    for name, r in result["variants"].items():
+        print(f"  {name:24s} {r['busy_fraction'] * 100:7.1f} {r['input_wait_fraction'] * 100:12.1f} "
+              f"{r['step_time_s_mean'] * 1e3:8.1f} {r['real_tokens_per_s']:11.0f}")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=1))
+    return result
