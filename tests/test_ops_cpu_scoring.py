@@ -8,40 +8,18 @@ Tolerance as in test_ops_cpu.py: max|cpu - reference| <= 2e-5 * max|reference| p
 The kernel must be bitwise reproducible run to run and across thread counts.
 Skipped only when no C++ compiler (g++) is available.
 """
-import os
-import shutil
 
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
-                                reason="g++ not found: the C++ CPU kernels cannot be built")
+from ops_fixtures import RTOL, assert_close, graph_mode, needs_compiler  # noqa: E402,F401
+
+pytestmark = needs_compiler
 
 import mindspore as ms  # noqa: E402
 from mindspore import nn, ops  # noqa: E402
 
 from mindgr.ops import backend, cpu, reference, scoring  # noqa: E402
-
-RTOL = 2e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    reason = cpu.unavailable_reason()
-    assert reason is None, reason
-    mode = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=mode)
-
-
-def assert_close(got, want, name):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    assert got.shape == want.shape, (name, got.shape, want.shape)
-    assert np.all(np.isfinite(got)), name
-    scale = float(np.max(np.abs(want))) if want.size else 0.0
-    err = float(np.max(np.abs(got - want))) if want.size else 0.0
-    assert err <= RTOL * max(scale, 1e-30), f"{name}: max abs error {err:.3g} vs scale {scale:.3g}"
 
 
 class ScoreLoss(nn.Cell):

@@ -7,15 +7,17 @@ positions that have a target.
 Two shapes of negatives:
 - SampledSoftmaxLoss: R negatives per position ([T, R] ids; the published baseline, c_r = 0).
 - SharedNegativesLoss: ONE set of K candidates for the whole batch ([K] ids), scored for every position
-  by one matrix product [T, D] x [D, K] (intra-batch logit sharing). c_r = log(K * q_r) is the logQ
-  correction for candidates drawn from q (popularity sampling, in-batch targets), which makes the sum an
-  importance-sampling estimate of the full softmax denominator; id 0 marks an unused slot.
+  (intra-batch logit sharing) through `mindgr.ops.scoring.shared_pool_lse`: the cpu backend streams over
+  the candidates in chunks (memory O(T + K), never the [T, K] logits), the reference materialises them
+  with one [T, D] x [D, K] matmul. c_r = log(K * q_r) is the logQ correction for candidates drawn from q
+  (popularity sampling, in-batch targets), which makes the sum an importance-sampling estimate of the
+  full softmax denominator; id 0 marks an unused slot.
 """
 import mindspore as ms
 from mindspore import nn, ops
 
 from mindgr.models.layers import l2_normalize
-from mindgr.ops.scoring import sampled_logits
+from mindgr.ops.scoring import sampled_logits, shared_pool_lse
 
 _MASKED = -1e9
 
@@ -52,7 +54,7 @@ class SampledSoftmaxLoss(nn.Cell):
 
 class SharedNegativesLoss(nn.Cell):
     """Sampled softmax against one shared candidate set per batch. `fp16` holds the gathered candidate
-    embeddings (and the scoring product) in float16, halving their memory; the log-sum-exp is in fp32."""
+    embeddings in float16 (the reference also scores them in float16); the log-sum-exp is in fp32."""
 
     def __init__(self, encoder, temperature: float, fp16: bool = False):
         super().__init__()
@@ -64,15 +66,13 @@ class SharedNegativesLoss(nn.Cell):
         out = self.encoder(ids, positions, offsets, timestamps, drop)         # [T, D], unit rows
         table = self.encoder.item_table()
         tgt = targets.astype(ms.int32)
-        pos = (out * ops.gather(table, tgt, 0)).sum(-1) * self.inv_tau       # [T]
+        x = out * self.inv_tau                                               # logits = x . e
+        pos = (x * ops.gather(table, tgt, 0)).sum(-1)                        # [T]
         cand = ops.gather(table, neg_ids, 0)                                 # [K, D]
         if self.fp16:
-            neg = ops.matmul(out.astype(ms.float16), cand.astype(ms.float16).T).astype(ms.float32)
-        else:
-            neg = ops.matmul(out, cand.T)                                    # [T, K]
-        neg = neg * self.inv_tau - neg_logq[None, :]
-        drop_it = ops.logical_or(ops.equal(neg_ids[None, :], tgt[:, None]), (neg_ids == 0)[None, :])
-        neg = ops.where(drop_it, ops.full_like(neg, _MASKED), neg)
-        per_token = ops.logsumexp(ops.concat((pos[:, None], neg), 1), 1) - pos
+            cand = cand.astype(ms.float16)
+        # log(exp(pos) + sum over the candidates (masked: id 0, accidental hits) of exp(x . e - logQ))
+        lse = shared_pool_lse(x, cand, neg_logq, neg_ids, tgt, pos)
         valid = (tgt > 0).astype(ms.float32)
+        per_token = lse - pos
         return (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))

@@ -131,3 +131,21 @@ def sampled_logits(out, table, ids, score_all: bool = False):
     if score_all:
         return ops.gather_elements(ops.matmul(out, table.T), 1, ids)
     return (out[:, None, :] * ops.gather(table, ids, 0)).sum(-1)
+
+
+_MASKED = -1e9
+
+
+def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
+    """lse[t] = log(exp(pos[t]) + sum_{k: ids[k] != 0, ids[k] != targets[t]} exp(x[t] . cand[k] - logq[k]))
+    for targets[t] > 0, else 0. Materialises the [T, K] logits with one matmul (in float16 when cand is
+    float16, the log-sum-exp in float32): the oracle of the streamed CPU kernel."""
+    if cand.dtype == ms.float16:
+        neg = ops.matmul(x.astype(ms.float16), cand.T).astype(ms.float32)
+    else:
+        neg = ops.matmul(x, cand.T)                                          # [T, K]
+    neg = neg - logq[None, :]
+    drop = ops.logical_or(ops.equal(cand_ids[None, :], targets[:, None]), (cand_ids == 0)[None, :])
+    neg = ops.where(drop, ops.full_like(neg, _MASKED), neg)
+    lse = ops.logsumexp(ops.concat((pos[:, None], neg), 1), 1)
+    return ops.where(targets > 0, lse, ops.zeros_like(lse))

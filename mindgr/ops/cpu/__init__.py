@@ -4,6 +4,7 @@
     jagged_to_padded(values, offsets, max_len) -> [B, N, *F]
     padded_to_jagged(padded, offsets, num_tokens) -> [T, *F]
     sampled_logits(out, table, ids) -> [T, R]
+    shared_pool_lse(x, cand, logq, cand_ids, targets, pos) -> [T]
 
 Same math as `mindgr.ops.reference`; usable in PyNative and inside a GRAPH-mode Cell (static shapes
 only: a custom AOT op cannot infer a shape from a value). Output lengths that are not a dimension
@@ -20,6 +21,8 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
     MindgrSampledLogits(out, table, ids) -> logits                  (gradient: MindgrSampledLogitsBwd)
     MindgrSampledLogitsBwd(out, table, ids, dlogits) -> d_out, d_table
+    MindgrPoolLse(x, cand, logq, cand_ids, targets, pos) -> lse      (gradient: MindgrPoolLseBwd)
+    MindgrPoolLseBwd(x, cand, logq, cand_ids, targets, pos, lse, dlse) -> d_x, d_cand, d_logq, d_pos
 
 A kernel that rejects its inputs makes MindSpore raise "Return value from CPU AOT kernel ... is N":
 10-16 wrong number/rank/dtype/shape of arguments, 17 offsets not non-decreasing from >= 0 to <= T
@@ -44,7 +47,8 @@ def _builder():
 
 _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBwdNoTs",
             "MindgrJaggedToPadded", "MindgrPaddedToJagged",
-            "MindgrSampledLogits", "MindgrSampledLogitsBwd", "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads")
+            "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
+            "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads")
 
 _lock = threading.Lock()
 _loaded: dict = {}  # "path" -> built library path, "cdll" -> ctypes handle, "error" -> reason
@@ -253,6 +257,38 @@ class _Primitives:
                         lambda o, t, i: o, bprop)
         return self._get("sampled_logits", make)
 
+    # Shared-pool log-sum-exp (streamed over the candidates, never [T, K]) --------------------------
+    @property
+    def pool_lse_bwd(self):
+        return self._get("pool_lse_bwd", lambda: _aot(
+            "MindgrPoolLseBwd",
+            lambda x, c, q, i, t, p, l, g: (x, c, q, p),
+            lambda x, c, q, i, t, p, l, g: (x, x, q, p)))  # d_cand is float32 even for fp16 candidates
+
+    def _pool_lse(self, cand_dtype):
+        """One primitive per candidate dtype: its bprop hands d_cand back in that dtype."""
+        def make():
+            bwd = self.pool_lse_bwd
+
+            def bprop(x, cand, logq, ids, tgt, pos, lse, dlse):
+                d_x, d_cand, d_logq, d_pos = bwd(x, cand, logq, ids, tgt, pos, lse, dlse)
+                if cand_dtype != ms.float32:
+                    d_cand = d_cand.astype(cand_dtype)
+                return d_x, d_cand, d_logq, ops.zeros_like(ids), ops.zeros_like(tgt), d_pos
+
+            return _aot("MindgrPoolLse",
+                        lambda x, c, q, i, t, p: p,
+                        lambda x, c, q, i, t, p: p, bprop)
+        return self._get(("pool_lse", str(cand_dtype)), make)
+
+    @property
+    def pool_lse(self):
+        return self._pool_lse(ms.float32)
+
+    @property
+    def pool_lse_fp16(self):
+        return self._pool_lse(ms.float16)
+
 
 _P = _Primitives()
 
@@ -306,3 +342,25 @@ def sampled_logits(out, table, ids):
     if ids.dtype != ms.int32 and ids.dtype != ms.int64:
         ids = ids.astype(ms.int32)
     return _P.sampled_logits(out, table, ids)
+
+
+def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
+    """lse[t] = log(exp(pos[t]) + sum_{k: ids[k] != 0, ids[k] != targets[t]} exp(x[t] . cand[k] - logq[k]))
+    for targets[t] > 0, else 0: x [T, D], cand [K, D] float32 or float16, logq [K], cand_ids [K],
+    targets [T], pos [T] -> [T] float32. Streams over K in chunks (never [T, K]); gradients flow to
+    x, cand (in its dtype), logq and pos, deterministically and independent of the thread count."""
+    if x.dtype != ms.float32:
+        x = x.astype(ms.float32)
+    if cand.dtype != ms.float16 and cand.dtype != ms.float32:
+        cand = cand.astype(ms.float32)
+    if logq.dtype != ms.float32:
+        logq = logq.astype(ms.float32)
+    if pos.dtype != ms.float32:
+        pos = pos.astype(ms.float32)
+    if cand_ids.dtype != ms.int32:
+        cand_ids = cand_ids.astype(ms.int32)
+    if targets.dtype != ms.int32:
+        targets = targets.astype(ms.int32)
+    if cand.dtype == ms.float16:
+        return _P.pool_lse_fp16(x, cand, logq, cand_ids, targets, pos)
+    return _P.pool_lse(x, cand, logq, cand_ids, targets, pos)

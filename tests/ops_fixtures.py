@@ -1,0 +1,46 @@
+"""Shared pieces of the C++ kernel tests (test_ops_cpu*.py): the skip without a compiler, GRAPH mode
+with the kernels built, and the scale-relative comparison every kernel test uses.
+
+Tolerance (fp32): for every compared tensor, max|cpu - reference| <= rtol * max|reference|, with
+RTOL = 2e-5 by default, i.e. relative to the scale of that output (the kernels and the reference sum in
+different orders; observed errors are ~1e-6 of the scale).
+
+Use: `pytestmark = needs_compiler` and `from ops_fixtures import graph_mode` (an autouse fixture: the
+import is what activates it in the test module).
+"""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+RTOL = 2e-5
+
+needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
+                                    reason="g++ not found: the C++ CPU kernels cannot be built")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    """GRAPH mode for the module; the kernels must build (g++ is present when this runs)."""
+    import mindspore as ms
+    from mindgr.ops import cpu
+    reason = cpu.unavailable_reason()
+    assert reason is None, reason
+    try:  # before any kernel runs, so that a Trainer in the same process may set it again
+        ms.set_device("CPU")
+    except RuntimeError:  # the runtime was started by an earlier module without a device: CPU anyway
+        pass
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    ms.set_context(mode=mode)
+
+
+def assert_close(got, want, name, rtol=RTOL):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    assert np.all(np.isfinite(got)), name
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    err = float(np.max(np.abs(got - want))) if want.size else 0.0
+    assert err <= rtol * max(scale, 1e-30), f"{name}: max abs error {err:.3g} vs scale {scale:.3g}"
