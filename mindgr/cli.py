@@ -29,7 +29,10 @@ def cmd_train(args) -> int:
         return 0
     from mindgr.parallel.context import under_msrun
     if under_msrun():  # a rank of a multi-process job (or msrun's scheduler, which stops in init)
-        from mindgr.parallel.trainer import DistributedTrainer as Trainer
+        if cfg.parallel.sparse != "none":
+            from mindgr.parallel.sparse.trainer import SparseTrainer as Trainer
+        else:
+            from mindgr.parallel.trainer import DistributedTrainer as Trainer
     elif cfg.parallel.nproc > 1:
         from mindgr.parallel.launch import launch_train
         return launch_train(cfg, args.argv)

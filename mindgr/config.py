@@ -125,6 +125,17 @@ class ParallelConfig:
     cluster_timeout: int = field(default=120, metadata=_rng(lo=10))  # s to wait for every rank to join
     master_port: int = field(default=0, metadata=_rng(lo=0, hi=65535))  # 0 = pick a free port
     log_dir: str = ""                         # msrun logs; "" = RUN_DIR/msrun
+    # Sharded item embeddings (docs/sparse.md). none: the table is replicated and its dense gradient
+    # all-reduced; hierarchical: rows sharded over the local ranks of a node group, replicated across node
+    # groups; flat: rows sharded over all ranks.
+    sparse: str = field(default="none", metadata=_rng(choices=["none", "hierarchical", "flat"]))
+    nodes: int = field(default=0, metadata=_rng(lo=0))        # node groups; 0 = from msrun (nodes of the job)
+    local_ranks: int = field(default=0, metadata=_rng(lo=0))  # ranks per node group; 0 = world / nodes
+    staleness: int = field(default=1, metadata=_rng(lo=0, hi=16))  # tau: cross-node embedding update delay
+    unique_capacity: int = field(default=0, metadata=_rng(lo=0))   # distinct ids per rank-step; 0 = derived
+    sparse_update: str = field(default="lazy", metadata=_rng(choices=["lazy", "dense"]))  # rows Adam touches
+    intra_gbps: float = field(default=600.0, metadata=_rng(lo=0.0, lo_open=True))  # GB/s inside a node
+    inter_gbps: float = field(default=25.0, metadata=_rng(lo=0.0, lo_open=True))   # GB/s between nodes
 
 
 @dataclass
@@ -257,6 +268,15 @@ def _validate_cross(cfg: Config):
     if p.nproc > 1 and not p.calibrate and p.cost_a == 0 and p.cost_b == 0 and p.cost_c0 == 0:
         raise ConfigError("config: parallel.calibrate = false needs a cost model: set parallel.cost_a and/or "
                           "parallel.cost_b (> 0), or parallel.calibrate=true")
+    if p.sparse != "none":
+        if p.nodes and p.local_ranks and p.nproc > 1 and p.nodes * p.local_ranks != p.nproc:
+            raise ConfigError(f"config: parallel.nodes x parallel.local_ranks = {p.nodes} x {p.local_ranks} "
+                              f"!= parallel.nproc = {p.nproc}")
+        if p.nodes and p.nproc > 1 and p.nproc % p.nodes:
+            raise ConfigError(f"config: parallel.nodes = {p.nodes} does not divide parallel.nproc = {p.nproc}")
+        if cfg.loss.negatives != "per_token":
+            raise ConfigError(f"config: parallel.sparse = {p.sparse} needs loss.negatives = per_token "
+                              f"(not {cfg.loss.negatives})")
     if not cfg.eval.ks or min(cfg.eval.ks) < 1:
         raise ConfigError(f"config: eval.ks = {cfg.eval.ks!r}: expected a non-empty list of integers >= 1")
 

@@ -43,11 +43,12 @@ class HSTU(nn.Cell):
     """Jagged HSTU encoder. construct(ids, positions, offsets, timestamps, drop) -> [T, D] unit vectors."""
 
     def __init__(self, num_items, dim, num_blocks, num_heads, dqk, dv, max_len, dropout=0.2,
-                 time_bias=True, num_time_buckets=128, seed=0):
+                 time_bias=True, num_time_buckets=128, seed=0, item_init=trunc_normal):
         super().__init__()
         rng = np.random.default_rng([seed, 1])
         self.dim, self.max_len, self.dropout = dim, max_len, dropout
-        self.item_emb = param(trunc_normal(rng, (num_items + 1, dim), 0.02), "item_emb")
+        # item_init(rng, shape, std) draws the table; a sharded table keeps only its rows (mindgr.parallel.sparse)
+        self.item_emb = param(item_init(rng, (num_items + 1, dim), 0.02), "item_emb")
         self.pos_emb = param(trunc_normal(rng, (max_len, dim), float(np.sqrt(1.0 / dim))), "pos_emb")
         self.blocks = nn.CellList([
             HSTUBlock(rng, dim, num_heads, dqk, dv, max_len, num_time_buckets, time_bias, f"blocks.{i}")
@@ -62,7 +63,11 @@ class HSTU(nn.Cell):
         return l2_normalize(self.item_emb)
 
     def construct(self, ids, positions, offsets, timestamps, drop=None):
-        x = ops.gather(self.item_emb, ids, 0) * self.scale + ops.gather(self.pos_emb, positions, 0)
+        return self.encode(ops.gather(self.item_emb, ids, 0), positions, offsets, timestamps, drop)
+
+    def encode(self, item_vectors, positions, offsets, timestamps, drop=None):
+        """The encoder from the tokens' item embeddings [T, D] (gathered here, or by a sharded table)."""
+        x = item_vectors * self.scale + ops.gather(self.pos_emb, positions, 0)
         masks = ops.unstack(drop, 0) if drop is not None else None
         if masks is not None:
             x = apply_dropout(x, masks[0])

@@ -48,12 +48,13 @@ class SASRecBlock(nn.Cell):
 
 
 class SASRec(nn.Cell):
-    def __init__(self, num_items, dim, num_blocks, num_heads, max_len, dropout=0.2, ffn_dim=0, seed=0):
+    def __init__(self, num_items, dim, num_blocks, num_heads, max_len, dropout=0.2, ffn_dim=0, seed=0,
+                 item_init=trunc_normal):
         super().__init__()
         rng = np.random.default_rng([seed, 2])
         ffn_dim = ffn_dim or dim
         self.dim, self.max_len, self.dropout = dim, max_len, dropout
-        self.item_emb = param(trunc_normal(rng, (num_items + 1, dim), 0.02), "item_emb")
+        self.item_emb = param(item_init(rng, (num_items + 1, dim), 0.02), "item_emb")
         self.pos_emb = param(trunc_normal(rng, (max_len, dim), float(np.sqrt(1.0 / dim))), "pos_emb")
         self.blocks = nn.CellList([SASRecBlock(rng, dim, num_heads, ffn_dim, max_len, f"blocks.{i}")
                                    for i in range(num_blocks)])
@@ -68,7 +69,11 @@ class SASRec(nn.Cell):
         return l2_normalize(self.item_emb)
 
     def construct(self, ids, positions, offsets, timestamps, drop=None):
-        x = ops.gather(self.item_emb, ids, 0) * self.scale + ops.gather(self.pos_emb, positions, 0)
+        return self.encode(ops.gather(self.item_emb, ids, 0), positions, offsets, timestamps, drop)
+
+    def encode(self, item_vectors, positions, offsets, timestamps, drop=None):
+        """The encoder from the tokens' item embeddings [T, D] (gathered here, or by a sharded table)."""
+        x = item_vectors * self.scale + ops.gather(self.pos_emb, positions, 0)
         if drop is not None:
             masks = ops.unstack(drop, 0)
             x = apply_dropout(x, masks[0])

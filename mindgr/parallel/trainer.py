@@ -101,7 +101,6 @@ class DistributedTrainer(Trainer):
 
     # ---- setup -----------------------------------------------------------------------------------
     def _setup_parallel(self):
-        from mindgr.parallel.dp import DataParallelStep
         from mindgr.parallel.plan import RankPlanner, rank_capacities
         cfg, tr, world = self.cfg, self.data.train, self.ctx.world
         self.rank_tokens, self.rank_rows = rank_capacities(tr.token_capacity, tr.row_capacity, world,
@@ -111,7 +110,7 @@ class DistributedTrainer(Trainer):
             raise ConfigError(f"config: data.token_capacity = {tr.token_capacity} over {world} ranks leaves "
                               f"{self.rank_tokens} tokens per rank, less than the longest sequence ({longest}): "
                               "raise data.token_capacity (or train.batch_size)")
-        self.dp = DataParallelStep(self.model.loss_net, self.model.optimizer, world)
+        self.dp = self._make_step()
         self.calibration = self._calibrate() if cfg.parallel.calibrate else None
         p = cfg.parallel
         self.cost_model = self.calibration["model"] if self.calibration else CostModel(p.cost_a, p.cost_b, p.cost_c0)
@@ -138,6 +137,11 @@ class DistributedTrainer(Trainer):
             self.log.write({"calibration": {**cm.as_dict(), "fixed_s": self.calibration["fixed_s"],
                                             "rel_residual": self.calibration["rel_residual"],
                                             "probe": self.calibration["probe"], "world": world}})
+
+    def _make_step(self):
+        """The step whose `local(*inputs)` the calibration times (a sharded table replaces it)."""
+        from mindgr.parallel.dp import DataParallelStep
+        return DataParallelStep(self.model.loss_net, self.model.optimizer, self.ctx.world)
 
     def _calibrate(self) -> dict:
         from mindgr.parallel.calibrate import calibrate, grads_timer

@@ -167,7 +167,7 @@ class Trainer:
                       f"{len(tr.inputs)} training sequences, capacity {tr.token_capacity} tokens x "
                       f"{tr.row_capacity} rows, {self.data.plan.num_batches(0)} batches/epoch "
                       f"({time.perf_counter() - t0:.1f}s) | ops backend: {self.backend}")
-        self.model = Model(cfg, self.data.num_items)
+        self.model = self._build_model()
         from mindgr.train.negatives import item_frequencies
         self.sampler = HostSampler(cfg, self.data.num_items, self.model.encoder, tr.token_capacity,
                                    item_frequencies(self.data.split.train, self.data.num_items))
@@ -183,6 +183,9 @@ class Trainer:
 
     def _make_log(self, quiet: bool):
         return MetricsLog(self.run_dir, quiet)
+
+    def _build_model(self):
+        return Model(self.cfg, self.data.num_items)
 
     # ---- run directory and resume ---------------------------------------------------------------
     def _prepare_run_dir(self, resume: bool):

@@ -1,0 +1,12 @@
+"""Sharded item embeddings for multi-process training (docs/sparse.md).
+
+    topology      nodes x local_ranks: which ranks share a node group, the intra and inter groups
+    init          the item table's initial rows, drawn exactly as the replicated model draws them
+    table         ShardedTable: row ownership, lookup of de-duplicated ids, gradient route-back
+    row_adam      AdamWeightDecay applied row by row on an owner's shard (lazy or every row)
+    exchange      the cross-node gradient exchange, synchronous or one step behind (bounded staleness)
+    traffic       bytes per step inside / across nodes and the two-bandwidth cost model
+    step          the compiled step that takes the gathered rows as an input and returns their gradient
+    checkpoint    save / load the shards, resharding to another rank count
+    trainer       SparseTrainer: DistributedTrainer with the item table sharded
+"""

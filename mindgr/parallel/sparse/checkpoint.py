@@ -1,0 +1,77 @@
+"""Checkpoints of a sharded table: one file per shard (rows and Adam moments), readable by any layout.
+
+`NAME.table-SofN.npz` holds shard S of N: the rows with ids S, S+N, S+2N, ... (row-wise round robin) and
+their moments. Replicas are identical, so only node group 0 writes. Loading into a layout of N' shards
+takes, for each of its ids, the row from the file that holds it: the same ids with any rank count
+(reshard), bit for bit. Files are written to a temp name and renamed.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from mindgr.parallel.sparse.init import owned_rows
+from mindgr.train.checkpoint import CheckpointError
+
+_NAME = re.compile(r"^(?P<name>.+)\.table-(?P<shard>\d+)of(?P<shards>\d+)\.npz$")
+
+
+def shard_path(directory: Path, name: str, shard: int, shards: int) -> Path:
+    return Path(directory) / f"{name}.table-{shard}of{shards}.npz"
+
+
+def save_shard(directory: Path, name: str, shard: int, shards: int, num_rows: int, rows, m, v) -> Path:
+    path = shard_path(directory, name, shard, shards)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, rows=rows, m=m, v=v, num_rows=np.int64(num_rows), shard=np.int64(shard),
+             shards=np.int64(shards))
+    os.replace(tmp, path)
+    return path
+
+
+def shard_files(directory: Path, name: str) -> list[Path]:
+    """The shard files of checkpoint `name`, in shard order; an error if the set is incomplete."""
+    found = {}
+    for p in Path(directory).glob(f"{name}.table-*of*.npz"):
+        mt = _NAME.match(p.name)
+        if mt and mt["name"] == name:
+            found[int(mt["shard"])] = (int(mt["shards"]), p)
+    if not found:
+        raise CheckpointError(f"{directory}: no table shards for checkpoint {name}")
+    counts = {n for n, _ in found.values()}
+    if len(counts) != 1 or sorted(found) != list(range(counts.pop())):
+        raise CheckpointError(f"{directory}: incomplete table shards for checkpoint {name}: {sorted(found)}")
+    return [found[k][1] for k in sorted(found)]
+
+
+def load_shard(directory: Path, name: str, num_rows: int, shards: int, shard: int):
+    """(rows, m, v) of shard `shard` of `shards` (ids shard, shard + shards, ...) from any saved layout."""
+    files = shard_files(directory, name)
+    saved = len(files)
+    want = owned_rows(num_rows, shards, shard)
+    out = None
+    for k, path in enumerate(files):
+        if saved == shards and k != shard:
+            continue                                     # same layout: only this shard's own file
+        with np.load(path) as z:
+            if int(z["num_rows"]) != num_rows:
+                raise CheckpointError(f"{path}: table of {int(z['num_rows'])} rows, the model has {num_rows}")
+            mine = want[want % saved == k]               # the ids of `want` this file holds
+            if out is None:
+                out = [np.zeros((len(want), z["rows"].shape[1]), np.float32) for _ in range(3)]
+            at = np.searchsorted(want, mine)
+            for arr, key in zip(out, ("rows", "m", "v")):
+                arr[at] = z[key][mine // saved]
+    return tuple(out)
+
+
+def prune(directory: Path, keep_names: set):
+    """Remove table files of checkpoints not in keep_names."""
+    for p in Path(directory).glob("*.table-*of*.npz"):
+        mt = _NAME.match(p.name)
+        if mt and mt["name"] not in keep_names:
+            p.unlink(missing_ok=True)

@@ -1,0 +1,123 @@
+"""The cross-node exchange of embedding gradients, synchronous or semi-asynchronous with bounded staleness.
+
+Every node holds a replica of every shard; after the in-node route-back (ShardedTable.push) the owner of
+shard l on node n holds that node's summed gradient for the rows of l its node touched. The replicas of
+shard l (one per node: the inter group) then exchange in two phases:
+  1. each row has one reducer replica (slot % nodes): every replica sends it its rows (all_to_all_v);
+     the reducer adds them in node order;
+  2. every reducer sends its sums to all replicas (all_gather).
+All replicas receive the same bytes and apply the same update, so they stay bit-identical.
+
+Staleness (config `parallel.staleness` = tau). The gradient of step t is applied to the table at the end
+of step t + tau (tau = 0: at the end of step t, synchronous). With tau >= 1 the exchange of step t runs in a
+background thread while step t + 1 computes; the main thread waits for it before its own next
+collective, because mccl fails when two threads run collectives at the same time (measured: "Ring
+ReduceScatter wait receiving ... failed"), while a collective in one thread overlapping a compiled graph
+without collectives in another works. Every application asserts t_apply - t <= tau. The lookups of step
+s therefore miss exactly the updates of steps s - tau .. s - 1: a bounded delay, the setting of the
+convergence result quoted in docs/sparse.md.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import numpy as np
+
+from mindgr.parallel import comm
+from mindgr.parallel.sparse.table import sum_by_slot
+from mindgr.parallel.sparse.traffic import ID_BYTES, Traffic, row_bytes
+
+
+class StalenessError(AssertionError):
+    """An embedding update would be applied later than `parallel.staleness` steps after its gradient."""
+
+
+def exchange_replicas(slots: np.ndarray, grads: np.ndarray, group, members: list, traffic: Traffic):
+    """Sum of every replica's (slots, grads) over the inter group: (distinct slots, sums), identical on
+    every replica."""
+    nodes = len(members)
+    if nodes == 1:
+        return slots, grads
+    me = comm.rank(group)
+    dim = grads.shape[1]
+    reducer = slots % nodes
+    order = np.argsort(reducer, kind="stable")
+    counts = np.bincount(reducer, minlength=nodes)
+    got_slots, _ = comm.all_to_all_v(slots[order].astype(np.int32), counts, group)
+    got, _ = comm.all_to_all_v(np.ascontiguousarray(grads[order]), counts, group)
+    traffic.send(members, counts * (ID_BYTES + row_bytes(dim)), "inter_reduce")
+    mine_slots, mine = sum_by_slot(got_slots.astype(np.int64), got)
+    sizes = comm.all_gather(np.array([len(mine_slots)], np.int64), group)
+    traffic.send(members, np.where(np.arange(nodes) == me, 0, len(mine_slots) * (ID_BYTES + row_bytes(dim))),
+                 "inter_gather")
+    all_slots = comm.all_gather(mine_slots.astype(np.int32), group, sizes=sizes).astype(np.int64)
+    all_sums = comm.all_gather(mine, group, sizes=sizes)
+    return all_slots, all_sums
+
+
+class BoundedStaleness:
+    """Schedules the cross-node exchange of each step's gradient and its application at step t + tau."""
+
+    def __init__(self, tau: int, exchange, apply):
+        self.tau = tau
+        self.exchange = exchange                   # (slots, grads) -> (slots, grads) summed over nodes
+        self.apply = apply                         # (slots, grads) -> None: the row optimizer
+        self.ready = deque()                       # (origin step, slots, grads), exchanged, not applied
+        self._thread = None
+        self._result = None
+        self.max_staleness = 0
+
+    def submit(self, step: int, slots: np.ndarray, grads: np.ndarray):
+        """Node-summed gradient of `step`: exchanged now (tau = 0) or queued for the background."""
+        if self.tau == 0:
+            self.ready.append((step,) + self.exchange(slots, grads))
+        else:
+            self._pending = (step, slots, grads)
+
+    def start_background(self):
+        """Start the exchange submitted last (the previous step's) while this step computes."""
+        pending = getattr(self, "_pending", None)
+        if pending is None:
+            return
+        self._pending = None
+
+        def run():
+            try:
+                self._result = (pending[0],) + self.exchange(pending[1], pending[2])
+            except BaseException as e:             # re-raised in the main thread by join()
+                self._result = e
+
+        self._thread = threading.Thread(target=run, name="mindgr-exchange", daemon=True)
+        self._thread.start()
+
+    def join(self):
+        """Wait for the background exchange; call before any other collective of this process."""
+        if self._thread is None:
+            return
+        self._thread.join()
+        self._thread = None
+        result, self._result = self._result, None
+        if isinstance(result, BaseException):
+            raise result
+        self.ready.append(result)
+
+    def apply_due(self, step: int, flush: bool = False):
+        """At the end of `step`: apply every exchanged gradient whose origin + tau == step (all if flush)."""
+        while self.ready and (flush or self.ready[0][0] + self.tau <= step):
+            origin, slots, grads = self.ready.popleft()
+            lag = step - origin
+            if lag > self.tau:
+                raise StalenessError(f"embedding gradient of step {origin} applied at step {step}: staleness "
+                                     f"{lag} > parallel.staleness = {self.tau}")
+            self.max_staleness = max(self.max_staleness, lag)
+            self.apply(slots, grads)
+
+    def flush(self, step: int):
+        """Exchange and apply everything outstanding now (before a checkpoint, an evaluation, the end)."""
+        self.join()
+        pending = getattr(self, "_pending", None)
+        if pending is not None:
+            self._pending = None
+            self.ready.append((pending[0],) + self.exchange(pending[1], pending[2]))
+        self.apply_due(step, flush=True)

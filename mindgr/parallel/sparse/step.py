@@ -1,0 +1,60 @@
+"""The compiled step of the sharded layout: the item rows come in as an input, their gradient goes out.
+
+The host gathers the rows of the step's distinct ids (padded to the fixed capacity U_cap, slot 0 always
+item 0 = padding) and remaps every id of the batch to its slot; the graph computes the same loss as
+SampledSoftmaxLoss with `rows` in place of the whole table. The gradient with respect to `rows` is
+exactly the nonzero part of the replicated table's gradient (l2 normalisation is per row, and every use
+of the table is a gather), so a sharded step computes what the data-parallel step computes.
+Dense gradients are summed over all ranks synchronously, as in mindgr.parallel.dp.
+"""
+import mindspore as ms
+from mindspore import nn, ops
+
+from mindgr.models.layers import l2_normalize
+from mindgr.ops.scoring import sampled_logits
+
+_MASKED = -1e9
+
+
+class RowsLoss(nn.Cell):
+    """Sampled softmax (per-token negatives) on gathered rows; ids, targets, negatives are slots of rows."""
+
+    def __init__(self, encoder, temperature: float, score_all: bool):
+        super().__init__()
+        self.encoder = encoder
+        self.inv_tau = 1.0 / temperature
+        self.score_all = score_all
+
+    def construct(self, rows, ids, positions, offsets, timestamps, targets, negatives, drop, scale):
+        out = self.encoder.encode(ops.gather(rows, ids, 0), positions, offsets, timestamps, drop)
+        table = l2_normalize(rows)                                           # [U_cap, D]
+        tgt = targets.astype(ms.int32)
+        pos = (out * ops.gather(table, tgt, 0)).sum(-1, keepdims=True)
+        neg = sampled_logits(out, table, negatives, self.score_all)
+        hit = ops.equal(negatives, tgt[:, None])
+        neg = ops.where(hit, ops.full_like(neg, _MASKED), neg * self.inv_tau)
+        all_logits = ops.concat((pos * self.inv_tau, neg), 1)
+        per_token = ops.logsumexp(all_logits, 1) - pos[:, 0] * self.inv_tau
+        valid = (tgt > 0).astype(ms.float32)
+        loss = (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))
+        return loss * scale
+
+
+class RowsGrads(nn.Cell):
+    """(scaled loss, (gradient of rows, gradients of the dense parameters))."""
+
+    def __init__(self, loss_net, dense_params):
+        super().__init__()
+        self.grad_fn = ms.value_and_grad(loss_net, 0, dense_params)
+
+    def construct(self, rows, ids, positions, offsets, timestamps, targets, negatives, drop, scale):
+        return self.grad_fn(rows, ids, positions, offsets, timestamps, targets, negatives, drop, scale)
+
+
+class DenseState(nn.Cell):
+    """What the dense checkpoint holds: the encoder (item table excluded by the caller) and its optimizer."""
+
+    def __init__(self, encoder, optimizer):
+        super().__init__()
+        self.encoder = encoder
+        self.optimizer = optimizer

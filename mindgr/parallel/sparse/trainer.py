@@ -1,0 +1,284 @@
+"""SparseTrainer: the data-parallel trainer with the item table sharded (parallel.sparse).
+
+Per step s, on every rank (docs/sparse.md):
+  input thread  its share of the global batch (as DistributedTrainer), the distinct ids of its tokens,
+                targets and negatives, every id remapped to its slot in that list (padded to U_cap)
+  lookup        the rows of those ids from their owners (ShardedTable.lookup, inside the shard group)
+  background    (staleness >= 1) the cross-node exchange of step s-1's embedding gradient
+  compute       RowsGrads: loss, gradient of the rows, dense gradients (no communication)
+  dense         dense gradients summed over all ranks and applied (synchronous, as data parallel)
+  route back    row gradients to their owners, summed per node (ShardedTable.push)
+  cross-node    (staleness 0) the exchange now; the row optimizer applies step s - tau's sum
+Evaluations and checkpoints first flush the outstanding exchange.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mindgr.config import ConfigError
+from mindgr.parallel import comm
+from mindgr.parallel.trainer import DistributedTrainer, _inject_fault
+from mindgr.parallel.sparse import checkpoint as table_ckpt
+
+
+def unique_capacity(cfg, num_items: int, rank_tokens: int) -> int:
+    """U_cap: distinct ids a rank-step may hold (config, or every id the step could name, capped at V+1)."""
+    if cfg.parallel.unique_capacity:
+        return cfg.parallel.unique_capacity
+    bound = rank_tokens * (cfg.loss.num_negatives + 2) + 1
+    return int(min(num_items + 1, -(-bound // 8) * 8))
+
+
+def remap(uniq: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return np.searchsorted(uniq, x).astype(np.int32)
+
+
+class SparseModel:
+    """Encoder without its item table, the dense optimizer, the row optimizer and the sharded table."""
+
+    def __init__(self, cfg, num_items: int, layout, traffic, rank_tokens: int):
+        from mindgr.models import build_encoder
+        from mindgr.models.losses import use_score_all
+        from mindgr.parallel.dp import ReduceApply
+        from mindgr.parallel.sparse.init import ShardDraw, owned_rows
+        from mindgr.parallel.sparse.row_adam import RowAdam
+        from mindgr.parallel.sparse.step import DenseState, RowsGrads, RowsLoss
+        from mindgr.parallel.sparse.table import ShardedTable
+        from mindgr.train.step import EncodeLast, build_optimizer
+        self.layout = layout
+        self.num_rows = num_items + 1
+        draw = ShardDraw(owned_rows(self.num_rows, layout["shards"], layout["shard"]))
+        self.encoder = build_encoder(cfg.model, num_items, cfg.data.max_len, cfg.run.seed, item_init=draw)
+        self.placeholder = self.encoder.item_emb.value().copy()
+        self.table = ShardedTable(draw.rows, self.num_rows, layout["shards"], layout["shard"], layout["group"],
+                                  layout["members"], traffic)
+        dense = [p for p in self.encoder.trainable_params() if p.name != "item_emb"]
+        self.optimizer = build_optimizer(dense, cfg.train)
+        t = cfg.train
+        self.row_opt = RowAdam(self.table.rows, t.lr, t.beta1, t.beta2, t.eps, t.weight_decay,
+                               lazy=cfg.parallel.sparse_update == "lazy")
+        self.u_cap = unique_capacity(cfg, num_items, rank_tokens)
+        self.loss_net = RowsLoss(self.encoder, cfg.loss.temperature,
+                                 use_score_all(self.u_cap - 1, cfg.loss.num_negatives))
+        self.grads = RowsGrads(self.loss_net, self.optimizer.parameters)
+        self.reduce_apply = ReduceApply(self.optimizer, layout["world"])
+        self.train_step = DenseState(self.encoder, self.optimizer)     # what the dense checkpoint holds
+        self.encode_last = EncodeLast(self.encoder)
+        self._full = None
+
+    def full_table(self) -> np.ndarray:
+        """The whole raw table, assembled from the shards of this rank's shard group (a collective)."""
+        from mindgr.parallel.sparse.init import owned_rows
+        shards, t = self.layout["shards"], self.table
+        if shards == 1:
+            return t.rows.copy()
+        sizes = [len(owned_rows(self.num_rows, shards, k)) for k in range(shards)]
+        got = comm.all_gather(t.rows, self.layout["group"], sizes=sizes)
+        full = np.empty((self.num_rows, t.dim), np.float32)
+        lo = 0
+        for k, n in enumerate(sizes):
+            full[k::shards] = got[lo: lo + n]
+            lo += n
+        return full
+
+    def item_table(self) -> np.ndarray:
+        """L2-normalised table for ranking (set by SparseTrainer.evaluate)."""
+        return self._full
+
+
+class _SparseLocal:
+    """The `local(*inputs)` the calibration probe times: the compute of a sparse step on a dense-layout
+    synthetic batch (ids remapped on the host, rows random), no communication."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def local(self, ids, positions, offsets, timestamps, targets, negatives, drop, scale):
+        from mindspore import Tensor
+        m = self.model
+        ids, targets, negatives = ids.asnumpy(), targets.asnumpy(), negatives.asnumpy()
+        uniq = np.unique(np.concatenate([[0], ids, targets, negatives.ravel()]))[: m.u_cap]
+        rows = np.zeros((m.u_cap, m.table.dim), np.float32)
+        rows[: len(uniq)] = np.random.default_rng(0).standard_normal((len(uniq), m.table.dim)) * 0.02
+        clip = len(uniq) - 1
+        loss, grads = m.grads(Tensor(rows), Tensor(np.minimum(remap(uniq, ids), clip)), positions, offsets,
+                              timestamps, Tensor(np.minimum(remap(uniq, targets), clip)),
+                              Tensor(np.minimum(remap(uniq, negatives), clip)), drop, scale)
+        return loss, grads
+
+
+class SparseTrainer(DistributedTrainer):
+    # ---- setup -----------------------------------------------------------------------------------
+    def _build_model(self):
+        from mindgr.parallel.plan import rank_capacities
+        from mindgr.parallel.sparse.exchange import BoundedStaleness, exchange_replicas
+        from mindgr.parallel.sparse.topology import Groups, host_names, resolve
+        from mindgr.parallel.sparse.traffic import Bandwidth, Traffic
+        p, world, rank = self.cfg.parallel, self.ctx.world, self.ctx.rank
+        hosts = host_names(world) if p.nodes == 0 and p.local_ranks == 0 else None
+        self.topo = resolve(p.nodes, p.local_ranks, world, rank, hosts)
+        self.traffic = Traffic(self.topo.node_of(np.arange(world)), rank)
+        self.bandwidth = Bandwidth(p.intra_gbps, p.inter_gbps)
+        if p.sparse == "hierarchical":
+            self.groups = Groups(self.topo)
+            layout = {"shards": self.topo.local_ranks, "shard": self.topo.local, "group": self.groups.intra,
+                      "members": self.topo.intra_ranks}
+            inter = (self.groups.inter, self.topo.inter_ranks)
+        else:                                            # flat: every rank owns a shard, no replicas
+            layout = {"shards": world, "shard": rank, "group": None, "members": list(range(world))}
+            inter = (None, [rank])
+        layout["world"] = world
+        # rank token capacity, as _setup_parallel computes it (needed for U_cap before that runs)
+        tr = self.data.train
+        rank_tokens, _ = rank_capacities(tr.token_capacity, tr.row_capacity, world, p.capacity_slack)
+        model = SparseModel(self.cfg, self.data.num_items, layout, self.traffic, rank_tokens)
+        self.stale = BoundedStaleness(p.staleness if p.sparse == "hierarchical" else 0,
+                                      lambda s, g: exchange_replicas(s, g, inter[0], inter[1], self.traffic),
+                                      model.row_opt.apply)
+        self._sparse_win = {"intra": [], "inter": [], "lookup_s": [], "exchange_wait_s": [], "unique": []}
+        self.log.info(f"sparse: {p.sparse} item table, {self.topo.nodes} node groups x {self.topo.local_ranks} "
+                      f"local ranks, {layout['shards']} shards of ~{len(model.table.rows)} rows x "
+                      f"{model.table.dim}, staleness {self.stale.tau}, U_cap {model.u_cap}, row update "
+                      f"{p.sparse_update}")
+        return model
+
+    def _make_step(self):
+        return _SparseLocal(self.model)
+
+    # ---- a step ----------------------------------------------------------------------------------
+    def _prepare(self, epoch: int, b: int, indices):
+        inputs, info = super()._prepare(epoch, b, indices)
+        ids, positions, offsets, timestamps, targets, negatives, drop, scale = inputs
+        uniq = np.unique(np.concatenate([np.zeros(1, ids.dtype), ids, targets, negatives.ravel()]).astype(np.int64))
+        if len(uniq) > self.model.u_cap:
+            raise ConfigError(f"config: parallel.unique_capacity = {self.model.u_cap}: a rank's batch holds "
+                              f"{len(uniq)} distinct item ids (batch {b} of epoch {epoch}); raise it")
+        info["unique"] = uniq
+        mapped = (remap(uniq, ids), positions, offsets, timestamps, remap(uniq, targets),
+                  remap(uniq, negatives), drop, scale)
+        return mapped, info
+
+    def _execute(self, prepared):
+        from mindspore import Tensor
+        from mindgr.parallel.balance import imbalance
+        inputs, info = prepared
+        share, step = info["share"], self.step + 1
+        m, uniq = self.model, info["unique"]
+        self.watchdog.beat(f"training step {step}")
+        if self._fault and self._fault[:2] == (self.ctx.rank, step):
+            _inject_fault(self._fault[2], self.ctx.rank, step)
+        t0 = time.perf_counter()
+        rows = np.zeros((m.u_cap, m.table.dim), np.float32)
+        rows[: len(uniq)] = m.table.lookup(uniq)
+        t_lookup = time.perf_counter()
+        self.stale.start_background()                     # step s-1's cross-node exchange, during compute
+        loss, (row_grads, dense_grads) = m.grads(Tensor(rows), *[Tensor(x) for x in inputs])
+        loss.asnumpy()
+        t1 = time.perf_counter()
+        self.stale.join()
+        t_join = time.perf_counter()
+        from mindspore import mutable
+        loss = float(m.reduce_apply(loss.reshape((1,)), mutable(dense_grads)).asnumpy()[0])
+        slots, sums = m.table.push(row_grads.asnumpy()[: len(uniq)])
+        self.stale.submit(step, slots, sums)
+        self.stale.apply_due(step)
+        t2 = time.perf_counter()
+        intra, inter = self.traffic.end_step()
+        w, sw = self._win, self._sparse_win
+        w["pred"].append(imbalance(share.rank_cost))
+        w["pred_step"].append(imbalance(share.rank_cost + self.fixed_s))
+        w["local"].append(t1 - t_lookup)
+        w["local_cpu"].append(t1 - t_lookup)
+        w["apply"].append(t2 - t1)
+        w["steps"].append(step)
+        w["costs"].append(share.rank_cost)
+        w["tokens"].append(share.rank_tokens)
+        sw["intra"].append(intra)
+        sw["inter"].append(inter)
+        sw["lookup_s"].append(t_lookup - t0)
+        sw["exchange_wait_s"].append(t_join - t1)
+        sw["unique"].append(len(uniq))
+        return loss, t2 - t0, info
+
+    def _window_extra(self):
+        extra, text = super()._window_extra()
+        sw = self._sparse_win
+        if not sw["intra"]:
+            return extra, text
+        mine = np.array([np.mean(sw["intra"]), np.mean(sw["inter"])], np.float64)
+        every = comm.all_gather(mine[None, :])                       # [rank, (intra, inter)] bytes/step
+        node = self.topo.node_of(np.arange(self.ctx.world))
+        per_node = np.array([every[node == n].sum(0) for n in range(self.topo.nodes)])
+        extra.update({"sparse_intra_bytes": float(every[:, 0].sum()), "sparse_inter_bytes": float(every[:, 1].sum()),
+                      "sparse_model_s": self.bandwidth.seconds(per_node[:, 0], per_node[:, 1]),
+                      "sparse_lookup_s": float(np.mean(sw["lookup_s"])),
+                      "sparse_exchange_wait_s": float(np.mean(sw["exchange_wait_s"])),
+                      "sparse_unique": float(np.mean(sw["unique"])), "staleness_max": self.stale.max_staleness})
+        for v in sw.values():
+            v.clear()
+        return extra, text + (f" emb {extra['sparse_intra_bytes'] / 1e6:.2f}/{extra['sparse_inter_bytes'] / 1e6:.2f}"
+                              " MB intra/inter")
+
+    # ---- evaluation, checkpoints -------------------------------------------------------------------
+    def evaluate(self, split: str) -> dict:
+        from mindspore import Tensor
+        self.stale.flush(self.step)
+        full = self.model.full_table()
+        self.model._full = full / np.sqrt((full * full).sum(-1, keepdims=True) + np.float32(1e-12))
+        self.model.encoder.item_emb.set_data(Tensor(full))
+        try:
+            return super().evaluate(split)
+        finally:
+            self.model.encoder.item_emb.set_data(Tensor(self.model.placeholder))
+            self.model._full = None
+
+    def _writes_table(self) -> bool:
+        """Replicas are identical: the ranks of node group 0 (all ranks when flat) write the shards."""
+        return self.cfg.parallel.sparse == "flat" or self.topo.node == 0
+
+    def _save_table(self, name: str):
+        m = self.model
+        if self._writes_table():
+            table_ckpt.save_shard(self.ckpts.dir, name, m.layout["shard"], m.layout["shards"], m.num_rows,
+                                  m.table.rows, m.row_opt.m, m.row_opt.v)
+        comm.barrier()                         # every shard is on disk before the checkpoint is committed
+
+    def _load_table(self, name: str):
+        m = self.model
+        rows, mom1, mom2 = table_ckpt.load_shard(self.ckpts.dir, name, m.num_rows, m.layout["shards"],
+                                                 m.layout["shard"])
+        m.table.rows[...], m.row_opt.m[...], m.row_opt.v[...] = rows, mom1, mom2
+
+    def save(self):
+        self.stale.flush(self.step)
+        self._save_table(f"ckpt-step{self.step:08d}")
+        path = super().save()
+        if self.writer:
+            keep = {p.stem for p in self.ckpts.dir.glob("ckpt-step*.json")} | {"best"}
+            table_ckpt.prune(self.ckpts.dir, keep)
+        return path
+
+    def _save_best(self):
+        self.stale.flush(self.step)
+        self._save_table("best")
+        super()._save_best()
+
+    def _resume(self):
+        super()._resume()
+        self._load_table(self.ckpts.latest().name)
+
+    def _meta(self) -> dict:
+        meta = super()._meta()
+        m = getattr(self, "model", None)
+        if m is not None:
+            meta["parallel"]["table"] = {"layout": self.cfg.parallel.sparse, "shards": m.layout["shards"],
+                                         "rows": m.num_rows, "staleness": self.stale.tau}
+        return meta
+
+    def finish(self) -> dict:
+        self.stale.flush(self.step)
+        if self.ckpts.best() is not None:
+            self._load_table("best")
+        return super().finish()
