@@ -74,3 +74,29 @@ def test_mixed_concatenates_and_is_deterministic():
     np.testing.assert_array_equal(a[1], b[1])
     assert a[0][4:].tolist() == [2, 4, 0]
     np.testing.assert_allclose(a[1][:4], np.log(4 / 10) + np.log(2), rtol=1e-6)
+
+
+def test_bench_negatives_summary_and_missing_data(tmp_path, capsys):
+    """The acceptance figures of `mindgr bench negatives` from a result table, and the skip message."""
+    from mindgr.bench.negatives import NEGATIVE_VARIANTS, NegativeVariants
+
+    def row(overrides, step_s, peak):
+        return {"overrides": overrides, "step_time_s_median": step_s, "peak_rss_mb": peak}
+
+    variants = NegativeVariants({"per_token R=128": ["loss.negatives=per_token"]})
+    result = {"variants": {
+        "per_token R=128": row(["loss.negatives=per_token"], 0.4, 1000.0),
+        "shared_pool K=4096": row(["loss.negatives=shared_pool", "loss.pool_size=4096"], 0.6, 950.0),
+        "shared_pool K=16384": row(["loss.negatives=shared_pool", "loss.pool_size=16384"], 1.6, 990.0),
+        "shared_pool K=65536": row(["loss.negatives=shared_pool", "loss.pool_size=65536"], 6.0, 1200.0),
+        "fp16": row(["loss.negatives=shared_pool", "loss.pool_size=99999", "loss.fp16_negatives=true"], 1, 1)}}
+    s = variants.summarise(result)
+    assert s["largest_k_at_equal_memory"] == 16384 and s["ratio_vs_per_token"] == 128
+    assert not s["largest_k_is_largest_measured"]
+    assert abs(s["step_time_vs_baseline"]["shared_pool K=4096"] - 1.5) < 1e-12
+    assert "K=16384 (990 MB) = 128x" in capsys.readouterr().out
+    # the ML-1M comparison needs its data file: a clear message and nothing measured
+    from conftest import REPO
+    cfg = str(REPO / "configs" / "ml-1m" / "hstu.yaml")
+    path, reason = NEGATIVE_VARIANTS.prepare(cfg, [f"data.path={tmp_path / 'none.txt'}"])
+    assert path is None and "none.txt not found" in reason

@@ -54,7 +54,15 @@ def _memory_in_subprocess(cfg_path: str, overrides: list[str]) -> dict:
 def bench_variants(cfg_path: str, overrides, variants: dict, steps: int = 10, memory: bool = True,
                    out: str | None = None) -> dict:
     """variants: name -> extra overrides. Each variant's step is compiled in this process (one after the
-    other: the op backend binds at compile time), then timed steps alternate between variants."""
+    other: the op backend binds at compile time), then timed steps alternate between variants.
+    Optional hooks on `variants`: prepare(cfg_path, overrides) -> (cfg_path, None) or (None, reason to
+    measure nothing), and summarise(result) for figures derived from the whole table."""
+    prepare = getattr(variants, "prepare", None)
+    if prepare is not None:
+        cfg_path, skip = prepare(cfg_path, overrides)
+        if skip:
+            print(f"bench skipped: {skip}")
+            return {"skipped": skip}
     from mindgr.config import load_config
     from mindgr.train.flops import train_flops
     from mindgr.train.peak import peak_flops
@@ -102,6 +110,9 @@ def bench_variants(cfg_path: str, overrides, variants: dict, steps: int = 10, me
         if base.get("step_memory_mb") and v.get("step_memory_mb"):
             v["step_memory_saved_vs_first"] = 1 - v["step_memory_mb"] / base["step_memory_mb"]
     _print(result)
+    summarise = getattr(variants, "summarise", None)
+    if summarise is not None:
+        summarise(result)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=1))
@@ -116,13 +127,13 @@ def bench_backends(cfg_path: str, overrides, backends, steps: int = 10, memory: 
 def _print(result: dict):
     print(f"bench {result['config']} {' '.join(result['overrides'])}: T_cap {result['token_capacity']}, "
           f"B_cap {result['row_capacity']}, {result['steps']} alternating steps per variant")
-    print(f"  {'variant':28s} {'neg/pos':>7s} {'step ms':>9s} {'real tok/s':>11s} {'MFU %':>7s} {'compile s':>9s} "
+    print(f"  {'variant':30s} {'neg/pos':>7s} {'step ms':>9s} {'real tok/s':>11s} {'MFU %':>7s} {'compile s':>9s} "
           f"{'step mem MB':>11s} {'peak RSS MB':>11s} {'tok/s ratio':>11s} {'mem saved':>9s}")
     for name, r in result["variants"].items():
         mem = f"{r['step_memory_mb']:11.0f} {r['peak_rss_mb']:11.0f}" if "step_memory_mb" in r else \
             f"{r.get('error', 'not measured'):>23s}"
         ratio = f"{r['tokens_per_s_vs_first']:10.2f}x" if "tokens_per_s_vs_first" in r else f"{'1.00x':>11s}"
         saved = f"{r['step_memory_saved_vs_first'] * 100:8.0f}%" if "step_memory_saved_vs_first" in r else f"{'-':>9s}"
-        print(f"  {name:28s} {r['negatives_per_position']:7d} {r['step_time_s_median'] * 1e3:9.1f} "
+        print(f"  {name:30s} {r['negatives_per_position']:7d} {r['step_time_s_median'] * 1e3:9.1f} "
               f"{r['real_tokens_per_s']:11.0f} {r['mfu'] * 100:7.2f} {r['first_step_s_incl_compile']:9.1f} {mem} "
               f"{ratio} {saved}")
