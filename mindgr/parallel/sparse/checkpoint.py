@@ -33,19 +33,33 @@ def save_shard(directory: Path, name: str, shard: int, shards: int, num_rows: in
     return path
 
 
-def shard_files(directory: Path, name: str) -> list[Path]:
-    """The shard files of checkpoint `name`, in shard order; an error if the set is incomplete."""
+def _layouts(directory: Path, name: str) -> dict:
+    """{shard count: {shard: path}} of the files of checkpoint `name`."""
     found = {}
     for p in Path(directory).glob(f"{name}.table-*of*.npz"):
         mt = _NAME.match(p.name)
         if mt and mt["name"] == name:
-            found[int(mt["shard"])] = (int(mt["shards"]), p)
-    if not found:
-        raise CheckpointError(f"{directory}: no table shards for checkpoint {name}")
-    counts = {n for n, _ in found.values()}
-    if len(counts) != 1 or sorted(found) != list(range(counts.pop())):
-        raise CheckpointError(f"{directory}: incomplete table shards for checkpoint {name}: {sorted(found)}")
-    return [found[k][1] for k in sorted(found)]
+            found.setdefault(int(mt["shards"]), {})[int(mt["shard"])] = p
+    return found
+
+
+def shard_files(directory: Path, name: str) -> list[Path]:
+    """The shard files of checkpoint `name` in shard order (the newest complete layout); an error if
+    there is none."""
+    complete = [(max(p.stat().st_mtime for p in files.values()), n, files)
+                for n, files in _layouts(directory, name).items() if sorted(files) == list(range(n))]
+    if not complete:
+        raise CheckpointError(f"{directory}: no complete set of table shards for checkpoint {name}")
+    _, n, files = max(complete, key=lambda c: c[:2])
+    return [files[k] for k in range(n)]
+
+
+def drop_other_layouts(directory: Path, name: str, shards: int):
+    """After every shard of `name` in the `shards` layout is written: remove its files of other layouts."""
+    for n, files in _layouts(directory, name).items():
+        if n != shards:
+            for p in files.values():
+                p.unlink(missing_ok=True)
 
 
 def load_shard(directory: Path, name: str, num_rows: int, shards: int, shard: int):

@@ -53,7 +53,8 @@ def exchange_replicas(slots: np.ndarray, grads: np.ndarray, group, members: list
                  "inter_gather")
     all_slots = comm.all_gather(mine_slots.astype(np.int32), group, sizes=sizes).astype(np.int64)
     all_sums = comm.all_gather(mine, group, sizes=sizes)
-    return all_slots, all_sums
+    order = np.argsort(all_slots, kind="stable")                  # slot order, as a node-local sum gives
+    return all_slots[order], all_sums[order]
 
 
 class BoundedStaleness:

@@ -228,14 +228,28 @@ class SparseTrainer(DistributedTrainer):
         from mindspore import Tensor
         self.stale.flush(self.step)
         full = self.model.full_table()
-        # the same normalisation as mindgr.models.layers.l2_normalize (eps 1e-6)
-        self.model._full = full / np.sqrt((full * full).sum(-1, keepdims=True) + np.float32(1e-12))
-        self.model.encoder.item_emb.set_data(Tensor.from_numpy(full))     # shares the array: one copy
+        self.model.encoder.item_emb.set_data(Tensor(full))               # a copy: `full` is normalised next
+        # in place (a 0.2B table is 0.8 GB per copy); the normalisation of mindgr.models.layers.l2_normalize
+        full /= np.sqrt(np.einsum("ij,ij->i", full, full)[:, None] + np.float32(1e-12))
+        self.model._full = full
         try:
             return super().evaluate(split)
         finally:
             self.model.encoder.item_emb.set_data(Tensor(self.model.placeholder))
             self.model._full = None
+
+    def _shard_state(self, step: int):
+        """DistributedTrainer's rank state plus a digest of this rank's table shard: replicas of a shard
+        (same local rank, other node groups) must show the same one."""
+        import zlib
+        state = super()._shard_state(step)
+        state["table"] = {"shard": self.model.layout["shard"], "shards": self.model.layout["shards"],
+                          "node": self.topo.node,
+                          "rows_crc32": zlib.crc32(np.ascontiguousarray(self.model.table.rows).tobytes())}
+        path = self.ckpts.dir / "ranks" / f"ckpt-step{step:08d}.rank{self.ctx.rank}.json"
+        import json
+        path.write_text(json.dumps(state, indent=1))
+        return state
 
     def _writes_table(self) -> bool:
         """Replicas are identical: the ranks of node group 0 (all ranks when flat) write the shards."""
@@ -247,6 +261,8 @@ class SparseTrainer(DistributedTrainer):
             table_ckpt.save_shard(self.ckpts.dir, name, m.layout["shard"], m.layout["shards"], m.num_rows,
                                   m.table.rows, m.row_opt.m, m.row_opt.v)
         comm.barrier()                         # every shard is on disk before the checkpoint is committed
+        if self.writer:                        # e.g. `best` of the run this one resumed with other ranks
+            table_ckpt.drop_other_layouts(self.ckpts.dir, name, m.layout["shards"])
 
     def _load_table(self, name: str):
         m = self.model
@@ -284,4 +300,5 @@ class SparseTrainer(DistributedTrainer):
         self.stale.flush(self.step)
         if self.ckpts.best() is not None:
             self._load_table("best")
+        self.model.row_opt.m = self.model.row_opt.v = None   # training is over (saved): room for the eval table
         return super().finish()
