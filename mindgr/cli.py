@@ -75,6 +75,12 @@ def cmd_bench(args) -> int:
         bench(args.config, _overrides(args), steps=args.steps, out=args.out,
               ranks=[int(r) for r in args.ranks.split(",")], real=not args.no_real)
         return 0
+    if args.what == "sparse":
+        from mindgr.bench.sparse import bench_sparse
+        _load(args)
+        bench_sparse(args.config, _overrides(args), topologies=args.topologies, steps=args.model_steps,
+                     runs=args.runs, train=args.train, out_dir=args.out_dir, taus=args.taus, out=args.out)
+        return 0
     if args.what == "ops":
         from mindgr.bench.ops import bench_ops
         bench_ops(args.sizes.split(","), repeats=args.repeats, out=args.out)
@@ -134,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure speed (prints figures; never part of the tests)")
     b.add_argument("what", choices=["peak", "train", "ops", "negatives", "pipeline", "balance",
-                                        "distributed"])
+                                        "distributed", "sparse"])
     b.add_argument("--config")
     b.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
     b.add_argument("--steps", type=int, default=20, help="timed steps (train)")
@@ -147,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-memory", action="store_true", help="train --backends: skip the per-backend memory runs")
     b.add_argument("--sizes", default="small,medium", help="ops: which sizes (small, medium)")
     b.add_argument("--repeats", type=int, default=3, help="ops: timed repeats (best is kept)")
+    b.add_argument("--topologies", default="2x2,8x8", help="sparse: modelled nodes x local ranks")
+    b.add_argument("--model-steps", type=int, default=5, help="sparse: steps whose ids the traffic model uses")
+    b.add_argument("--runs", default="", help="sparse: measured run directories to report (comma separated)")
+    b.add_argument("--train", action="store_true", help="sparse: train the staleness runs on 4 processes first")
+    b.add_argument("--taus", default="0,1,2", help="sparse --train: staleness values")
+    b.add_argument("--out-dir", default="runs/bench-sparse", help="sparse --train: where the runs go")
     b.add_argument("--rounds", type=int, default=3, help="pipeline: alternating blocks of --steps per variant")
     b.set_defaults(func=cmd_bench)
     return p

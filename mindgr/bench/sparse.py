@@ -1,0 +1,171 @@
+"""`mindgr bench sparse`: embedding traffic of the sharded layouts, modelled and measured, and the
+semi-asynchronous exchange at staleness 0 / 1 / 2 side by side.
+
+Modelled part (one process, no communication): the ids every rank of a `nodes x L` job would look up,
+from the config's real batches, split over ranks by the trainer's own planner, with the trainer's
+per-token negatives. Weak scaling from the measured 2 x 2 job: a rank of any topology trains what a rank
+of the 2 x 2 job trains (topology with W ranks = W / 4 consecutive global batches, each split 4 ways).
+mindgr.parallel.sparse.traffic.model_step turns the id sets into bytes per node for the hierarchical,
+flat and data-parallel layouts (the msrun self-check verifies that it reproduces the trainer's byte
+counters exactly) and the two-bandwidth model into seconds.
+
+Measured part: 4-process training runs (2 node groups x 2 local ranks, parallel.sparse=hierarchical) at
+each staleness, launched here (--train) or read from --runs: bytes counted by the trainer, step time,
+exchange wait, HR@10 / NDCG@10 of the best validation checkpoint on the test split.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from mindgr.config import load_config
+
+
+def _rank_ids(cfg, steps: int, world: int, measured_world: int = 4) -> list[list[np.ndarray]]:
+    """For each of `steps` steps, the distinct ids of each of `world` ranks (weak scaling from
+    `measured_world` ranks per global batch)."""
+    import copy
+    from mindgr.parallel.balance import CostModel
+    from mindgr.parallel.plan import RankPlanner, local_rows, rank_capacities
+    from mindgr.train.data import RunData
+    from mindgr.train.negatives import item_frequencies
+    from mindgr.train.trainer import HostSampler
+    cfg = copy.deepcopy(cfg)
+    cfg.model.dropout = 0.0                                   # masks do not change the ids: skip them
+    data = RunData(cfg)
+    tr = data.train
+    tokens, rows = rank_capacities(tr.token_capacity, tr.row_capacity, measured_world, cfg.parallel.capacity_slack)
+    planners = [RankPlanner(tr, measured_world, r, tokens, rows, CostModel(a=1.0, b=0.0), "cost", cfg.run.seed)
+                for r in range(measured_world)]
+    sampler = HostSampler(cfg, data.num_items, SimpleNamespace(dropout_sites=1, dropout_width=1),
+                          tr.token_capacity, item_frequencies(data.split.train, data.num_items))
+    batches = list(data.plan.iter_batches(0))
+    per_step = world // measured_world
+    need = steps * per_step
+    if need > len(batches):
+        raise ValueError(f"bench sparse: {steps} steps of {world} ranks need {need} batches, the epoch has "
+                         f"{len(batches)}: lower --steps")
+    out = []
+    for s in range(steps):
+        ranks = []
+        for b, indices in batches[s * per_step: (s + 1) * per_step]:
+            negatives, _ = sampler.draw(0, b)
+            batch_ids = tr.batch(indices)
+            for p in planners:
+                share = p.share(0, b, indices)
+                neg = local_rows(negatives, share.token_src, tokens, fill=1)
+                ids = batch_ids.ids[share.token_src]
+                tgt = batch_ids.targets[share.token_src]
+                ranks.append(np.unique(np.concatenate([[0], ids, tgt, neg.ravel()]).astype(np.int64)))
+        out.append(ranks)
+    return out, data.num_items + 1
+
+
+def model_topologies(cfg, topologies, steps: int) -> list[dict]:
+    from mindgr.parallel.sparse.traffic import Bandwidth, model_step
+    bw = Bandwidth(cfg.parallel.intra_gbps, cfg.parallel.inter_gbps)
+    dim = cfg.model.dim
+    rows = []
+    for nodes, local in topologies:
+        world = nodes * local
+        per_step, num_rows = _rank_ids(cfg, steps, world)
+        acc = {}
+        for ids in per_step:
+            for layout, b in model_step(ids, nodes, local, dim, num_rows).items():
+                a = acc.setdefault(layout, {"intra": 0.0, "inter": 0.0, "seconds": 0.0})
+                a["intra"] += b["intra"].sum() / steps
+                a["inter"] += b["inter"].sum() / steps
+                a["seconds"] += bw.seconds(b["intra"], b["inter"]) / steps
+        uniq = np.mean([np.mean([len(x) for x in ids]) for ids in per_step])
+        for layout, a in acc.items():
+            rows.append({"topology": f"{nodes}x{local}", "layout": layout, "intra_MB": a["intra"] / 1e6,
+                         "inter_MB": a["inter"] / 1e6, "model_ms": a["seconds"] * 1e3,
+                         "unique_ids_per_rank": float(uniq), "table_rows": num_rows, "dim": dim})
+    return rows
+
+
+def _read_run(run: Path) -> dict:
+    metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in metrics if "loss" in r][1:]          # the first window holds the compile
+    ev = json.loads((run / "eval.json").read_text())
+    import yaml
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    mean = (lambda k: float(np.mean([r[k] for r in windows])) if windows else float("nan"))
+    return {"run": str(run), "staleness": cfg["parallel"]["staleness"], "steps": ev["step"],
+            "step_time_ms": mean("step_time_s") * 1e3, "compute_ms": float(np.mean([np.mean(r["rank_step_s"])
+                                                                                     for r in windows])) * 1e3,
+            "lookup_ms": mean("sparse_lookup_s") * 1e3, "exchange_wait_ms": mean("sparse_exchange_wait_s") * 1e3,
+            "intra_MB": mean("sparse_intra_bytes") / 1e6, "inter_MB": mean("sparse_inter_bytes") / 1e6,
+            "staleness_max": max(r["staleness_max"] for r in windows) if windows else None,
+            "test_hr@10": ev["test"].get("hr@10"), "test_ndcg@10": ev["test"].get("ndcg@10"),
+            "valid_hr@10": ev["valid"].get("hr@10")}
+
+
+def bench_sparse(config, overrides, topologies: str = "2x2,8x8", steps: int = 5, runs: str = "",
+                 train: bool = False, out_dir: str = "runs/bench-sparse", taus: str = "0,1,2", out=None) -> dict:
+    from mindgr.bench.distributed_common import machine_load
+    cfg = load_config(config, overrides)
+    topo = [tuple(int(x) for x in t.split("x")) for t in topologies.split(",") if t]
+    t0 = time.perf_counter()
+    modelled = model_topologies(cfg, topo, steps)
+    print(f"modelled traffic per step (weak scaling from 2x2; {steps} steps; intra {cfg.parallel.intra_gbps:g} GB/s, "
+          f"inter {cfg.parallel.inter_gbps:g} GB/s per node) [{time.perf_counter() - t0:.0f}s]")
+    print(f"{'topology':>8} {'layout':>12} {'intra MB':>10} {'inter MB':>10} {'model ms':>9} {'ids/rank':>9}")
+    for r in modelled:
+        print(f"{r['topology']:>8} {r['layout']:>12} {r['intra_MB']:10.2f} {r['inter_MB']:10.2f} "
+              f"{r['model_ms']:9.3f} {r['unique_ids_per_rank']:9.0f}")
+    ratios = {}
+    for t in {r["topology"] for r in modelled}:
+        by = {r["layout"]: r for r in modelled if r["topology"] == t}
+        ratios[t] = {"flat_over_hierarchical_inter": by["flat"]["inter_MB"] / max(by["hierarchical"]["inter_MB"], 1e-12),
+                     "dp_over_hierarchical_inter": by["dp"]["inter_MB"] / max(by["hierarchical"]["inter_MB"], 1e-12)}
+        print(f"{t}: inter-node bytes flat / hierarchical = {ratios[t]['flat_over_hierarchical_inter']:.2f}x, "
+              f"data parallel / hierarchical = {ratios[t]['dp_over_hierarchical_inter']:.2f}x")
+
+    measured = []
+    run_dirs = [Path(p.split("=", 1)[-1]) for p in runs.split(",") if p]
+    if train:
+        for tau in taus.split(","):
+            print(f"training tau={tau} on 4 processes (2 x 2) ...", flush=True)
+            run_dirs.append(_train_with_config(config, overrides, int(tau), Path(out_dir), f"tau{tau}"))
+    for run in run_dirs:
+        measured.append(_read_run(run))
+    if measured:
+        print("measured, 4 processes (2 node groups x 2 local ranks), per step:")
+        print(f"{'tau':>4} {'steps':>6} {'step ms':>8} {'compute':>8} {'lookup':>7} {'wait':>7} {'intra MB':>9} "
+              f"{'inter MB':>9} {'max lag':>7} {'HR@10':>7} {'NDCG@10':>8}")
+        for m in measured:
+            print(f"{m['staleness']:>4} {m['steps']:>6} {m['step_time_ms']:8.1f} {m['compute_ms']:8.1f} "
+                  f"{m['lookup_ms']:7.1f} {m['exchange_wait_ms']:7.1f} {m['intra_MB']:9.3f} {m['inter_MB']:9.3f} "
+                  f"{m['staleness_max']!s:>7} {m['test_hr@10']:7.4f} {m['test_ndcg@10']:8.4f}")
+        base = [m for m in measured if m["staleness"] == 0]
+        for m in measured:
+            if base and m["staleness"]:
+                rel = (m["test_hr@10"] - base[0]["test_hr@10"]) / base[0]["test_hr@10"]
+                m["hr@10_rel_to_tau0"] = rel
+                print(f"tau={m['staleness']}: HR@10 {rel * 100:+.2f}% relative to tau=0 "
+                      f"({'within' if abs(rel) <= 0.01 else 'NOT within'} 1%), step time "
+                      f"{(m['step_time_ms'] / base[0]['step_time_ms'] - 1) * 100:+.1f}%")
+    result = {"modelled": modelled, "ratios": ratios, "measured": measured, "machine": machine_load()}
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _train_with_config(config, overrides, tau, out_dir: Path, name: str) -> Path:
+    """`mindgr train --config C --nproc 4` with the sharded table at staleness tau."""
+    import sys
+    from mindgr.parallel.launch import run_job
+    cmd = [sys.executable, "-m", "mindgr", "train", *(["--config", str(config)] if config else []), "--nproc", "4",
+           *overrides,
+           "parallel.sparse=hierarchical", "parallel.nodes=2", "parallel.local_ranks=2",
+           f"parallel.staleness={tau}", f"run.out_dir={out_dir}", f"run.name={name}"]
+    code, out, err, timed_out = run_job(cmd, 7200)
+    if timed_out or code != 0:
+        raise RuntimeError(f"bench sparse: run {name} failed (exit {code}):\n{err[-3000:]}")
+    return out_dir / name
