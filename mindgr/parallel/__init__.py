@@ -12,5 +12,6 @@ carry the collectives.
     watchdog  a rank that stops making progress exits (no hang)
     launch    msrun wrapper used by `mindgr train --nproc N`
     modelarts ModelArts entry (data_url / train_url)
+    sparse/   the item table sharded over node groups, semi-asynchronous cross-node exchange (docs/sparse.md)
 See docs/distributed.md.
 """
