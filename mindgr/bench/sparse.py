@@ -81,10 +81,14 @@ def model_topologies(cfg, topologies, steps: int) -> list[dict]:
                 a["inter"] += b["inter"].sum() / steps
                 a["seconds"] += bw.seconds(b["intra"], b["inter"]) / steps
         uniq = np.mean([np.mean([len(x) for x in ids]) for ids in per_step])
+        node_uniq = np.mean([np.mean([len(np.unique(np.concatenate(ids[n * local:(n + 1) * local])))
+                                      for n in range(nodes)]) for ids in per_step])
+        step_uniq = np.mean([len(np.unique(np.concatenate(ids))) for ids in per_step])
         for layout, a in acc.items():
             rows.append({"topology": f"{nodes}x{local}", "layout": layout, "intra_MB": a["intra"] / 1e6,
                          "inter_MB": a["inter"] / 1e6, "model_ms": a["seconds"] * 1e3,
-                         "unique_ids_per_rank": float(uniq), "table_rows": num_rows, "dim": dim})
+                         "unique_ids_per_rank": float(uniq),
+                         "unique_ids_per_node": float(node_uniq), "unique_ids_per_step": float(step_uniq), "table_rows": num_rows, "dim": dim})
     return rows
 
 
@@ -114,12 +118,15 @@ def bench_sparse(config, overrides, topologies: str = "2x2,8x8", steps: int = 5,
     modelled = model_topologies(cfg, topo, steps)
     print(f"modelled traffic per step (weak scaling from 2x2; {steps} steps; intra {cfg.parallel.intra_gbps:g} GB/s, "
           f"inter {cfg.parallel.inter_gbps:g} GB/s per node) [{time.perf_counter() - t0:.0f}s]")
-    print(f"{'topology':>8} {'layout':>12} {'intra MB':>10} {'inter MB':>10} {'model ms':>9} {'ids/rank':>9}")
+    print("MB summed over nodes; distinct ids per rank / per node group / in the whole step")
+    print(f"{'topology':>8} {'layout':>12} {'intra MB':>10} {'inter MB':>10} {'model ms':>9} {'ids/rank':>9} "
+          f"{'ids/node':>9} {'ids/step':>9}")
     for r in modelled:
         print(f"{r['topology']:>8} {r['layout']:>12} {r['intra_MB']:10.2f} {r['inter_MB']:10.2f} "
-              f"{r['model_ms']:9.3f} {r['unique_ids_per_rank']:9.0f}")
+              f"{r['model_ms']:9.3f} {r['unique_ids_per_rank']:9.0f} {r['unique_ids_per_node']:9.0f} "
+              f"{r['unique_ids_per_step']:9.0f}")
     ratios = {}
-    for t in {r["topology"] for r in modelled}:
+    for t in dict.fromkeys(r["topology"] for r in modelled):
         by = {r["layout"]: r for r in modelled if r["topology"] == t}
         ratios[t] = {"flat_over_hierarchical_inter": by["flat"]["inter_MB"] / max(by["hierarchical"]["inter_MB"], 1e-12),
                      "dp_over_hierarchical_inter": by["dp"]["inter_MB"] / max(by["hierarchical"]["inter_MB"], 1e-12)}
