@@ -67,6 +67,14 @@ def test_tau0_equals_replicated_table(tmp_path, tiny_overrides):
     windows = [r for r in _rows(tmp_path / "sharded" / "tiny" / "metrics.jsonl") if "loss" in r]
     assert all(r["sparse_intra_bytes"] > 0 and r["sparse_inter_bytes"] > 0 for r in windows[1:])
     assert all(r["staleness_max"] == 0 for r in windows)
+    # sharded evaluation (users encoded from gathered rows) ranks like the replicated model
+    from mindgr.train.trainer import evaluate_run
+    one, sharded = (json.loads((tmp_path / d / "tiny" / "eval.json").read_text()) for d in ("one", "sharded"))
+    for split in ("valid", "test"):
+        assert abs(one[split]["mrr"] - sharded[split]["mrr"]) <= 1e-3, (split, one[split], sharded[split])
+    # `mindgr eval` of a sharded run assembles the table from the shard files: the same metrics
+    again = evaluate_run(tmp_path / "sharded" / "tiny", "test", "latest")
+    assert abs(again["mrr"] - sharded["test"]["mrr"]) <= 1e-3 and again["count"] == sharded["test"]["count"]
 
 
 def test_staleness_two_is_exact_and_replicas_agree(tmp_path, tiny_overrides):

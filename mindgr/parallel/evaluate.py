@@ -15,7 +15,9 @@ from mindgr.train.metrics import ranking_metrics, target_ranks
 
 
 def evaluate_sharded(encode_last, item_table: np.ndarray, examples, evalset, ks, rank: int, world: int,
-                     beat=None) -> dict:
+                     beat=None, encode_batch=None, score=None) -> dict:
+    """`encode_batch(batch)` and `score(users)` replace the encoder call and `users @ item_table.T` (a
+    sharded item table encodes from gathered rows and scores against unnormalised rows)."""
     from mindspore import Tensor
     order, ranks = [], []
     plan = plan_batches(examples.lengths, examples.token_capacity, examples.row_capacity, rng=None)
@@ -23,10 +25,14 @@ def evaluate_sharded(encode_last, item_table: np.ndarray, examples, evalset, ks,
         if beat is not None:
             beat(f"evaluating batch {k}")
         batch = examples.batch(plan[k])
-        user = encode_last(Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets),
-                           Tensor(batch.timestamps)).asnumpy()[: batch.num_rows]
+        if encode_batch is not None:
+            user = encode_batch(batch)[: batch.num_rows]
+        else:
+            user = encode_last(Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets),
+                               Tensor(batch.timestamps)).asnumpy()[: batch.num_rows]
         rows = batch.rows[: batch.num_rows]
-        r = target_ranks(user @ item_table.T, evalset.targets[rows], [evalset.histories[i] for i in rows])
+        scores = score(user) if score is not None else user @ item_table.T
+        r = target_ranks(scores, evalset.targets[rows], [evalset.histories[i] for i in rows])
         order.append(np.stack([np.full(len(r), k), np.arange(len(r))], 1))
         ranks.append(r)
     mine = np.concatenate([np.concatenate(order, 0), np.concatenate(ranks)[:, None]], 1).astype(np.int64) \

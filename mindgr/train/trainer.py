@@ -435,7 +435,14 @@ def evaluate_run(run_dir: Path, split: str = "test", which: str = "best") -> dic
     if path is None:
         raise CheckpointError(f"{run_dir}: no checkpoint to evaluate")
     tensors, meta = load_checkpoint(path)
-    restore_parameters(model.train_step, tensors, str(path))
+    from mindgr.parallel.sparse.checkpoint import full_table
+    table = full_table(ckpts.dir, path.name, data.num_items + 1)
+    if table is None:
+        restore_parameters(model.train_step, tensors, str(path))
+    else:                     # a run with a sharded item table (parallel.sparse): its shards hold the table
+        encoder = {k[len("encoder."):]: v for k, v in tensors.items() if k.startswith("encoder.")}
+        encoder["item_emb"] = table
+        restore_parameters(model.encoder, encoder, str(path))
     from mindgr.train.evaluate import evaluate
     model.encoder.set_train(False)
     metrics = evaluate(model.encode_last, model.item_table(), data.eval[split], getattr(data.split, split),

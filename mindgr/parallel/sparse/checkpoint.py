@@ -89,3 +89,10 @@ def prune(directory: Path, keep_names: set):
         mt = _NAME.match(p.name)
         if mt and mt["name"] not in keep_names:
             p.unlink(missing_ok=True)
+
+
+def full_table(directory: Path, name: str, num_rows: int):
+    """The whole table of checkpoint `name` (rows only), or None if it has no table shards."""
+    if not _layouts(directory, name):
+        return None
+    return load_shard(directory, name, num_rows, 1, 0)[0]

@@ -10,7 +10,7 @@ Dense gradients are summed over all ranks synchronously, as in mindgr.parallel.d
 import mindspore as ms
 from mindspore import nn, ops
 
-from mindgr.models.layers import l2_normalize
+from mindgr.models.layers import l2_normalize, last_positions
 from mindgr.ops.scoring import sampled_logits
 
 _MASKED = -1e9
@@ -58,3 +58,14 @@ class DenseState(nn.Cell):
         super().__init__()
         self.encoder = encoder
         self.optimizer = optimizer
+
+
+class EncodeRows(nn.Cell):
+    """The user embedding (output at each row's last token, no dropout) from gathered item rows."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def construct(self, rows, ids, positions, offsets, timestamps):
+        return last_positions(self.encoder.encode(ops.gather(rows, ids, 0), positions, offsets, timestamps), offsets)

@@ -44,14 +44,13 @@ class SparseModel:
         from mindgr.parallel.dp import ReduceApply
         from mindgr.parallel.sparse.init import ShardDraw, owned_rows
         from mindgr.parallel.sparse.row_adam import RowAdam
-        from mindgr.parallel.sparse.step import DenseState, RowsGrads, RowsLoss
+        from mindgr.parallel.sparse.step import DenseState, EncodeRows, RowsGrads, RowsLoss
         from mindgr.parallel.sparse.table import ShardedTable
         from mindgr.train.step import EncodeLast, build_optimizer
         self.layout = layout
         self.num_rows = num_items + 1
         draw = ShardDraw(owned_rows(self.num_rows, layout["shards"], layout["shard"]))
         self.encoder = build_encoder(cfg.model, num_items, cfg.data.max_len, cfg.run.seed, item_init=draw)
-        self.placeholder = self.encoder.item_emb.value().copy()
         self.table = ShardedTable(draw.rows, self.num_rows, layout["shards"], layout["shard"], layout["group"],
                                   layout["members"], traffic)
         dense = [p for p in self.encoder.trainable_params() if p.name != "item_emb"]
@@ -65,8 +64,8 @@ class SparseModel:
         self.grads = RowsGrads(self.loss_net, self.optimizer.parameters)
         self.reduce_apply = ReduceApply(self.optimizer, layout["world"])
         self.train_step = DenseState(self.encoder, self.optimizer)     # what the dense checkpoint holds
-        self.encode_last = EncodeLast(self.encoder)
-        self._full = None
+        self.encode_last = EncodeLast(self.encoder)       # unused: the encoder has no table (EncodeRows)
+        self.encode_rows = EncodeRows(self.encoder)
 
     def full_table(self) -> np.ndarray:
         """The whole raw table, assembled from the shards of this rank's shard group (a collective)."""
@@ -82,11 +81,6 @@ class SparseModel:
             full[k::shards] = got[lo: lo + n]
             lo += n
         return full
-
-    def item_table(self) -> np.ndarray:
-        """L2-normalised table for ranking (set by SparseTrainer.evaluate)."""
-        return self._full
-
 
 class _SparseLocal:
     """The `local(*inputs)` the calibration probe times: the compute of a sparse step on a dense-layout
@@ -225,18 +219,33 @@ class SparseTrainer(DistributedTrainer):
 
     # ---- evaluation, checkpoints -------------------------------------------------------------------
     def evaluate(self, split: str) -> dict:
-        from mindspore import Tensor
+        """Full ranking needs every item: the node group's shards are assembled (one copy of the table per
+        rank); users are encoded from gathered rows and scored against the raw rows times 1 / norm (the
+        cosine of l2_normalize, eps 1e-6), so no second copy of the table is made."""
         self.stale.flush(self.step)
         full = self.model.full_table()
-        self.model.encoder.item_emb.set_data(Tensor(full))               # a copy: `full` is normalised next
-        # in place (a 0.2B table is 0.8 GB per copy); the normalisation of mindgr.models.layers.l2_normalize
-        full /= np.sqrt(np.einsum("ij,ij->i", full, full)[:, None] + np.float32(1e-12))
-        self.model._full = full
+        inv_norm = 1.0 / np.sqrt(np.einsum("ij,ij->i", full, full) + np.float32(1e-12))
+        self._eval_table = (full, inv_norm.astype(np.float32))
         try:
             return super().evaluate(split)
         finally:
-            self.model.encoder.item_emb.set_data(Tensor(self.model.placeholder))
-            self.model._full = None
+            self._eval_table = None
+
+    def _encode_batch(self, batch) -> np.ndarray:
+        from mindspore import Tensor
+        full, _ = self._eval_table
+        uniq = np.unique(np.concatenate([[0], batch.ids]).astype(np.int64))
+        rows = np.zeros((len(batch.ids) + 1, full.shape[1]), np.float32)      # static shape: T_cap + 1
+        rows[: len(uniq)] = full[uniq]
+        return self.model.encode_rows(Tensor(rows), Tensor(remap(uniq, batch.ids)), Tensor(batch.positions),
+                                      Tensor(batch.offsets), Tensor(batch.timestamps)).asnumpy()
+
+    def _split_metrics(self, examples, split: str) -> dict:
+        from mindgr.parallel.evaluate import evaluate_sharded
+        full, inv_norm = self._eval_table
+        return evaluate_sharded(None, None, examples, getattr(self.data.split, split), self.cfg.eval.ks,
+                                self.ctx.rank, self.ctx.world, beat=self.watchdog.beat,
+                                encode_batch=self._encode_batch, score=lambda u: (u @ full.T) * inv_norm[None, :])
 
     def _shard_state(self, step: int):
         """DistributedTrainer's rank state plus a digest of this rank's table shard: replicas of a shard
