@@ -45,6 +45,10 @@ def popularity_scores(train_seqs, num_items: int) -> np.ndarray:
     return counts
 
 
-def popularity_metrics(train_seqs, num_items: int, evalset, ks) -> dict:
-    scores = np.broadcast_to(popularity_scores(train_seqs, num_items), (len(evalset.targets), num_items + 1))
-    return ranking_metrics(target_ranks(scores, evalset.targets, evalset.histories), ks)
+def popularity_metrics(train_seqs, num_items: int, evalset, ks, chunk: int = 256) -> dict:
+    # users in chunks: a dense [users, V+1] score matrix is 3.5 GB at 4,000 users x 221k items
+    pop = popularity_scores(train_seqs, num_items)
+    n = len(evalset.targets)
+    ranks = [target_ranks(np.broadcast_to(pop, (min(chunk, n - lo), num_items + 1)), evalset.targets[lo: lo + chunk],
+                          evalset.histories[lo: lo + chunk]) for lo in range(0, n, chunk)]
+    return ranking_metrics(np.concatenate(ranks) if ranks else np.zeros(0, np.int64), ks)
