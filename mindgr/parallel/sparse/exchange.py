@@ -65,6 +65,7 @@ class BoundedStaleness:
         self.exchange = exchange                   # (slots, grads) -> (slots, grads) summed over nodes
         self.apply = apply                         # (slots, grads) -> None: the row optimizer
         self.ready = deque()                       # (origin step, slots, grads), exchanged, not applied
+        self._pending = None                       # (step, slots, grads) submitted, not exchanged yet
         self._thread = None
         self._result = None
         self.max_staleness = 0
@@ -78,10 +79,9 @@ class BoundedStaleness:
 
     def start_background(self):
         """Start the exchange submitted last (the previous step's) while this step computes."""
-        pending = getattr(self, "_pending", None)
+        pending, self._pending = self._pending, None
         if pending is None:
             return
-        self._pending = None
 
         def run():
             try:
@@ -117,8 +117,7 @@ class BoundedStaleness:
     def flush(self, step: int):
         """Exchange and apply everything outstanding now (before a checkpoint, an evaluation, the end)."""
         self.join()
-        pending = getattr(self, "_pending", None)
+        pending, self._pending = self._pending, None
         if pending is not None:
-            self._pending = None
             self.ready.append((pending[0],) + self.exchange(pending[1], pending[2]))
         self.apply_due(step, flush=True)

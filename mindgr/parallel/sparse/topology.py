@@ -71,16 +71,14 @@ def host_names(world: int) -> list[int]:
 
 
 class Groups:
-    """Communication groups of a topology; None stands for the world (mccl's AllGather wants it), and a
-    group of one rank needs no communication at all (`solo`)."""
+    """Communication groups of a topology; None stands for the world (mccl's AllGather wants it); a group
+    of one rank is never created (its callers skip the collective)."""
 
     def __init__(self, topo: Topology):
         from mindgr.parallel import comm
         self.topo = topo
         self.intra = self._make(comm, f"mindgr_intra_{topo.node}", topo.intra_ranks)
         self.inter = self._make(comm, f"mindgr_inter_{topo.local}", topo.inter_ranks)
-        self.intra_solo = topo.local_ranks == 1
-        self.inter_solo = topo.nodes == 1
 
     @staticmethod
     def _make(comm, name, ranks):

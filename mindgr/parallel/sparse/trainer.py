@@ -13,7 +13,10 @@ Evaluations and checkpoints first flush the outstanding exchange.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
+import zlib
 
 import numpy as np
 
@@ -155,7 +158,7 @@ class SparseTrainer(DistributedTrainer):
         return mapped, info
 
     def _execute(self, prepared):
-        from mindspore import Tensor
+        from mindspore import Tensor, mutable
         from mindgr.parallel.balance import imbalance
         inputs, info = prepared
         share, step = info["share"], self.step + 1
@@ -175,7 +178,6 @@ class SparseTrainer(DistributedTrainer):
         t1, c1 = time.perf_counter(), _step_cpu()
         self.stale.join()
         t_join = time.perf_counter()
-        from mindspore import mutable
         loss = float(m.reduce_apply(loss.reshape((1,)), mutable(dense_grads)).asnumpy()[0])
         slots, sums = m.table.push(row_grads.asnumpy()[: len(uniq)])
         self.stale.submit(step, slots, sums)
@@ -250,14 +252,14 @@ class SparseTrainer(DistributedTrainer):
     def _shard_state(self, step: int):
         """DistributedTrainer's rank state plus a digest of this rank's table shard: replicas of a shard
         (same local rank, other node groups) must show the same one."""
-        import zlib
         state = super()._shard_state(step)
         state["table"] = {"shard": self.model.layout["shard"], "shards": self.model.layout["shards"],
                           "node": self.topo.node,
                           "rows_crc32": zlib.crc32(np.ascontiguousarray(self.model.table.rows).tobytes())}
         path = self.ckpts.dir / "ranks" / f"ckpt-step{step:08d}.rank{self.ctx.rank}.json"
-        import json
-        path.write_text(json.dumps(state, indent=1))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, path)
         return state
 
     def _writes_table(self) -> bool:
