@@ -296,29 +296,21 @@ _P = _Primitives()
 # ------------------------------------------------------------------------------------------------
 # The ops (same signatures as mindgr.ops.reference).
 
+def _as(x, dtype):
+    """x in the dtype a kernel reads (the kernels take fixed dtypes; a no-op when it already is)."""
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
 def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
     """out_i = sum_{j<=i} SiLU(q_i.k_j + w_pos[N-1+j-i] (+ w_ts[bucket])) / N * v_j; see reference."""
     dtype = q.dtype
-    if dtype != ms.float32:
-        q = q.astype(ms.float32)
-    if k.dtype != ms.float32:
-        k = k.astype(ms.float32)
-    if v.dtype != ms.float32:
-        v = v.astype(ms.float32)
-    if w_pos.dtype != ms.float32:
-        w_pos = w_pos.astype(ms.float32)
+    q, k, v, w_pos = _as(q, ms.float32), _as(k, ms.float32), _as(v, ms.float32), _as(w_pos, ms.float32)
     carrier = _zeros_carrier(max_len)
     if w_ts is None:
         out = _P.hstu_fwd(q, k, v, offsets, w_pos, carrier)
     else:
-        if w_ts.dtype != ms.float32:
-            w_ts = w_ts.astype(ms.float32)
-        if timestamps.dtype != ms.int64:
-            timestamps = timestamps.astype(ms.int64)
-        out = _P.hstu_fwd_ts(q, k, v, offsets, timestamps, w_pos, w_ts, carrier)
-    if dtype != ms.float32:
-        out = out.astype(dtype)
-    return out
+        out = _P.hstu_fwd_ts(q, k, v, offsets, _as(timestamps, ms.int64), w_pos, _as(w_ts, ms.float32), carrier)
+    return _as(out, dtype)
 
 
 def jagged_to_padded(values, offsets, max_len: int):
@@ -335,13 +327,9 @@ def sampled_logits(out, table, ids):
     """logits[t, r] = out[t] . table[ids[t, r]]: out [T, D], table [V+1, D], ids [T, R] int32/int64
     (every id in [0, V]) -> [T, R] float32, without materialising [T, V+1] or [T, R, D]. Gradients
     flow to out and table (deterministic, independent of the thread count); ids get zeros."""
-    if out.dtype != ms.float32:
-        out = out.astype(ms.float32)
-    if table.dtype != ms.float32:
-        table = table.astype(ms.float32)
-    if ids.dtype != ms.int32 and ids.dtype != ms.int64:
-        ids = ids.astype(ms.int32)
-    return _P.sampled_logits(out, table, ids)
+    if ids.dtype != ms.int64:
+        ids = _as(ids, ms.int32)
+    return _P.sampled_logits(_as(out, ms.float32), _as(table, ms.float32), ids)
 
 
 def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
@@ -349,18 +337,8 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
     for targets[t] > 0, else 0: x [T, D], cand [K, D] float32 or float16, logq [K], cand_ids [K],
     targets [T], pos [T] -> [T] float32. Streams over K in chunks (never [T, K]); gradients flow to
     x, cand (in its dtype), logq and pos, deterministically and independent of the thread count."""
-    if x.dtype != ms.float32:
-        x = x.astype(ms.float32)
-    if cand.dtype != ms.float16 and cand.dtype != ms.float32:
-        cand = cand.astype(ms.float32)
-    if logq.dtype != ms.float32:
-        logq = logq.astype(ms.float32)
-    if pos.dtype != ms.float32:
-        pos = pos.astype(ms.float32)
-    if cand_ids.dtype != ms.int32:
-        cand_ids = cand_ids.astype(ms.int32)
-    if targets.dtype != ms.int32:
-        targets = targets.astype(ms.int32)
+    args = (_as(x, ms.float32), cand, _as(logq, ms.float32), _as(cand_ids, ms.int32), _as(targets, ms.int32),
+            _as(pos, ms.float32))
     if cand.dtype == ms.float16:
-        return _P.pool_lse_fp16(x, cand, logq, cand_ids, targets, pos)
-    return _P.pool_lse(x, cand, logq, cand_ids, targets, pos)
+        return _P.pool_lse_fp16(*args)
+    return _P.pool_lse(args[0], _as(cand, ms.float32), *args[2:])
