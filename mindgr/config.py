@@ -53,6 +53,7 @@ class DataConfig:
     token_capacity: int = field(default=0, metadata=_rng(lo=0))  # T_cap; 0 = derived from batch size
     row_capacity: int = field(default=0, metadata=_rng(lo=0))    # B_cap; 0 = derived
     positive_column: str = "is_click"         # kuairand: which column marks a positive interaction
+    timestamps: str = ""                      # movielens-1m sequences.txt: ratings file with times for its users
     prefetch: int = field(default=2, metadata=_rng(lo=0))  # batches prepared ahead in a thread; 0 = inline
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
@@ -261,6 +262,9 @@ def _validate_cross(cfg: Config):
                               f"is not divisible by model.num_heads = {m.num_heads}: set model.{name}")
     if cfg.data.kind != "synthetic" and not cfg.data.path:
         raise ConfigError(f"config: data.path = '': data.kind = {cfg.data.kind} needs a source path")
+    if cfg.data.timestamps and cfg.data.kind != "movielens-1m":
+        raise ConfigError(f"config: data.timestamps = {cfg.data.timestamps!r}: only for data.kind movielens-1m "
+                          f"(times for sequences.txt), not {cfg.data.kind}")
     if cfg.data.token_capacity and cfg.data.token_capacity < cfg.data.max_len:
         raise ConfigError(f"config: data.token_capacity = {cfg.data.token_capacity}: expected 0 (auto) "
                           f"or >= data.max_len = {cfg.data.max_len}")

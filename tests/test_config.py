@@ -26,6 +26,7 @@ def test_defaults_and_overrides(tmp_path):
     ("eval.ks=[0]", ["eval.ks", ">= 1"]),
     ("model.num_heads=3", ["model.dqk", "not divisible"]),
     ("data.kind=movielens-1m", ["data.path", "needs a source path"]),
+    ("data.timestamps=r.dat", ["data.timestamps", "'r.dat'", "only for data.kind movielens-1m", "synthetic"]),
 ])
 def test_bad_values_name_key_value_and_allowed(override, words):
     with pytest.raises(ConfigError) as e:

@@ -80,6 +80,33 @@ def test_ml1m_sequences_file_keeps_file_order(tmp_path):
     assert s.user_ids.tolist() == [1, 2] and _raw(s, 1) == [9, 3, 9] and s.time_seqs is None
 
 
+def test_ml1m_sequences_take_timestamps_for_the_users_a_ratings_file_covers(tmp_path, capsys):
+    seqs = _write(tmp_path / "sequences.txt", "1 30 10 20\n2 10 30\n")
+    ratings = _write(tmp_path / "ratings.dat", "1::10::5::200\n1::20::4::200\n1::30::3::100\n")
+    store = read_movielens_1m(seqs, timestamps=ratings)
+    assert _raw(store, 0) == [30, 10, 20] and store.time_seqs[0].tolist() == [100, 200, 200]
+    assert store.time_seqs[1].tolist() == [0, 0]              # user 2 is not covered: no time information
+    assert "for 1 of 2 users" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ratings, pattern", [
+    ("1::10::5::200\n1::30::3::100\n", r"ratings.dat: user 1 of sequences.txt has no rating for item 20"),
+    ("1::10::5::50\n1::20::4::200\n1::30::3::100\n", r"sequences.txt: user 1: time goes backwards at item 2"),
+])
+def test_ml1m_sequence_timestamps_must_cover_and_keep_order(tmp_path, ratings, pattern):
+    seqs = _write(tmp_path / "sequences.txt", "1 30 10 20\n")
+    with pytest.raises(DataError, match=pattern):
+        read_movielens_1m(seqs, timestamps=_write(tmp_path / "ratings.dat", ratings))
+
+
+def test_ml1m_timestamps_option_is_only_for_sequences(tmp_path):
+    ratings = _write(tmp_path / "ratings.dat", "1::10::5::200\n")
+    with pytest.raises(DataError, match="data.timestamps is for sequences.txt"):
+        read_movielens_1m(ratings, timestamps=ratings)
+    with pytest.raises(DataError, match="nope.dat: file not found"):
+        read_movielens_1m(_write(tmp_path / "sequences.txt", "1 10\n"), timestamps=tmp_path / "nope.dat")
+
+
 def test_ml1m_sequences_user_without_items_is_reported(tmp_path, capsys):
     s = read_movielens_1m(_write(tmp_path / "sequences.txt", "1 5 6\n2\n"))
     assert s.num_users == 1

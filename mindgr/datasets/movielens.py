@@ -53,8 +53,8 @@ def _read_rating_lines(path, sep, field_names, lenient):
     return users, items, times
 
 
-def _read_sequence_lines(path, lenient):
-    """Parse `user_id item item ...` lines (file order is chronological)."""
+def _read_sequence_lines(path, lenient, timestamps=None):
+    """Parse `user_id item item ...` lines (file order is chronological); `timestamps` attaches times."""
     lines = read_lines(path)
     skips = SkipCounter()
     seen = {}
@@ -98,9 +98,44 @@ def _read_sequence_lines(path, lenient):
     if not seqs:
         raise DataError(path, None, f"no valid interactions ({skips.summary()})")
     order = np.argsort(np.asarray(user_ids, dtype=np.int64), kind="stable")
-    item_seqs, item_raw_ids = remap_items([seqs[k] for k in order])
-    return SequenceStore(name="movielens-1m", user_ids=np.asarray(user_ids, dtype=np.int64)[order],
-                         item_seqs=item_seqs, time_seqs=None, item_raw_ids=item_raw_ids, time_unit="s")
+    user_ids = np.asarray(user_ids, dtype=np.int64)[order]
+    seqs = [seqs[k] for k in order]
+    time_seqs = _attach_times(path, user_ids, seqs, timestamps, lenient) if timestamps else None
+    item_seqs, item_raw_ids = remap_items(seqs)
+    return SequenceStore(name="movielens-1m", user_ids=user_ids, item_seqs=item_seqs, time_seqs=time_seqs,
+                         item_raw_ids=item_raw_ids, time_unit="s")
+
+
+def _attach_times(seq_path, user_ids, seqs, ratings_path, lenient):
+    """Timestamps for sequences.txt from a ratings file that covers some of its users (ML-1M: users
+    1-2999). A covered user must have a rating for every item of the sequence, in non-decreasing time;
+    users the file does not cover get all-zero timestamps: no time information, so every gap falls in
+    the zero-gap bucket of the time bias (the position bias is unaffected)."""
+    ratings_path = Path(ratings_path)
+    check_file(ratings_path)
+    users, items, times = _read_rating_lines(ratings_path, "::", ["UserID", "MovieID", "Rating", "Timestamp"],
+                                             lenient)
+    when = dict(zip(zip(users, items), times))
+    covered = set(users)
+    out, with_times = [], 0
+    for user, seq in zip(user_ids.tolist(), seqs):
+        if user not in covered:
+            out.append(np.zeros(len(seq), dtype=np.int64))
+            continue
+        missing = [int(i) for i in seq if (user, int(i)) not in when]
+        if missing:
+            raise DataError(ratings_path, None, f"user {user} of {seq_path.name} has no rating for item "
+                                                f"{missing[0]} ({len(missing)} items missing)")
+        t = np.array([when[(user, int(i))] for i in seq], dtype=np.int64)
+        back = np.flatnonzero(np.diff(t) < 0)
+        if len(back):
+            raise DataError(seq_path, None, f"user {user}: time goes backwards at item {int(back[0]) + 2} of the "
+                                            f"sequence ({t[back[0]]} -> {t[back[0] + 1]} from {ratings_path.name})")
+        out.append(t)
+        with_times += 1
+    print(f"{seq_path.name}: timestamps from {ratings_path.name} for {with_times} of {len(seqs)} users "
+          f"(the other {len(seqs) - with_times}: zeros, no time information)")
+    return out
 
 
 def _is_ratings_file(path):
@@ -120,10 +155,11 @@ def _is_ratings_file(path):
     return False
 
 
-def read_movielens_1m(path, lenient=False):
+def read_movielens_1m(path, lenient=False, timestamps=None):
     """ML-1M from ratings.dat(.gz) (`UserID::MovieID::Rating::Timestamp`) or sequences.txt.
 
-    A directory uses ratings.dat, then ratings.dat.gz, then sequences.txt.
+    A directory uses ratings.dat, then ratings.dat.gz, then sequences.txt. `timestamps` (sequences.txt
+    only): a ratings file whose timestamps are attached to the users it covers (see _attach_times).
     """
     path = Path(path)
     if path.is_dir():
@@ -135,7 +171,9 @@ def read_movielens_1m(path, lenient=False):
             raise DataError(path, None, "no ratings.dat, ratings.dat.gz or sequences.txt in directory")
     check_file(path)
     if not _is_ratings_file(path):
-        return _read_sequence_lines(path, lenient)
+        return _read_sequence_lines(path, lenient, timestamps)
+    if timestamps:
+        raise DataError(path, None, "data.timestamps is for sequences.txt; a ratings file has its own timestamps")
     users, items, times = _read_rating_lines(path, "::", ["UserID", "MovieID", "Rating", "Timestamp"], lenient)
     return build_store("movielens-1m", users, items, times, "s")
 
