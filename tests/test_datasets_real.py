@@ -39,3 +39,11 @@ def test_ml100k():
     s = read_movielens_100k(_need("ml-100k"))
     assert (s.num_users, s.num_items, s.num_interactions) == (943, 1682, 100000)
     assert s.lengths().min() >= 20
+
+
+def test_ml1m_sequences_with_the_partial_timestamps():
+    s = read_movielens_1m(_need("ml-1m/sequences.txt"), timestamps=_need("ml-1m/ratings_users_1-2999.dat.gz"))
+    assert s.num_interactions == 1000209 and s.has_timestamps
+    timed = s.user_ids <= 2999
+    assert all((np.diff(t) >= 0).all() and t.min() > 0 for t in np.array(s.time_seqs, dtype=object)[timed])
+    assert all((t == 0).all() for t in np.array(s.time_seqs, dtype=object)[~timed])
