@@ -202,16 +202,20 @@ class DistributedTrainer(Trainer):
         t1, c1 = time.perf_counter(), _step_cpu()
         loss = self.dp.apply(loss, grads)
         t2 = time.perf_counter()
+        self._record_step(step, share, t1 - t0, c1 - c0, t2 - t1)
+        return loss, t2 - t0, info
+
+    def _record_step(self, step: int, share, local_s: float, local_cpu_s: float, apply_s: float):
+        """One step's predicted and measured per-rank figures, for the logging window's balance report."""
         w = self._win
         w["pred"].append(imbalance(share.rank_cost))
         w["pred_step"].append(imbalance(share.rank_cost + self.fixed_s))
-        w["local"].append(t1 - t0)
-        w["local_cpu"].append(c1 - c0)
-        w["apply"].append(t2 - t1)
+        w["local"].append(local_s)
+        w["local_cpu"].append(local_cpu_s)
+        w["apply"].append(apply_s)
         w["steps"].append(step)
         w["costs"].append(share.rank_cost)
         w["tokens"].append(share.rank_tokens)
-        return loss, t2 - t0, info
 
     def _window_extra(self):
         """Per-rank compute times of the window, gathered: measured imbalance next to the predicted one.

@@ -159,7 +159,6 @@ class SparseTrainer(DistributedTrainer):
 
     def _execute(self, prepared):
         from mindspore import Tensor, mutable
-        from mindgr.parallel.balance import imbalance
         inputs, info = prepared
         share, step = info["share"], self.step + 1
         m, uniq = self.model, info["unique"]
@@ -184,15 +183,8 @@ class SparseTrainer(DistributedTrainer):
         self.stale.apply_due(step)
         t2 = time.perf_counter()
         intra, inter = self.traffic.end_step()
-        w, sw = self._win, self._sparse_win
-        w["pred"].append(imbalance(share.rank_cost))
-        w["pred_step"].append(imbalance(share.rank_cost + self.fixed_s))
-        w["local"].append(t1 - t_lookup)
-        w["local_cpu"].append(c1 - c0)
-        w["apply"].append(t2 - t1)
-        w["steps"].append(step)
-        w["costs"].append(share.rank_cost)
-        w["tokens"].append(share.rank_tokens)
+        self._record_step(step, share, t1 - t_lookup, c1 - c0, t2 - t1)
+        sw = self._sparse_win
         sw["intra"].append(intra)
         sw["inter"].append(inter)
         sw["lookup_s"].append(t_lookup - t0)
