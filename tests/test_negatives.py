@@ -59,8 +59,10 @@ def test_in_batch_distinct_targets_padding_and_inclusion_logq():
     expected = np.log(1 - (1 - 0.1) ** 6)
     np.testing.assert_allclose(corr[:3], expected, rtol=1e-5)
     assert not corr[3:].any()
-    ids2, _ = sampler("in_batch", freq, in_batch_size=2).draw(np.random.default_rng(0), targets)
+    ids2, corr2 = sampler("in_batch", freq, in_batch_size=2).draw(np.random.default_rng(0), targets)
     assert len(set(ids2.tolist())) == 2 and set(ids2.tolist()) <= {3, 5, 7}
+    # 2 of the 3 distinct targets kept: each is in the set with probability 2/3 of its inclusion
+    np.testing.assert_allclose(corr2, expected + np.log(2 / 3), rtol=1e-5)
 
 
 def test_mixed_concatenates_and_is_deterministic():

@@ -7,7 +7,7 @@ Strategies (config loss.negatives):
   mixed        pool + in-batch, concatenated
 Shared strategies also return c [K], the logQ correction per candidate: log of the candidate's expected
 count in the set (K q_j when K ids are drawn from q; 1 - (1 - p_j)^n for an item of unigram frequency p_j
-among n in-batch targets). Subtracting it from the logit makes the negatives' sum an importance-sampling
+among n in-batch targets, times m/u when only m of the u distinct targets are kept). Subtracting it from the logit makes the negatives' sum an importance-sampling
 estimate of the full softmax denominator. With loss.logq=false, c = 0.
 """
 from __future__ import annotations
@@ -58,11 +58,12 @@ class NegativeSampler:
     def _in_batch(self, rng, targets):
         real = targets[targets > 0]
         ids = np.unique(real).astype(np.int32)
+        keep = min(1.0, self.in_batch_size / max(len(ids), 1))  # each distinct target survives the cut with this
         if len(ids) > self.in_batch_size:
             ids = np.sort(rng.choice(ids, self.in_batch_size, replace=False)).astype(np.int32)
         out = np.zeros(self.in_batch_size, np.int32)
         out[: len(ids)] = ids
-        inclusion = -np.expm1(len(real) * np.log1p(-self.freq[out]))  # 1 - (1 - p)^n
+        inclusion = keep * -np.expm1(len(real) * np.log1p(-self.freq[out]))  # keep * (1 - (1 - p)^n)
         corr = np.where(out > 0, np.log(np.maximum(inclusion, 1e-30)), 0.0)
         return out, corr
 
