@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mindgr.bench import write_result
+
 
 def _status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
@@ -113,10 +115,7 @@ def bench_variants(cfg_path: str, overrides, variants: dict, steps: int = 10, me
     summarise = getattr(variants, "summarise", None)
     if summarise is not None:
         summarise(result)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=1))
-    return result
+    return write_result(result, out)
 
 
 def bench_backends(cfg_path: str, overrides, backends, steps: int = 10, memory: bool = True,

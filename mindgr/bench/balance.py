@@ -16,13 +16,13 @@
 """
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
+from mindgr.bench import write_result
 from mindgr.bench.distributed_common import (BENCH_OVERRIDES, N, RANK_ROWS, RANK_TOKENS, SLACK, kuairand_lengths,
                                              machine_load, read_jsonl, run_training, temp_dir)
 
@@ -166,7 +166,4 @@ def bench_balance(config=None, overrides=(), steps: int = 20, out: str | None = 
               "simulated": sims, "load": machine_load()}
     result["two_real_ranks"] = measure_two_ranks(config, overrides, steps) if real else None
     _print(cal, sims, result["two_real_ranks"])
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=1, default=lambda o: o.as_dict()))
-    return result
+    return write_result(result, out, default=lambda o: o.as_dict())

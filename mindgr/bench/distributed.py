@@ -15,13 +15,13 @@ the logging collectives. Also reported: real tokens per CPU-second of all proces
 """
 from __future__ import annotations
 
-import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from mindgr.bench import write_result
 from mindgr.bench.distributed_common import (BENCH_OVERRIDES, RANK_ROWS, RANK_TOKENS, SLACK, machine_load,
                                              read_jsonl, run_training, temp_dir)
 
@@ -82,7 +82,4 @@ def bench_scaling(config=None, overrides=(), steps: int = 30, out: str | None = 
     print(f"scaling efficiency (2 processes vs 2 x 1 process, one thread each): side by side "
           f"{result['scaling_efficiency']:.3f}; vs 1 process alone {result['scaling_efficiency_vs_alone']:.3f}; "
           f"per CPU second {result['cpu_time_efficiency']:.3f}")
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=1))
-    return result
+    return write_result(result, out)

@@ -2,8 +2,7 @@
 forward + backward, same inputs, same process (see mindgr.ops.cpu.bench for the method)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from mindgr.bench import write_result
 
 # The issue's two sizes, on KuaiRand-like lengths (log-normal, median 0.25 N, clipped to [8, N], seed 0).
 SIZES = {"small": dict(rows=128, H=2, d=32, N=200), "medium": dict(rows=32, H=4, d=64, N=1024)}
@@ -27,7 +26,4 @@ def bench_ops(sizes=("small", "medium"), repeats: int = 3, out: str | None = Non
         print(f"{name:8s} {r['rows']:5d} {r['tokens']:7d} {r['cpu']['fwd_bwd_ms']:15.1f} "
               f"{ref.get('rows', 0):8d} {ref.get('fwd_bwd_ms', float('nan')):15.1f} "
               f"{same['fwd_bwd_ms']:13.1f} {r.get('speedup_fwd_bwd', float('nan')):8.1f}x")
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=1))
-    return results
+    return write_result(results, out)

@@ -7,11 +7,11 @@ time of the block; input wait = time the loop waited for the next batch's host a
 """
 from __future__ import annotations
 
-import json
 import tempfile
 import time
-from pathlib import Path
 from types import SimpleNamespace
+
+from mindgr.bench import write_result
 
 _NO_SIGNAL = SimpleNamespace(signum=None)
 
@@ -58,7 +58,4 @@ def bench_pipeline(cfg_path: str, overrides, steps: int = 20, rounds: int = 3, p
     for name, r in result["variants"].items():
         print(f"  {name:24s} {r['busy_fraction'] * 100:7.1f} {r['input_wait_fraction'] * 100:12.1f} "
               f"{r['step_time_s_mean'] * 1e3:8.1f} {r['real_tokens_per_s']:11.0f}")
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=1))
-    return result
+    return write_result(result, out)

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from mindgr.bench import write_result
 from mindgr.config import load_config
 
 
@@ -158,10 +159,7 @@ def bench_sparse(config, overrides, topologies: str = "2x2,8x8", steps: int = 5,
                       f"({'within' if abs(rel) <= 0.01 else 'NOT within'} 1%), step time "
                       f"{(m['step_time_ms'] / base[0]['step_time_ms'] - 1) * 100:+.1f}%")
     result = {"modelled": modelled, "ratios": ratios, "measured": measured, "machine": machine_load()}
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=1))
-    return result
+    return write_result(result, out)
 
 
 def _train_with_config(config, overrides, tau, out_dir: Path, name: str) -> Path:

@@ -1,12 +1,11 @@
 """`mindgr bench train`: real tokens/s, step time and MFU of the compiled training step of a config."""
 from __future__ import annotations
 
-import json
 import tempfile
-import time
-from pathlib import Path
 
 import numpy as np
+
+from mindgr.bench import write_result
 
 
 def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -> dict:
@@ -50,7 +49,4 @@ def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -
           f"{result['peak_rss_mb']:.0f} MB")
     print(f"  real tokens/s {result['real_tokens_per_s']:.0f} | fill {result['fill']:.3f} | "
           f"MFU {result['mfu'] * 100:.2f}% of {result['peak_gflops']:.1f} GFLOP/s (MindSpore fp32 MatMul peak)")
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=1))
-    return result
+    return write_result(result, out)

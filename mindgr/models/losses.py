@@ -16,7 +16,6 @@ Two shapes of negatives:
 import mindspore as ms
 from mindspore import nn, ops
 
-from mindgr.models.layers import l2_normalize
 from mindgr.ops.scoring import sampled_logits, shared_pool_lse
 
 _MASKED = -1e9

@@ -149,16 +149,6 @@ class _Tail(threading.Thread):
             f.close()
 
 
-def run(self):
-        for raw in iter(self.stream.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            if "exit with exception" in line and self.failed_at is None:
-                self.failed_at = time.monotonic()
-            if self.quiet or _NOISE.match(line) or "Start worker process" in line or "Start scheduler" in line:
-                continue
-            print(line, flush=True)
-
-
 def run(task: list[str], nproc: int, log_dir, *, port: int = 0, threads: int = 0, node_timeout: int = 30,
         cluster_timeout: int = 120, quiet: bool = False) -> int:
     """Run `task` (argv after `python`, e.g. ["-m", "mindgr", "train", ...]) on `nproc` ranks. Exit code."""

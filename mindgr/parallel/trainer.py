@@ -141,7 +141,7 @@ class DistributedTrainer(Trainer):
     def _make_step(self):
         """The step whose `local(*inputs)` the calibration times (a sharded table replaces it)."""
         from mindgr.parallel.dp import DataParallelStep
-        return DataParallelStep(self.model.loss_net, self.model.optimizer, self.ctx.world)
+        return DataParallelStep(self.model.loss_net, self.model.optimizer)
 
     def _calibrate(self) -> dict:
         from mindgr.parallel.calibrate import calibrate, grads_timer

@@ -65,7 +65,7 @@ class SparseModel:
         self.loss_net = RowsLoss(self.encoder, cfg.loss.temperature,
                                  use_score_all(self.u_cap - 1, cfg.loss.num_negatives))
         self.grads = RowsGrads(self.loss_net, self.optimizer.parameters)
-        self.reduce_apply = ReduceApply(self.optimizer, layout["world"])
+        self.reduce_apply = ReduceApply(self.optimizer)
         self.train_step = DenseState(self.encoder, self.optimizer)     # what the dense checkpoint holds
         self.encode_last = EncodeLast(self.encoder)       # unused: the encoder has no table (EncodeRows)
         self.encode_rows = EncodeRows(self.encoder)
