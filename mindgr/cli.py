@@ -50,6 +50,15 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from mindgr.bench import write_result
+    from mindgr.train.compare import compare_runs, format_comparison
+    result = compare_runs(args.run_a, args.run_b, args.split, args.checkpoint, args.samples)
+    print(format_comparison(result, args.run_a, args.run_b))
+    write_result(result, args.out)
+    return 0
+
+
 def cmd_data(args) -> int:
     from mindgr.config import parse_override
     from mindgr.datasets import prepare
@@ -126,6 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--split", default="test", choices=["valid", "test"])
     e.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     e.set_defaults(func=cmd_eval)
+
+    c = sub.add_parser("compare", help="paired comparison of two runs' metrics on the same users "
+                                       "(bootstrap over users)")
+    c.add_argument("run_a", help="run directory A (the baseline)")
+    c.add_argument("run_b", help="run directory B")
+    c.add_argument("--split", default="test", choices=["valid", "test"])
+    c.add_argument("--checkpoint", default="best", choices=["best", "latest"])
+    c.add_argument("--samples", type=int, default=5000, help="bootstrap samples")
+    c.add_argument("--out", help="also write the result as JSON here")
+    c.set_defaults(func=cmd_compare)
 
     d = sub.add_parser("data", help="prepare a dataset into a sequence store")
     dsub = d.add_subparsers(dest="data_command", required=True)

@@ -58,3 +58,15 @@ def test_prepare_synthetic_then_train_on_the_store_and_eval(tmp_path, tiny_overr
     assert p.returncode == 0, p.stderr[-3000:]
     again = json.loads(p.stdout)
     assert again["hr@10"] == result["test"]["hr@10"] and again["count"] == 120
+    # the per-user ranks behind those metrics are saved, and a run compared with itself differs by nothing
+    import numpy as np
+    from mindgr.train.compare import per_user_metrics
+    with np.load(again["ranks_file"]) as f:
+        ranks = f["ranks"]
+    assert (ranks >= 0).all() and per_user_metrics(ranks, [10])["hr@10"].mean() == again["hr@10"]
+    p = run("compare", str(tmp_path / "tiny"), str(tmp_path / "tiny"), "--samples", "200",
+            "--out", str(tmp_path / "cmp.json"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    cmp = json.loads((tmp_path / "cmp.json").read_text())
+    assert cmp["users"] == 120 and cmp["metrics"]["ndcg@10"]["ci95"] == [0.0, 0.0]
+    assert "not distinguishable" in p.stdout

@@ -445,6 +445,14 @@ def evaluate_run(run_dir: Path, split: str = "test", which: str = "best") -> dic
         restore_parameters(model.encoder, encoder, str(path))
     from mindgr.train.evaluate import evaluate
     model.encoder.set_train(False)
-    metrics = evaluate(model.encode_last, model.item_table(), data.eval[split], getattr(data.split, split),
-                       cfg.eval.ks)
-    return {"run": str(run_dir), "split": split, "checkpoint": path.name, "step": meta.get("step"), **metrics}
+    evalset = getattr(data.split, split)
+    metrics, ranks = evaluate(model.encode_last, model.item_table(), data.eval[split], evalset, cfg.eval.ks,
+                              per_user=True)
+    # Per-user ranks, for a paired comparison with another run (`mindgr compare`).
+    ranks_path = run_dir / "ranks" / f"{split}-{which}.npz"
+    ranks_path.parent.mkdir(exist_ok=True)
+    tmp = ranks_path.with_name(ranks_path.stem + ".tmp.npz")
+    np.savez(tmp, ranks=ranks, targets=np.asarray(evalset.targets, np.int64), checkpoint=path.name)
+    os.replace(tmp, ranks_path)
+    return {"run": str(run_dir), "split": split, "checkpoint": path.name, "step": meta.get("step"), **metrics,
+            "ranks_file": str(ranks_path)}
