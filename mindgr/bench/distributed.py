@@ -32,7 +32,11 @@ def _tokens_per_s(run_dir: Path, warmup: int) -> dict:
     # CPU seconds all ranks spent per wall second (rank 0's cpu_util scaled by the ranks' CPU shares).
     cores = [r["cpu_util"] * (sum(r["rank_cpu_s"]) / r["rank_cpu_s"][0] if "rank_cpu_s" in r else 1.0)
              for r in rows]
-    return {"tokens_per_s": float(tps.mean()), "windows": len(rows), "window_tokens_per_s": tps.tolist(),
+    # Where a 2-process step goes (per rank, logged by the DistributedTrainer): the local forward +
+    # backward (wall and CPU) and the gradient all-reduce + optimizer update.
+    parts = {k: float(np.mean([np.mean(r[k]) for r in rows])) for k in ("rank_step_s", "rank_step_cpu_s",
+                                                                           "reduce_apply_s") if rows and k in rows[0]}
+    return {**parts, "tokens_per_s": float(tps.mean()), "windows": len(rows), "window_tokens_per_s": tps.tolist(),
             "cores_busy": float(np.mean(cores)), "tokens_per_cpu_s": float(np.mean(tps / np.array(cores))),
             "step_time_s": float(np.mean([r["step_time_s"] for r in rows])),
             "fill": float(np.mean([r["fill"] for r in rows]))}
@@ -78,7 +82,9 @@ def bench_scaling(config=None, overrides=(), steps: int = 30, out: str | None = 
     for r in runs:
         print(f"{r['name']:8s} {r['nproc']} proc: {r['tokens_per_s']:8.0f} real tokens/s, step "
               f"{r['step_time_s'] * 1e3:.0f} ms, fill {r['fill']:.3f}, {r['cores_busy']:.2f} cores busy, "
-              f"{r['tokens_per_cpu_s']:.0f} tokens/CPU-s (load before {r['load_before']['loadavg_1m']:.2f})")
+              f"{r['tokens_per_cpu_s']:.0f} tokens/CPU-s (load before {r['load_before']['loadavg_1m']:.2f})"
+              + (f"; per rank: forward+backward {r['rank_step_s'] * 1e3:.0f} ms ({r['rank_step_cpu_s'] * 1e3:.0f} ms "
+                 f"CPU), all-reduce + update {r['reduce_apply_s'] * 1e3:.1f} ms" if "reduce_apply_s" in r else ""))
     print(f"scaling efficiency (2 processes vs 2 x 1 process, one thread each): side by side "
           f"{result['scaling_efficiency']:.3f}; vs 1 process alone {result['scaling_efficiency_vs_alone']:.3f}; "
           f"per CPU second {result['cpu_time_efficiency']:.3f}")
