@@ -81,6 +81,10 @@ class LossConfig:
     in_batch_size: int = field(default=1024, metadata=_rng(lo=1))  # distinct targets kept, in_batch / mixed
     sampling: str = field(default="uniform", metadata=_rng(choices=["uniform", "popularity"]))  # the pool's q
     logq: bool = True                          # logQ correction of shared candidates
+    # What the shared candidates' sum estimates: the softmax over the whole catalogue ("full"), or the
+    # per-token sampled softmax over num_negatives uniform negatives ("per_token": every candidate weighs
+    # R/V, the published objective in expectation, with K/R times more samples behind it).
+    pool_estimate: str = field(default="full", metadata=_rng(choices=["full", "per_token"]))
     fp16_negatives: bool = False               # hold shared candidate embeddings and scores in float16
     temperature: float = field(default=0.05, metadata=_rng(lo=0.0, lo_open=True))
 

@@ -102,3 +102,18 @@ def test_bench_negatives_summary_and_missing_data(tmp_path, capsys):
     cfg = str(REPO / "configs" / "ml-1m" / "hstu.yaml")
     path, reason = NEGATIVE_VARIANTS.prepare(cfg, [f"data.path={tmp_path / 'none.txt'}"])
     assert path is None and "none.txt not found" in reason
+
+
+def test_pool_estimating_the_per_token_softmax_shifts_logq_by_log_v_over_r():
+    """pool_estimate=per_token: a uniform pool of K scores each candidate with c = log(K / R), so the
+    pool's sum is R / K of the raw sum: the expected per-token sum over R uniform negatives."""
+    freq = np.concatenate([[0.0], np.full(10, 0.1)])
+    ids, corr = sampler("shared_pool", freq, pool_size=40, num_negatives=4,
+                        pool_estimate="per_token").draw(np.random.default_rng(0), np.zeros(32, np.int32))
+    np.testing.assert_allclose(corr, np.log(40 / 4), rtol=1e-6)
+    _, corr_full = sampler("shared_pool", freq, pool_size=40, num_negatives=4).draw(
+        np.random.default_rng(0), np.zeros(32, np.int32))
+    np.testing.assert_allclose(corr_full, np.log(40 / 10), rtol=1e-6)
+    ids, corr = sampler("in_batch", freq, in_batch_size=5, num_negatives=4,
+                        pool_estimate="per_token").draw(np.random.default_rng(0), np.array([3] + [0] * 31))
+    assert corr[0] == pytest.approx(np.log(0.1) + np.log(10 / 4), rel=1e-5) and not corr[1:].any()  # unused slots: 0

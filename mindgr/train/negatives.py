@@ -9,6 +9,8 @@ Shared strategies also return c [K], the logQ correction per candidate: log of t
 count in the set (K q_j when K ids are drawn from q; 1 - (1 - p_j)^n for an item of unigram frequency p_j
 among n in-batch targets, times m/u when only m of the u distinct targets are kept). Subtracting it from the logit makes the negatives' sum an importance-sampling
 estimate of the full softmax denominator. With loss.logq=false, c = 0.
+With loss.pool_estimate=per_token, log(V / R) is added to c: the sum then estimates the per-token sampled
+softmax's denominator over R uniform negatives, which is (R / V) x the full sum, instead of the full sum.
 """
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ class NegativeSampler:
         self.num_items, self.token_capacity = num_items, token_capacity
         self.num_negatives, self.pool_size = loss_cfg.num_negatives, loss_cfg.pool_size
         self.in_batch_size, self.logq = loss_cfg.in_batch_size, loss_cfg.logq
+        # log(V / R): each candidate stands for R / V of the catalogue (loss.pool_estimate=per_token)
+        self.estimate_shift = (np.log(num_items / loss_cfg.num_negatives)
+                               if loss_cfg.pool_estimate == "per_token" else 0.0)
         self.popularity = loss_cfg.sampling == "popularity"
         self.freq = frequencies
         q = frequencies[1:] if self.popularity else np.full(num_items, 1.0 / num_items)
@@ -82,4 +87,5 @@ class NegativeSampler:
             corr = corr + np.log(2.0)  # two estimates of the same sum: average them
         if not self.logq:
             corr = np.zeros_like(corr)
+        corr = np.where(ids > 0, corr + self.estimate_shift, corr)
         return ids, corr.astype(np.float32)
