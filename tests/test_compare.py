@@ -38,3 +38,7 @@ def test_compare_ranks_skips_unevaluated_users_and_refuses_other_targets():
     assert r["metrics"]["hr@10"]["diff"] == pytest.approx(1 / 4)
     with pytest.raises(ValueError, match="different users or targets"):
         compare_ranks(a, targets, b, targets[::-1], ks=(10,))
+    with pytest.raises(ValueError, match="no user was evaluated by both"):
+        compare_ranks(np.full(6, -1), targets, b, targets, ks=(10,))
+    with pytest.raises(ValueError, match="at least 1"):
+        compare_ranks(a, targets, b, targets, ks=(10,), samples=0)

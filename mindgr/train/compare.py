@@ -31,10 +31,12 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, samples: int = 5000, seed: in
                      chunk: int = 500) -> dict:
     """Mean of b - a over users, its 95% paired-bootstrap interval and the two-sided bootstrap p-value
     (twice the smaller share of resampled means on either side of 0)."""
+    if samples < 1:
+        raise ValueError(f"bootstrap samples = {samples}: need at least 1 (e.g. --samples 5000)")
     d = np.asarray(b, np.float64) - np.asarray(a, np.float64)
     n = len(d)
     if n == 0:
-        raise ValueError("paired_bootstrap: no users to compare")
+        raise ValueError("no user was evaluated by both runs: nothing to compare")
     rng = np.random.default_rng(seed)
     means = np.concatenate([d[rng.integers(0, n, (min(chunk, samples - lo), n))].mean(1)
                             for lo in range(0, samples, chunk)])
