@@ -83,7 +83,8 @@ class LossConfig:
     logq: bool = True                          # logQ correction of shared candidates
     # What the shared candidates' sum estimates: the softmax over the whole catalogue ("full"), or the
     # per-token sampled softmax over num_negatives uniform negatives ("per_token": every candidate weighs
-    # R/V, the published objective in expectation, with K/R times more samples behind it).
+    # R/V, the published objective in expectation, with K/R times more samples behind it). Measured on
+    # ML-1M: "per_token" trained worse than both "full" and per_token negatives (benchmarks/results/negatives.md).
     pool_estimate: str = field(default="full", metadata=_rng(choices=["full", "per_token"]))
     fp16_negatives: bool = False               # hold shared candidate embeddings and scores in float16
     temperature: float = field(default=0.05, metadata=_rng(lo=0.0, lo_open=True))
