@@ -86,7 +86,7 @@ def test_ml1m_sequences_take_timestamps_for_the_users_a_ratings_file_covers(tmp_
     store = read_movielens_1m(seqs, timestamps=ratings)
     assert _raw(store, 0) == [30, 10, 20] and store.time_seqs[0].tolist() == [100, 200, 200]
     assert store.time_seqs[1].tolist() == [0, 0]              # user 2 is not covered: no time information
-    assert "for 1 of 2 users" in capsys.readouterr().out
+    assert "for 1 of 2 users" in capsys.readouterr().err        # stderr: stdout carries results (mindgr eval)
 
 
 @pytest.mark.parametrize("ratings, pattern", [

@@ -1,5 +1,6 @@
 """MovieLens readers: ML-1M (ratings.dat[.gz] or sequences.txt) and ML-100K (u.data)."""
 import gzip
+import sys
 import zlib
 from pathlib import Path
 
@@ -134,7 +135,7 @@ def _attach_times(seq_path, user_ids, seqs, ratings_path, lenient):
         out.append(t)
         with_times += 1
     print(f"{seq_path.name}: timestamps from {ratings_path.name} for {with_times} of {len(seqs)} users "
-          f"(the other {len(seqs) - with_times}: zeros, no time information)")
+          f"(the other {len(seqs) - with_times}: zeros, no time information)", file=sys.stderr)  # stdout: results
     return out
 
 
