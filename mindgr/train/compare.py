@@ -12,19 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def per_user_metrics(ranks: np.ndarray, ks) -> dict:
-    """{metric: [U] per-user values} from 0-based target ranks; their means are ranking_metrics."""
-    ranks = np.asarray(ranks, np.float64)
-    gain = 1.0 / np.log2(ranks + 2.0)
-    out = {}
-    for k in ks:
-        hit = (ranks < k).astype(np.float64)
-        out[f"hr@{k}"] = hit
-        if k > 1:
-            out[f"ndcg@{k}"] = gain * hit
-    out["mrr"] = 1.0 / (ranks + 1.0)
-    return out
+from mindgr.train.metrics import per_user_metrics
 
 
 def paired_bootstrap(a: np.ndarray, b: np.ndarray, samples: int = 5000, seed: int = 0,

@@ -21,19 +21,28 @@ def target_ranks(scores: np.ndarray, targets: np.ndarray, histories: list) -> np
     return (scores > target_scores[:, None]).sum(1)
 
 
+def per_user_metrics(ranks: np.ndarray, ks) -> dict:
+    """{metric: [U] per-user values} from 0-based target ranks: hit@K, the NDCG@K gain (one relevant
+    item: 1/log2(rank+2) if rank < K) and 1/(rank+1). Their means are ranking_metrics; paired
+    comparisons of two runs (mindgr.train.compare) use the per-user values."""
+    ranks = np.asarray(ranks, np.float64)
+    gain = 1.0 / np.log2(ranks + 2.0)
+    out = {}
+    for k in ks:
+        hit = (ranks < k).astype(np.float64)
+        out[f"hr@{k}"] = hit
+        if k > 1:
+            out[f"ndcg@{k}"] = gain * hit
+    out["mrr"] = 1.0 / (ranks + 1.0)
+    return out
+
+
 def ranking_metrics(ranks: np.ndarray, ks=(1, 10, 50, 200)) -> dict:
-    """HR@K, NDCG@K (one relevant item: 1/log2(rank+2) if rank < K) and MRR from 0-based ranks."""
-    ranks = np.asarray(ranks, dtype=np.float64)
+    """HR@K, NDCG@K and MRR from 0-based ranks: the means of per_user_metrics."""
     out = {"count": int(len(ranks))}
     if len(ranks) == 0:
         return out
-    gain = 1.0 / np.log2(ranks + 2.0)
-    for k in ks:
-        hit = ranks < k
-        out[f"hr@{k}"] = float(hit.mean())
-        if k > 1:
-            out[f"ndcg@{k}"] = float((gain * hit).mean())
-    out["mrr"] = float((1.0 / (ranks + 1.0)).mean())
+    out.update({name: float(values.mean()) for name, values in per_user_metrics(ranks, ks).items()})
     return out
 
 
