@@ -79,9 +79,11 @@ def cmd_bench(args) -> int:
     if args.what in ("balance", "distributed"):
         if args.what == "balance":
             from mindgr.bench.balance import bench_balance as bench
-        else:
+        elif args.method == "runs":
             from mindgr.bench.distributed import bench_scaling as bench
-        bench(args.config, _overrides(args), steps=args.steps, out=args.out,
+        else:
+            from mindgr.bench.distributed import bench_scaling_blocks as bench
+        bench(args.config, _overrides(args), steps=args.steps, out=args.out, rounds=args.rounds or 8,
               ranks=[int(r) for r in args.ranks.split(",")], real=not args.no_real)
         return 0
     if args.what == "sparse":
@@ -97,7 +99,7 @@ def cmd_bench(args) -> int:
     if args.what == "pipeline":
         from mindgr.bench.pipeline import bench_pipeline
         _load(args)
-        bench_pipeline(args.config, _overrides(args), steps=args.steps, rounds=args.rounds, out=args.out)
+        bench_pipeline(args.config, _overrides(args), steps=args.steps, rounds=args.rounds or 3, out=args.out)
         return 0
     if args.what == "negatives":
         from mindgr.bench.backends import bench_variants
@@ -178,7 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--train", action="store_true", help="sparse: train the staleness runs on 4 processes first")
     b.add_argument("--taus", default="0,1,2", help="sparse --train: staleness values")
     b.add_argument("--out-dir", default="runs/bench-sparse", help="sparse --train: where the runs go")
-    b.add_argument("--rounds", type=int, default=3, help="pipeline: alternating blocks of --steps per variant")
+    b.add_argument("--rounds", type=int, default=None,
+                   help="pipeline (default 3), distributed (default 8): rounds of alternating blocks of --steps")
+    b.add_argument("--method", choices=["blocks", "runs"], default="blocks",
+                   help="distributed: alternate 1- and 2-process blocks in two long-lived processes (blocks), or "
+                        "separate training jobs one after another (runs)")
     b.set_defaults(func=cmd_bench)
     return p
 

@@ -3,7 +3,14 @@
 efficiency = tokens/s with 2 processes / (2 x tokens/s with 1 process), one compute thread per process
 (parallel.threads=1), on the same KuaiRand-like benchmark (mindgr.bench.distributed_common). Each
 process runs the same graph shape: the 1-process runs train at the per-rank capacities of the
-2-process run. Two ways to get "tokens/s with 1 process":
+2-process run.
+
+Method `blocks` (default, bench_scaling_blocks): two long-lived msrun processes alternate short blocks
+of 2-process and 1-process training (mindgr.bench.scaling_blocks); each round's blocks are seconds
+apart, so a shared machine's drift hits both sides alike, and the spread over rounds is reported.
+
+Method `runs` (bench_scaling): separate training jobs, one after another. Two ways to get "tokens/s with
+1 process":
   side by side  two independent 1-process runs at the same time, before and after the 2-process run:
                 as many of our processes compete for the cores as in the 2-process run, so load from
                 other jobs on a shared machine weighs on both sides alike (the headline figure);
@@ -15,6 +22,7 @@ the logging collectives. Also reported: real tokens per CPU-second of all proces
 """
 from __future__ import annotations
 
+import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +32,8 @@ import numpy as np
 from mindgr.bench import write_result
 from mindgr.bench.distributed_common import (BENCH_OVERRIDES, RANK_ROWS, RANK_TOKENS, SLACK, machine_load,
                                              read_jsonl, run_training, temp_dir)
+from mindgr.bench.scaling_blocks import VARIANTS
+from mindgr.parallel.launch import run_job
 
 
 def _tokens_per_s(run_dir: Path, warmup: int) -> dict:
@@ -88,4 +98,96 @@ def bench_scaling(config=None, overrides=(), steps: int = 30, out: str | None = 
     print(f"scaling efficiency (2 processes vs 2 x 1 process, one thread each): side by side "
           f"{result['scaling_efficiency']:.3f}; vs 1 process alone {result['scaling_efficiency_vs_alone']:.3f}; "
           f"per CPU second {result['cpu_time_efficiency']:.3f}")
+    return write_result(result, out)
+
+
+def round_sums(blocks: list[dict]) -> dict:
+    """Per complete round and variant: real tokens and wall seconds, as arrays over rounds.
+
+    two: the global batch's tokens (rank 0's count) over the slower rank's wall; pair: both ranks'
+    tokens over both ranks' walls (the mean 1-process rate); alone: the one running rank's."""
+    rounds = sorted(r for r in {b["round"] for b in blocks}
+                    if all(any(b["round"] == r and b["variant"] == v for b in blocks) for v in VARIANTS))
+    sums = {"round": np.array(rounds)}
+    for v in VARIANTS:
+        tok, wall = [], []
+        for r in rounds:
+            sel = [b for b in blocks if b["round"] == r and b["variant"] == v]
+            if v in ("two", "local"):
+                tok.append(next(b["tokens"] for b in sel if b["rank"] == 0))
+                wall.append(max(b["wall_s"] for b in sel))
+            else:
+                tok.append(sum(b["tokens"] for b in sel))
+                wall.append(sum(b["wall_s"] for b in sel))
+        sums[v] = (np.array(tok, np.float64), np.array(wall, np.float64))
+    return sums
+
+
+def efficiencies(sums: dict, idx) -> dict:
+    """tokens/s of each variant and the two efficiencies, pooled over the rounds at positions `idx`
+    (repeats allowed: the bootstrap resamples rounds)."""
+    rate = {v: sums[v][0][idx].sum() / sums[v][1][idx].sum() for v in VARIANTS}
+    return {**rate, "eff_side_by_side": rate["two"] / (2 * rate["pair"]),
+            "eff_vs_alone": rate["two"] / (2 * rate["alone"])}
+
+
+def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int = 12, out: str | None = None,
+                         timeout: float = 3600, samples: int = 2000, **_) -> dict:
+    import sys
+    work = Path(temp_dir("mindgr-bench-blocks-"))
+    result_path = work / "blocks.json"
+    cmd = [sys.executable, "-m", "mindgr.parallel.launch", "--nproc", "2", "--threads", "1", "--log-dir",
+           str(work / "msrun"), "--", "-m", "mindgr.bench.scaling_blocks", "--out", str(result_path),
+           "--rounds", str(rounds), "--steps", str(steps), *(["--config", config] if config else []), *overrides]
+    load_before = machine_load()
+    code, _out, err, timed_out = run_job(cmd, timeout)
+    if timed_out or code != 0 or not result_path.is_file():
+        raise RuntimeError(f"bench distributed (blocks) failed (exit {code}, timed out {timed_out}); logs in "
+                           f"{work / 'msrun'}:\n{err[-3000:]}")
+    raw = json.loads(result_path.read_text())
+    blocks = raw["blocks"]
+    sums = round_sums(blocks)
+    n = len(sums["round"])
+    if n == 0:
+        raise RuntimeError("bench distributed (blocks): no complete round was timed")
+    pooled = efficiencies(sums, np.arange(n))
+    per_round = [{"round": int(r), **{k: float(v) for k, v in efficiencies(sums, [k]).items()}}
+                 for k, r in enumerate(sums["round"])]
+    # 95% interval of the pooled efficiencies: bootstrap over rounds (each round is one paired comparison).
+    rng = np.random.default_rng(0)
+    boot = [efficiencies(sums, rng.integers(0, n, n)) for _ in range(samples)]
+    interval = {k: np.percentile([b[k] for b in boot], [2.5, 97.5]).tolist()
+                for k in ("eff_side_by_side", "eff_vs_alone")}
+    def per_step_ms(key, variant):
+        sel = [b for b in blocks if b["variant"] == variant]
+        return 1e3 * sum(b[key] for b in sel) / sum(b["steps"] for b in sel)
+    step_ms = {v: per_step_ms("step_s", v) for v in VARIANTS}
+    # Per rank and step: wall, CPU of the whole process and of the input thread's preparation.
+    cost_ms = {v: {k: per_step_ms(k, v) for k in ("wall_s", "cpu_s", "host_cpu_s")} for v in VARIANTS}
+    result = {"method": "blocks", "rank_tokens": raw["rank_tokens"], "rank_rows": raw["rank_rows"],
+              "rounds": rounds, "steps_per_block": steps, "overrides": list(overrides),
+              "tokens_per_s": {k: float(pooled[k]) for k in VARIANTS},
+              "scaling_efficiency": float(pooled["eff_side_by_side"]),
+              "scaling_efficiency_vs_alone": float(pooled["eff_vs_alone"]),
+              "interval95": interval, "step_ms_in_graph": step_ms, "per_rank_step_ms": cost_ms, "per_round": per_round, "blocks": blocks,
+              "load_before": load_before, "load_after": machine_load()}
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"bench distributed (blocks): {len(per_round)} rounds x {steps} steps per block, per rank "
+          f"{raw['rank_tokens']} tokens x {raw['rank_rows']} rows, one thread per process")
+    print(f"  {'round':>5s} {'2 proc tok/s':>13s} {'1 proc side by side':>20s} {'1 proc alone':>13s} "
+          f"{'eff side':>9s} {'eff alone':>10s}")
+    for p in per_round:
+        print(f"  {p['round']:5d} {p['two']:13.0f} {p['pair']:20.0f} {p['alone']:13.0f} "
+              f"{p['eff_side_by_side']:9.3f} {p['eff_vs_alone']:10.3f}")
+    two = [b for b in blocks if b["variant"] == "two"]
+    split = {k: 1e3 * sum(b[k] for b in two) / sum(b["steps"] for b in two) for k in ("local_s", "apply_s")}
+    result["two_step_split_ms"] = split
+    print(f"  mean time in the compiled step(s): 2 proc {step_ms['two']:.0f} ms (forward+backward "
+          f"{split['local_s']:.0f} ms, all-reduce + update {split['apply_s']:.0f} ms), 2 proc without them "
+          f"{step_ms['local']:.0f} ms, side by side {step_ms['pair']:.0f} ms, alone {step_ms['alone']:.0f} ms")
+    print("  per rank and step (wall / process CPU / of which input preparation): " + ", ".join(
+        f"{v} {c['wall_s']:.0f} / {c['cpu_s']:.0f} / {c['host_cpu_s']:.1f} ms" for v, c in cost_ms.items()))
+    print(f"scaling efficiency (pooled over rounds): side by side {pooled['eff_side_by_side']:.3f} "
+          f"[95% {interval['eff_side_by_side'][0]:.3f}, {interval['eff_side_by_side'][1]:.3f}]; vs 1 process "
+          f"alone {pooled['eff_vs_alone']:.3f} [{interval['eff_vs_alone'][0]:.3f}, {interval['eff_vs_alone'][1]:.3f}]")
     return write_result(result, out)

@@ -6,9 +6,10 @@ count and the data cursor (epoch, batch) means the same thing. Each global batch
 mindgr.parallel.balance; per-rank capacities are the global ones / world, plus parallel.capacity_slack
 headroom (without it a 99.9%-full global batch often has no split that fits, let alone a balanced one).
 
-Host draws (negatives, dropout masks) are made for the GLOBAL batch exactly as one process draws them,
-then each rank takes the rows of its own tokens: a token sees the same negatives and masks whatever the
-number of ranks, so 1 and N processes train the same model (up to float summation order).
+Host draws are those of one process: negatives are drawn for the GLOBAL batch and each rank takes the
+rows of its own tokens; dropout masks are drawn for the rank's own token rows only (mindgr.train.masks
+can jump to any row). A token sees the same negatives and masks whatever the number of ranks, so 1 and
+N processes train the same model (up to float summation order).
 """
 from __future__ import annotations
 

@@ -124,8 +124,8 @@ class DistributedTrainer(Trainer):
             self.seq_draws = SequenceDraws(cfg.run.seed, self.data.num_items, cfg.loss.num_negatives,
                                            cfg.model.dropout, sites, width)
         elif world > 8:
-            self.log.info(f"note: parallel.draws=global makes every rank draw negatives and masks for the whole "
-                          f"global batch ({world} ranks' tokens); parallel.draws=sequence draws only its own")
+            self.log.info(f"note: parallel.draws=global makes every rank draw the negatives of the whole global "
+                          f"batch ({world} ranks' tokens); parallel.draws=sequence draws only its own")
         cm = self.cost_model
         self.log.info(f"parallel: {world} ranks ({self.ctx.backend}), per rank {self.rank_tokens} tokens x "
                       f"{self.rank_rows} rows (global {tr.token_capacity} x {tr.row_capacity}, slack "
@@ -179,10 +179,10 @@ class DistributedTrainer(Trainer):
         if self.seq_draws is not None:
             negatives, drop = self.seq_draws.draw(epoch, share.indices, self.planner.lengths[share.indices],
                                                   self.rank_tokens)
-        else:                                                      # the single-process draws, global layout
-            negatives, drop = self.sampler.draw(epoch, b)
+        else:                    # the single-process draws: negatives of the global batch, masks of own rows
+            negatives = self.sampler.draw_negatives(epoch, b)
             negatives = local_rows(negatives, share.token_src, self.rank_tokens, fill=1)
-            drop = local_rows(drop, share.token_src, self.rank_tokens, fill=1.0, axis=1)
+            drop = self.sampler.masks.rows(epoch, b, share.token_src, self.rank_tokens)
         inputs = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.targets, negatives, drop,
                   np.float32(share.scale))
         return inputs, {"tokens": share.global_tokens,

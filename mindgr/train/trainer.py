@@ -82,9 +82,11 @@ class Model:
 
 
 class HostSampler:
-    """Negatives and dropout masks for one batch, from a generator seeded by (seed, epoch, batch)."""
+    """Negatives and dropout masks for one batch: negatives from a generator seeded by (seed, epoch,
+    batch), masks from mindgr.train.masks (a stream of their own, so that a rank can draw its rows)."""
 
     def __init__(self, cfg: Config, num_items: int, encoder, token_capacity: int, frequencies=None):
+        from mindgr.train.masks import DropoutMasks
         from mindgr.train.negatives import NegativeSampler
         self.seed, self.num_items = cfg.run.seed, num_items
         self.num_negatives, self.p = cfg.loss.num_negatives, cfg.model.dropout
@@ -93,17 +95,17 @@ class HostSampler:
         if frequencies is None:
             frequencies = np.concatenate([[0.0], np.full(num_items, 1.0 / num_items)])
         self.negatives = NegativeSampler(cfg.loss, num_items, frequencies, token_capacity)
-        self._ones = np.ones(self.shape, np.float32)
+        self.masks = DropoutMasks(cfg.run.seed, self.p, self.shape)
 
-    def draw(self, epoch: int, batch: int, targets=None):
-        """(negatives, dropout masks): negatives are ids [T, R] (per_token) or (ids [K], logQ [K])."""
+    def draw_negatives(self, epoch: int, batch: int, targets=None):
+        """ids [T, R] (per_token) or (ids [K], logQ [K])."""
         rng = np.random.default_rng([self.seed, epoch, batch, 7])
         drawn = self.negatives.draw(rng, targets if targets is not None else np.zeros(0, np.int32))
-        negatives = drawn[0] if len(drawn) == 1 else drawn
-        if self.p == 0:
-            return negatives, self._ones
-        keep = rng.random(self.shape, dtype=np.float32) >= self.p
-        return negatives, keep.astype(np.float32) * np.float32(1.0 / (1.0 - self.p))
+        return drawn[0] if len(drawn) == 1 else drawn
+
+    def draw(self, epoch: int, batch: int, targets=None):
+        """(negatives, dropout masks [sites, T, width]) of the whole batch."""
+        return self.draw_negatives(epoch, batch, targets), self.masks.batch(epoch, batch)
 
 
 class StopSignals:

@@ -1,0 +1,151 @@
+"""Rank program of `mindgr bench distributed` (blocks method): scaling efficiency measured by alternating
+short blocks of 1- and 2-process training inside the same two long-lived processes.
+
+    python -m mindgr.parallel.launch --nproc 2 --threads 1 --log-dir D -- \
+        -m mindgr.bench.scaling_blocks --out D/blocks.json --rounds 12 --steps 10 [SECTION.KEY=VALUE ...]
+
+Every rank builds two trainers on the benchmark model: the data-parallel one (DistributedTrainer, global
+batch = 2 x the per-rank capacity) and a single-process one (Trainer, own weights, batch = the per-rank
+capacity, no collective). Each round runs, in a rotating order and each after a barrier:
+  two     both ranks train the data-parallel model together (gradient AllReduce every step);
+  local   both ranks run the data-parallel trainer's steps without the all-reduce and the update (its
+          host path and forward + backward alone; attributes the cost of `two`; weights do not change);
+  pair    both ranks train their own single-process model at the same time (side by side: as many
+          busy processes as in `two`, no communication);
+  alone   one rank trains its single-process model while the other waits in a barrier (a rank waiting
+          in a collective burns no CPU, measured: docs in benchmarks/results/distributed.md); the
+          waiting rank alternates between rounds.
+Blocks of the same round are seconds apart, so slow drift of a shared machine hits every variant alike;
+the per-round ratios show what is left of the noise. tokens/s = real tokens / wall time of the block.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+_NO_SIGNAL = SimpleNamespace(signum=None)
+VARIANTS = ("two", "local", "pair", "alone")
+
+
+def run_block(trainer, steps: int) -> dict:
+    """`steps` training steps of `trainer`: wall seconds (pauses excluded), real tokens, step seconds."""
+    trainer.cfg.train.max_steps = trainer.step + steps
+    host = [0.0]                                       # CPU of the input thread's batch preparation
+    prepare = trainer._prepare
+
+    def timed_prepare(*args):
+        c0 = time.thread_time()
+        try:
+            return prepare(*args)
+        finally:
+            host[0] += time.thread_time() - c0
+    trainer._prepare = timed_prepare
+    window = {"loss": 0.0, "n": 0, "tokens": 0, "fill": 0.0, "step_s": 0.0, "flops": 0.0, "wait_s": 0.0,
+              "pause_s": 0.0, "t0": time.perf_counter(), "cpu0": time.process_time()}
+    try:
+        trainer._epochs(window, 1.0, _NO_SIGNAL)
+    finally:
+        del trainer._prepare
+    wall = time.perf_counter() - window["t0"] - window["pause_s"]
+    rec = {"wall_s": wall, "tokens": window["tokens"], "steps": window["n"], "step_s": window["step_s"],
+           "cpu_s": time.process_time() - window["cpu0"], "host_cpu_s": host[0], "local_s": 0.0, "apply_s": 0.0}
+    win = getattr(trainer, "_win", None)              # the DP trainer's per-step records: split the step
+    if win is not None:
+        rec["local_s"], rec["apply_s"] = float(sum(win["local"])), float(sum(win["apply"]))
+        for v in win.values():
+            v.clear()
+    return rec
+
+
+def _configs(config: str | None, overrides: list[str], run_dir: str):
+    from mindgr.bench.distributed_common import BENCH_OVERRIDES, RANK_ROWS, RANK_TOKENS, SLACK
+    from mindgr.config import load_config
+    from mindgr.parallel.plan import rank_capacities
+    t, b = rank_capacities(2 * RANK_TOKENS, 2 * RANK_ROWS, 2, SLACK)
+    quiet = ["eval.every_epochs=0", f"run.log_every={10 ** 9}", f"run.ckpt_every={10 ** 9}", "train.epochs=100000",
+             f"run.out_dir={run_dir}"]
+    common = BENCH_OVERRIDES + list(overrides) + quiet
+    two = load_config(config, common + [f"data.token_capacity={2 * RANK_TOKENS}", f"data.row_capacity={2 * RANK_ROWS}",
+                                      "run.name=two"])
+    one = [f"data.token_capacity={t}", f"data.row_capacity={b}"]
+    return two, one, common
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mindgr.bench.scaling_blocks")
+    ap.add_argument("--config", help="YAML config under the benchmark overrides (as `mindgr train --config`)")
+    ap.add_argument("--out", required=True, help="rank 0 writes the block timings (JSON) here")
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=10, help="training steps per block")
+    ap.add_argument("--warmup", type=int, default=4, help="untimed steps per trainer first (compile)")
+    ap.add_argument("overrides", nargs="*", help="SECTION.KEY=VALUE, applied to both trainers")
+    args = ap.parse_args(argv)
+
+    from mindgr.config import load_config
+    from mindgr.parallel import comm
+    from mindgr.parallel.context import init_distributed
+    ctx = init_distributed(1)                      # msrun's scheduler process stops in here
+    if ctx.world != 2:
+        raise SystemExit(f"scaling_blocks: needs exactly 2 ranks, got {ctx.world}")
+    from mindgr.parallel.trainer import DistributedTrainer
+    from mindgr.train.trainer import Trainer
+
+    run_dir = Path(args.out).resolve().parent / "runs"
+    two_cfg, one_capacity, common = _configs(args.config, args.overrides, str(run_dir))
+    one_cfg = load_config(args.config, common + one_capacity + [f"run.name=one-rank{ctx.rank}",
+                                                                f"run.seed={ctx.rank + 1}"])
+    t, b = one_cfg.data.token_capacity, one_cfg.data.row_capacity
+    dp = DistributedTrainer(two_cfg, quiet=True)
+    one = Trainer(one_cfg, quiet=True)
+    dp.watchdog.timeout = max(dp.watchdog.timeout, 60.0 * args.steps)   # the peer may be busy for a block
+    run_block(dp, args.warmup)
+    run_block(one, args.warmup)
+
+    blocks = []
+    for r in range(args.rounds):
+        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
+        for variant in order:
+            comm.barrier()
+            dp.watchdog.beat(f"block {variant} of round {r}")
+            if variant == "two":
+                rec = run_block(dp, args.steps)                # tokens: the global batch's, on each rank
+            elif variant == "local":
+                dp.dp.apply = lambda loss, grads: float(loss.asnumpy())
+                try:
+                    rec = run_block(dp, args.steps)
+                finally:
+                    del dp.dp.apply
+            elif variant == "pair" or ctx.rank == r % 2:
+                rec = run_block(one, args.steps)
+            else:
+                rec = None                                     # waiting in the barrier below
+            comm.barrier()
+            if rec is not None:
+                blocks.append({"round": r, "variant": variant, "rank": ctx.rank, **rec})
+
+    fields = ("round", "rank", "wall_s", "tokens", "steps", "step_s", "cpu_s", "host_cpu_s", "local_s", "apply_s")
+    mine = np.array([[blk[f] for f in fields] + [VARIANTS.index(blk["variant"])] for blk in blocks], np.float64)
+    every = comm.all_gather(mine.reshape(-1, len(fields) + 1))           # both ranks' blocks, stacked
+    if ctx.rank == 0:
+        rows = [{**dict(zip(fields, row[:-1].tolist())), "variant": VARIANTS[int(row[-1])]} for row in every]
+        for row in rows:
+            for f in ("round", "rank", "tokens", "steps"):
+                row[f] = int(row[f])
+        result = {"rank_tokens": t, "rank_rows": b, "rounds": args.rounds, "steps_per_block": args.steps,
+                  "overrides": args.overrides, "blocks": rows}
+        tmp = Path(args.out).with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(args.out)
+    comm.barrier()
+    dp.watchdog.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

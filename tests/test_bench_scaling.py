@@ -1,0 +1,30 @@
+"""The arithmetic of `mindgr bench distributed` (blocks method) on hand-made block timings."""
+import numpy as np
+
+from mindgr.bench.distributed import efficiencies, round_sums
+
+
+def _block(rnd, variant, rank, tokens, wall):
+    return {"round": rnd, "variant": variant, "rank": rank, "tokens": tokens, "wall_s": wall}
+
+
+def test_pooled_and_per_round_efficiencies():
+    blocks = []
+    for r, (two_wall, pair_walls, alone_wall) in enumerate([(2.0, (1.8, 2.2), 1.5), (4.0, (3.0, 3.0), 2.5)]):
+        # two: each rank logs the global batch's tokens; the slower rank's wall counts
+        blocks += [_block(r, "two", 0, 4000, two_wall), _block(r, "two", 1, 4000, two_wall - 0.5)]
+        blocks += [_block(r, "local", 0, 4000, 1.9), _block(r, "local", 1, 4000, 1.9)]
+        blocks += [_block(r, "pair", k, 2000, w) for k, w in enumerate(pair_walls)]
+        blocks.append(_block(r, "alone", r % 2, 2000, alone_wall))
+    blocks.append(_block(2, "two", 0, 4000, 1.0))             # an incomplete round is left out
+    sums = round_sums(blocks)
+    assert sums["round"].tolist() == [0, 1]
+    first = efficiencies(sums, [0])
+    assert np.isclose(first["two"], 2000.0) and np.isclose(first["pair"], 1000.0)
+    assert np.isclose(first["eff_side_by_side"], 1.0)
+    assert np.isclose(first["eff_vs_alone"], 2000.0 / (2 * 2000 / 1.5))
+    pooled = efficiencies(sums, np.arange(2))
+    assert np.isclose(pooled["two"], 8000 / 6.0)
+    assert np.isclose(pooled["pair"], 8000 / 10.0)
+    assert np.isclose(pooled["eff_side_by_side"], (8000 / 6.0) / (2 * 800.0))
+    assert np.isclose(efficiencies(sums, [1, 1])["eff_side_by_side"], efficiencies(sums, [1])["eff_side_by_side"])
