@@ -8,22 +8,8 @@ time of the block; input wait = time the loop waited for the next batch's host a
 from __future__ import annotations
 
 import tempfile
-import time
-from types import SimpleNamespace
 
-from mindgr.bench import write_result
-
-_NO_SIGNAL = SimpleNamespace(signum=None)
-
-
-def _run_block(trainer, steps: int) -> dict:
-    trainer.cfg.train.max_steps = trainer.step + steps
-    window = {"loss": 0.0, "n": 0, "tokens": 0, "fill": 0.0, "step_s": 0.0, "flops": 0.0, "wait_s": 0.0,
-              "pause_s": 0.0, "t0": time.perf_counter(), "cpu0": time.process_time()}
-    trainer._epochs(window, 1.0, _NO_SIGNAL)
-    wall = time.perf_counter() - window["t0"] - window["pause_s"]
-    return {"steps": window["n"], "wall_s": wall, "step_s": window["step_s"], "wait_s": window["wait_s"],
-            "tokens": window["tokens"]}
+from mindgr.bench import run_block, write_result
 
 
 def bench_pipeline(cfg_path: str, overrides, steps: int = 20, rounds: int = 3, prefetch: int = 2,
@@ -38,14 +24,14 @@ def bench_pipeline(cfg_path: str, overrides, steps: int = 20, rounds: int = 3, p
                                                          f"run.log_every={10 ** 9}", "run.ckpt_every=0"])
             c.run.out_dir, c.run.name = tmp, f"bench-{i}"
             t = Trainer(c, quiet=True)
-            _run_block(t, 2)                         # compile and warm up
+            run_block(t, 2)                         # compile and warm up
             trainers[name] = t
         totals = {name: {"steps": 0, "wall_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "tokens": 0} for name in variants}
         for _ in range(rounds):
             for name, t in trainers.items():
-                block = _run_block(t, steps)
-                for key, value in block.items():
-                    totals[name][key] += value
+                block = run_block(t, steps)
+                for key in totals[name]:
+                    totals[name][key] += block[key]
     result = {"config": cfg_path, "overrides": list(overrides), "steps_per_block": steps, "rounds": rounds,
               "variants": {}}
     for name, tot in totals.items():

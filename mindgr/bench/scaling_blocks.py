@@ -22,40 +22,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
-import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
-_NO_SIGNAL = SimpleNamespace(signum=None)
 VARIANTS = ("two", "local", "pair", "alone")
 
 
-def run_block(trainer, steps: int) -> dict:
-    """`steps` training steps of `trainer`: wall seconds (pauses excluded), real tokens, step seconds."""
-    trainer.cfg.train.max_steps = trainer.step + steps
-    host = [0.0]                                       # CPU of the input thread's batch preparation
-    prepare = trainer._prepare
-
-    def timed_prepare(*args):
-        c0 = time.thread_time()
-        try:
-            return prepare(*args)
-        finally:
-            host[0] += time.thread_time() - c0
-    trainer._prepare = timed_prepare
-    window = {"loss": 0.0, "n": 0, "tokens": 0, "fill": 0.0, "step_s": 0.0, "flops": 0.0, "wait_s": 0.0,
-              "pause_s": 0.0, "t0": time.perf_counter(), "cpu0": time.process_time()}
-    try:
-        trainer._epochs(window, 1.0, _NO_SIGNAL)
-    finally:
-        del trainer._prepare
-    wall = time.perf_counter() - window["t0"] - window["pause_s"]
-    rec = {"wall_s": wall, "tokens": window["tokens"], "steps": window["n"], "step_s": window["step_s"],
-           "cpu_s": time.process_time() - window["cpu0"], "host_cpu_s": host[0], "local_s": 0.0, "apply_s": 0.0}
-    win = getattr(trainer, "_win", None)              # the DP trainer's per-step records: split the step
+def run_dp_block(trainer, steps: int) -> dict:
+    """mindgr.bench.run_block, plus the data-parallel trainer's split of its steps (forward + backward,
+    all-reduce + update)."""
+    from mindgr.bench import run_block
+    rec = run_block(trainer, steps)
+    rec["local_s"] = rec["apply_s"] = 0.0
+    win = getattr(trainer, "_win", None)               # the DP trainer's per-step balance records
     if win is not None:
         rec["local_s"], rec["apply_s"] = float(sum(win["local"])), float(sum(win["apply"]))
         for v in win.values():
@@ -104,8 +84,8 @@ def main(argv=None) -> int:
     dp = DistributedTrainer(two_cfg, quiet=True)
     one = Trainer(one_cfg, quiet=True)
     dp.watchdog.timeout = max(dp.watchdog.timeout, 60.0 * args.steps)   # the peer may be busy for a block
-    run_block(dp, args.warmup)
-    run_block(one, args.warmup)
+    run_dp_block(dp, args.warmup)
+    run_dp_block(one, args.warmup)
 
     blocks = []
     for r in range(args.rounds):
@@ -114,15 +94,15 @@ def main(argv=None) -> int:
             comm.barrier()
             dp.watchdog.beat(f"block {variant} of round {r}")
             if variant == "two":
-                rec = run_block(dp, args.steps)                # tokens: the global batch's, on each rank
+                rec = run_dp_block(dp, args.steps)                # tokens: the global batch's, on each rank
             elif variant == "local":
                 dp.dp.apply = lambda loss, grads: float(loss.asnumpy())
                 try:
-                    rec = run_block(dp, args.steps)
+                    rec = run_dp_block(dp, args.steps)
                 finally:
                     del dp.dp.apply
             elif variant == "pair" or ctx.rank == r % 2:
-                rec = run_block(one, args.steps)
+                rec = run_dp_block(one, args.steps)
             else:
                 rec = None                                     # waiting in the barrier below
             comm.barrier()
