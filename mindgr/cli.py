@@ -76,15 +76,18 @@ def cmd_bench(args) -> int:
         p = peak_flops(refresh=args.refresh)
         print(f"peak fp32 GEMM (MindSpore MatMul): {p['flops_per_s'] / 1e9:.1f} GFLOP/s  [{p['method']}]")
         return 0
-    if args.what in ("balance", "distributed"):
-        if args.what == "balance":
-            from mindgr.bench.balance import bench_balance as bench
-        elif args.method == "runs":
-            from mindgr.bench.distributed import bench_scaling as bench
+    if args.what == "balance":
+        from mindgr.bench.balance import bench_balance
+        bench_balance(args.config, _overrides(args), steps=args.steps, out=args.out,
+                      ranks=[int(r) for r in args.ranks.split(",")], real=not args.no_real)
+        return 0
+    if args.what == "distributed":
+        from mindgr.bench.distributed import bench_scaling, bench_scaling_blocks
+        if args.method == "runs":
+            bench_scaling(args.config, _overrides(args), steps=args.steps, out=args.out)
         else:
-            from mindgr.bench.distributed import bench_scaling_blocks as bench
-        bench(args.config, _overrides(args), steps=args.steps, out=args.out, rounds=args.rounds or 8,
-              ranks=[int(r) for r in args.ranks.split(",")], real=not args.no_real)
+            bench_scaling_blocks(args.config, _overrides(args), steps=args.steps, rounds=args.rounds or 8,
+                                 out=args.out)
         return 0
     if args.what == "sparse":
         from mindgr.bench.sparse import bench_sparse

@@ -52,8 +52,7 @@ def _tokens_per_s(run_dir: Path, warmup: int) -> dict:
             "fill": float(np.mean([r["fill"] for r in rows]))}
 
 
-def bench_scaling(config=None, overrides=(), steps: int = 30, out: str | None = None, warmup: int = 5,
-                  **_) -> dict:
+def bench_scaling(config=None, overrides=(), steps: int = 30, out: str | None = None, warmup: int = 5) -> dict:
     from mindgr.parallel.plan import rank_capacities
     t, b = rank_capacities(2 * RANK_TOKENS, 2 * RANK_ROWS, 2, SLACK)
     out_dir = temp_dir("mindgr-bench-scaling-")
@@ -132,7 +131,7 @@ def efficiencies(sums: dict, idx) -> dict:
 
 
 def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int = 12, out: str | None = None,
-                         timeout: float = 3600, samples: int = 2000, **_) -> dict:
+                         timeout: float = 3600, samples: int = 2000) -> dict:
     import sys
     work = Path(temp_dir("mindgr-bench-blocks-"))
     result_path = work / "blocks.json"
