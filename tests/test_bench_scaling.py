@@ -14,7 +14,6 @@ def test_pooled_and_per_round_efficiencies():
         # two: each rank logs the global batch's tokens; the slower rank's wall counts
         blocks += [_block(r, "two", 0, 4000, two_wall), _block(r, "two", 1, 4000, two_wall - 0.5)]
         blocks += [_block(r, "local", 0, 4000, 1.9), _block(r, "local", 1, 4000, 1.9)]
-        blocks += [_block(r, "fused", 0, 4000, 2.5), _block(r, "fused", 1, 4000, 2.0)]
         blocks += [_block(r, "pair", k, 2000, w) for k, w in enumerate(pair_walls)]
         blocks.append(_block(r, "alone", r % 2, 2000, alone_wall))
     blocks.append(_block(2, "two", 0, 4000, 1.0))             # an incomplete round is left out
@@ -23,7 +22,6 @@ def test_pooled_and_per_round_efficiencies():
     first = efficiencies(sums, [0])
     assert np.isclose(first["two"], 2000.0) and np.isclose(first["pair"], 1000.0)
     assert np.isclose(first["eff_side_by_side"], 1.0)
-    assert np.isclose(first["eff_fused_side_by_side"], (4000 / 2.5) / (2 * 1000.0))
     assert np.isclose(first["eff_vs_alone"], 2000.0 / (2 * 2000 / 1.5))
     pooled = efficiencies(sums, np.arange(2))
     assert np.isclose(pooled["two"], 8000 / 6.0)

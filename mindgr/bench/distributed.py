@@ -112,7 +112,7 @@ def round_sums(blocks: list[dict]) -> dict:
         tok, wall = [], []
         for r in rounds:
             sel = [b for b in blocks if b["round"] == r and b["variant"] == v]
-            if v in ("two", "fused", "local"):
+            if v in ("two", "local"):
                 tok.append(next(b["tokens"] for b in sel if b["rank"] == 0))
                 wall.append(max(b["wall_s"] for b in sel))
             else:
@@ -127,7 +127,7 @@ def efficiencies(sums: dict, idx) -> dict:
     (repeats allowed: the bootstrap resamples rounds)."""
     rate = {v: sums[v][0][idx].sum() / sums[v][1][idx].sum() for v in VARIANTS}
     return {**rate, "eff_side_by_side": rate["two"] / (2 * rate["pair"]),
-            "eff_vs_alone": rate["two"] / (2 * rate["alone"]), "eff_fused_side_by_side": rate["fused"] / (2 * rate["pair"])}
+            "eff_vs_alone": rate["two"] / (2 * rate["alone"])}
 
 
 def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int = 12, out: str | None = None,
@@ -156,7 +156,7 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
     rng = np.random.default_rng(0)
     boot = [efficiencies(sums, rng.integers(0, n, n)) for _ in range(samples)]
     interval = {k: np.percentile([b[k] for b in boot], [2.5, 97.5]).tolist()
-                for k in ("eff_side_by_side", "eff_vs_alone", "eff_fused_side_by_side")}
+                for k in ("eff_side_by_side", "eff_vs_alone")}
     def per_step_ms(key, variant):
         sel = [b for b in blocks if b["variant"] == variant]
         return 1e3 * sum(b[key] for b in sel) / sum(b["steps"] for b in sel)
@@ -168,17 +168,16 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
               "tokens_per_s": {k: float(pooled[k]) for k in VARIANTS},
               "scaling_efficiency": float(pooled["eff_side_by_side"]),
               "scaling_efficiency_vs_alone": float(pooled["eff_vs_alone"]),
-              "scaling_efficiency_fused_graph": float(pooled["eff_fused_side_by_side"]),
               "interval95": interval, "step_ms_in_graph": step_ms, "per_rank_step_ms": cost_ms, "per_round": per_round, "blocks": blocks,
               "load_before": load_before, "load_after": machine_load()}
     shutil.rmtree(work, ignore_errors=True)
     print(f"bench distributed (blocks): {len(per_round)} rounds x {steps} steps per block, per rank "
           f"{raw['rank_tokens']} tokens x {raw['rank_rows']} rows, one thread per process")
     print(f"  {'round':>5s} {'2 proc tok/s':>13s} {'1 proc side by side':>20s} {'1 proc alone':>13s} "
-          f"{'eff side':>9s} {'eff alone':>10s} {'eff fused':>10s}")
+          f"{'eff side':>9s} {'eff alone':>10s}")
     for p in per_round:
         print(f"  {p['round']:5d} {p['two']:13.0f} {p['pair']:20.0f} {p['alone']:13.0f} "
-              f"{p['eff_side_by_side']:9.3f} {p['eff_vs_alone']:10.3f} {p['eff_fused_side_by_side']:10.3f}")
+              f"{p['eff_side_by_side']:9.3f} {p['eff_vs_alone']:10.3f}")
     two = [b for b in blocks if b["variant"] == "two"]
     split = {k: 1e3 * sum(b[k] for b in two) / sum(b["steps"] for b in two) for k in ("local_s", "apply_s")}
     result["two_step_split_ms"] = split
@@ -189,7 +188,5 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
         f"{v} {c['wall_s']:.0f} / {c['cpu_s']:.0f} / {c['host_cpu_s']:.1f} ms" for v, c in cost_ms.items()))
     print(f"scaling efficiency (pooled over rounds): side by side {pooled['eff_side_by_side']:.3f} "
           f"[95% {interval['eff_side_by_side'][0]:.3f}, {interval['eff_side_by_side'][1]:.3f}]; vs 1 process "
-          f"alone {pooled['eff_vs_alone']:.3f} [{interval['eff_vs_alone'][0]:.3f}, {interval['eff_vs_alone'][1]:.3f}]; "
-          f"one fused graph per step, side by side {pooled['eff_fused_side_by_side']:.3f} "
-          f"[{interval['eff_fused_side_by_side'][0]:.3f}, {interval['eff_fused_side_by_side'][1]:.3f}]")
+          f"alone {pooled['eff_vs_alone']:.3f} [{interval['eff_vs_alone'][0]:.3f}, {interval['eff_vs_alone'][1]:.3f}]")
     return write_result(result, out)

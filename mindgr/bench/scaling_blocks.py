@@ -8,8 +8,6 @@ Every rank builds two trainers on the benchmark model: the data-parallel one (Di
 batch = 2 x the per-rank capacity) and a single-process one (Trainer, own weights, batch = the per-rank
 capacity, no collective). Each round runs, in a rotating order and each after a barrier:
   two     both ranks train the data-parallel model together (gradient AllReduce every step);
-  fused   as `two`, with forward + backward, all-reduce and update compiled as ONE graph per step
-          (mindgr.parallel.dp.FusedStep) instead of two;
   local   both ranks run the data-parallel trainer's steps without the all-reduce and the update (its
           host path and forward + backward alone; attributes the cost of `two`; weights do not change);
   pair    both ranks train their own single-process model at the same time (side by side: as many
@@ -28,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-VARIANTS = ("two", "fused", "local", "pair", "alone")
+VARIANTS = ("two", "local", "pair", "alone")
 
 
 def run_dp_block(trainer, steps: int) -> dict:
@@ -86,8 +84,6 @@ def main(argv=None) -> int:
     dp = DistributedTrainer(two_cfg, quiet=True)
     one = Trainer(one_cfg, quiet=True)
     dp.watchdog.timeout = max(dp.watchdog.timeout, 60.0 * args.steps)   # the peer may be busy for a block
-    from mindgr.parallel.dp import FusedStep
-    fused = FusedStep(dp.dp.local, dp.dp.apply_cell)
     run_dp_block(dp, args.warmup)
     run_dp_block(one, args.warmup)
 
@@ -99,13 +95,6 @@ def main(argv=None) -> int:
             dp.watchdog.beat(f"block {variant} of round {r}")
             if variant == "two":
                 rec = run_dp_block(dp, args.steps)                # tokens: the global batch's, on each rank
-            elif variant == "fused":
-                dp.dp.grads = lambda *inputs: (fused(*inputs), None)
-                dp.dp.apply = lambda loss, grads: float(loss.asnumpy()[0])
-                try:
-                    rec = run_dp_block(dp, args.steps)
-                finally:
-                    del dp.dp.grads, dp.dp.apply
             elif variant == "local":
                 dp.dp.apply = lambda loss, grads: float(loss.asnumpy())
                 try:

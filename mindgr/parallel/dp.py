@@ -83,21 +83,6 @@ class ReduceApply(nn.Cell):
         return summed[-1]
 
 
-class FusedStep(nn.Cell):
-    """LocalGrads and ReduceApply compiled as ONE graph: one launch per step, no gradients handed back to
-    the host in between (the rank's own compute time is then not measurable apart). Compared with the
-    two graphs in `mindgr bench distributed` (variant `fused`)."""
-
-    def __init__(self, local, reduce_apply):
-        super().__init__()
-        self.local = local
-        self.reduce_apply = reduce_apply
-
-    def construct(self, ids, positions, offsets, timestamps, targets, negatives, drop, scale):
-        loss, grads = self.local(ids, positions, offsets, timestamps, targets, negatives, drop, scale)
-        return self.reduce_apply(loss.reshape((1,)), grads)
-
-
 class DataParallelStep:
     """Holds the two graphs; `grads()` is timed per rank, `apply()` synchronises the ranks."""
 
