@@ -86,8 +86,8 @@ def cmd_bench(args) -> int:
         if args.method == "runs":
             bench_scaling(args.config, _overrides(args), steps=args.steps, out=args.out)
         else:
-            bench_scaling_blocks(args.config, _overrides(args), steps=args.steps, rounds=args.rounds or 8,
-                                 out=args.out)
+            rounds = 8 if args.rounds is None else args.rounds
+            bench_scaling_blocks(args.config, _overrides(args), steps=args.steps, rounds=rounds, out=args.out)
         return 0
     if args.what == "sparse":
         from mindgr.bench.sparse import bench_sparse
@@ -102,7 +102,8 @@ def cmd_bench(args) -> int:
     if args.what == "pipeline":
         from mindgr.bench.pipeline import bench_pipeline
         _load(args)
-        bench_pipeline(args.config, _overrides(args), steps=args.steps, rounds=args.rounds or 3, out=args.out)
+        rounds = 3 if args.rounds is None else args.rounds
+        bench_pipeline(args.config, _overrides(args), steps=args.steps, rounds=rounds, out=args.out)
         return 0
     if args.what == "negatives":
         from mindgr.bench.backends import bench_variants

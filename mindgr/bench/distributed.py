@@ -133,6 +133,10 @@ def efficiencies(sums: dict, idx) -> dict:
 def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int = 12, out: str | None = None,
                          timeout: float = 3600, samples: int = 2000) -> dict:
     import sys
+    from mindgr.config import ConfigError, load_config
+    if rounds < 1 or steps < 1:
+        raise ConfigError(f"bench distributed: --rounds ({rounds}) and --steps ({steps}) must be >= 1")
+    load_config(config, BENCH_OVERRIDES + list(overrides))     # a bad override: one line here, not in 2 ranks
     work = Path(temp_dir("mindgr-bench-blocks-"))
     result_path = work / "blocks.json"
     cmd = [sys.executable, "-m", "mindgr.parallel.launch", "--nproc", "2", "--threads", "1", "--log-dir",

@@ -14,8 +14,10 @@ from mindgr.bench import run_block, write_result
 
 def bench_pipeline(cfg_path: str, overrides, steps: int = 20, rounds: int = 3, prefetch: int = 2,
                    out: str | None = None) -> dict:
-    from mindgr.config import load_config
+    from mindgr.config import ConfigError, load_config
     from mindgr.train.trainer import Trainer
+    if rounds < 1 or steps < 1:
+        raise ConfigError(f"bench pipeline: --rounds ({rounds}) and --steps ({steps}) must be >= 1")
     variants = {f"producer (prefetch {prefetch})": prefetch, "inline (prefetch 0)": 0}
     trainers = {}
     with tempfile.TemporaryDirectory() as tmp:
