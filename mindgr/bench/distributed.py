@@ -161,18 +161,21 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
     boot = [efficiencies(sums, rng.integers(0, n, n)) for _ in range(samples)]
     interval = {k: np.percentile([b[k] for b in boot], [2.5, 97.5]).tolist()
                 for k in ("eff_side_by_side", "eff_vs_alone")}
+
     def per_step_ms(key, variant):
         sel = [b for b in blocks if b["variant"] == variant]
         return 1e3 * sum(b[key] for b in sel) / sum(b["steps"] for b in sel)
     step_ms = {v: per_step_ms("step_s", v) for v in VARIANTS}
     # Per rank and step: wall, CPU of the whole process and of the input thread's preparation.
     cost_ms = {v: {k: per_step_ms(k, v) for k in ("wall_s", "cpu_s", "host_cpu_s")} for v in VARIANTS}
+    split = {k: per_step_ms(k, "two") for k in ("local_s", "apply_s")}   # 2 proc: forward+backward | rest
     result = {"method": "blocks", "rank_tokens": raw["rank_tokens"], "rank_rows": raw["rank_rows"],
               "rounds": rounds, "steps_per_block": steps, "overrides": list(overrides),
               "tokens_per_s": {k: float(pooled[k]) for k in VARIANTS},
               "scaling_efficiency": float(pooled["eff_side_by_side"]),
               "scaling_efficiency_vs_alone": float(pooled["eff_vs_alone"]),
-              "interval95": interval, "step_ms_in_graph": step_ms, "per_rank_step_ms": cost_ms, "per_round": per_round, "blocks": blocks,
+              "interval95": interval, "step_ms_in_graph": step_ms, "per_rank_step_ms": cost_ms,
+              "two_step_split_ms": split, "per_round": per_round, "blocks": blocks,
               "load_before": load_before, "load_after": machine_load()}
     shutil.rmtree(work, ignore_errors=True)
     print(f"bench distributed (blocks): {len(per_round)} rounds x {steps} steps per block, per rank "
@@ -182,9 +185,6 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
     for p in per_round:
         print(f"  {p['round']:5d} {p['two']:13.0f} {p['pair']:20.0f} {p['alone']:13.0f} "
               f"{p['eff_side_by_side']:9.3f} {p['eff_vs_alone']:10.3f}")
-    two = [b for b in blocks if b["variant"] == "two"]
-    split = {k: 1e3 * sum(b[k] for b in two) / sum(b["steps"] for b in two) for k in ("local_s", "apply_s")}
-    result["two_step_split_ms"] = split
     print(f"  mean time in the compiled step(s): 2 proc {step_ms['two']:.0f} ms (forward+backward "
           f"{split['local_s']:.0f} ms, all-reduce + update {split['apply_s']:.0f} ms), 2 proc without them "
           f"{step_ms['local']:.0f} ms, side by side {step_ms['pair']:.0f} ms, alone {step_ms['alone']:.0f} ms")
