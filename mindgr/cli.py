@@ -87,7 +87,8 @@ def cmd_bench(args) -> int:
             bench_scaling(args.config, _overrides(args), steps=args.steps, out=args.out)
         else:
             rounds = 8 if args.rounds is None else args.rounds
-            bench_scaling_blocks(args.config, _overrides(args), steps=args.steps, rounds=rounds, out=args.out)
+            bench_scaling_blocks(args.config, _overrides(args), steps=args.steps, rounds=rounds, out=args.out,
+                                 rank_tokens=args.rank_tokens)
         return 0
     if args.what == "sparse":
         from mindgr.bench.sparse import bench_sparse
@@ -186,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out-dir", default="runs/bench-sparse", help="sparse --train: where the runs go")
     b.add_argument("--rounds", type=int, default=None,
                    help="pipeline (default 3), distributed (default 8): rounds of alternating blocks of --steps")
+    b.add_argument("--rank-tokens", type=int, default=8192,
+                   help="distributed (blocks): tokens per rank before the balancing headroom (rows: tokens / 64)")
     b.add_argument("--method", choices=["blocks", "runs"], default="blocks",
                    help="distributed: alternate 1- and 2-process blocks in two long-lived processes (blocks), or "
                         "separate training jobs one after another (runs)")

@@ -119,6 +119,7 @@ class ParallelConfig:
     """Multi-process data parallel training (msrun); see docs/distributed.md. Every key may change on resume."""
     nproc: int = field(default=1, metadata=_rng(lo=1))       # processes `mindgr train` launches with msrun
     threads: int = field(default=0, metadata=_rng(lo=0))     # CPU compute threads per process; 0 = default
+    bind_cores: bool = False                  # pin each rank's threads to its own share of the host's cores
     balance: str = field(default="cost", metadata=_rng(choices=["cost", "tokens", "random"]))
     draws: str = field(default="global", metadata=_rng(choices=["global", "sequence"]))  # host negatives/masks
     calibrate: bool = True                    # fit cost_a/b/c0 by a timed probe at start; false = use them

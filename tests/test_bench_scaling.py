@@ -1,4 +1,4 @@
-"""The arithmetic of `mindgr bench distributed` (blocks method) on hand-made block timings."""
+"""The arithmetic of `mindgr bench distributed` (blocks method) on hand-made block timings, and its argument checks."""
 import numpy as np
 
 from mindgr.bench.distributed import efficiencies, round_sums
@@ -28,3 +28,12 @@ def test_pooled_and_per_round_efficiencies():
     assert np.isclose(pooled["pair"], 8000 / 10.0)
     assert np.isclose(pooled["eff_side_by_side"], (8000 / 6.0) / (2 * 800.0))
     assert np.isclose(efficiencies(sums, [1, 1])["eff_side_by_side"], efficiencies(sums, [1])["eff_side_by_side"])
+
+
+def test_bad_bench_arguments_fail_before_any_rank_starts():
+    import pytest
+    from mindgr.bench.distributed import bench_scaling_blocks
+    from mindgr.config import ConfigError
+    for kwargs in ({"rounds": 0}, {"steps": 0}, {"rank_tokens": 512}, {"overrides": ["model.dim=-1"]}):
+        with pytest.raises(ConfigError):
+            bench_scaling_blocks(**kwargs)

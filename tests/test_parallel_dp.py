@@ -7,6 +7,7 @@ losses must agree to float summation order for all 20 steps. Evaluation is split
 gathered: it must equal a single-process evaluation of the same checkpoint exactly.
 """
 import json
+import os
 import sys
 
 from conftest import REPO
@@ -33,7 +34,8 @@ def test_two_processes_train_like_one(tmp_path, tiny_overrides):
     Trainer(one, quiet=True).fit()
 
     cmd = [sys.executable, "-m", "mindgr", "train", "--nproc", "2", *base, f"run.out_dir={tmp_path / 'two'}",
-           "parallel.threads=1", "parallel.node_timeout=10", "parallel.timeout=120"]
+           "parallel.threads=1", "parallel.node_timeout=10", "parallel.timeout=120"] + (
+               ["parallel.bind_cores=true"] if len(os.sched_getaffinity(0)) >= 2 else [])
     code, out, err, timed_out = run_job(cmd, TIMEOUT, cwd=REPO)
     assert not timed_out and code == 0, out[-3000:] + err[-3000:]
     run1, run2 = tmp_path / "one" / "tiny", tmp_path / "two" / "tiny"
@@ -51,8 +53,10 @@ def test_two_processes_train_like_one(tmp_path, tiny_overrides):
     assert all(len(r["step_s"]) == 2 and len(r["pred_cost"]) == 2 for r in per_step)
     shards = sorted(p.name for p in (run2 / "checkpoints" / "ranks").glob("*.json"))
     assert shards == [f"ckpt-step{s:08d}.rank{r}.json" for s in (10, 20) for r in (0, 1)]
-    crcs = {json.loads((run2 / "checkpoints" / "ranks" / n).read_text())["param_crc32"] for n in shards[2:]}
-    assert len(crcs) == 1, "the two replicas hold different weights"
+    states = [json.loads((run2 / "checkpoints" / "ranks" / n).read_text()) for n in shards[2:]]
+    assert len({s["param_crc32"] for s in states}) == 1, "the two replicas hold different weights"
+    if len(os.sched_getaffinity(0)) >= 2:             # parallel.bind_cores=true: each rank on its own cores
+        assert all(s["cores"] for s in states) and not set(states[0]["cores"]) & set(states[1]["cores"]), states
     assert not (run2 / "msrun" / "worker_1.log").read_text().count("Traceback")
 
     # Split-and-gathered evaluation == one process evaluating the same weights.

@@ -105,3 +105,16 @@ def test_scripts_print_usage_without_arguments():
     for script in ("run_standalone_train.sh", "run_distribute_train.sh"):
         p = subprocess.run(["bash", str(REPO / "scripts" / script)], capture_output=True, text=True, timeout=30)
         assert p.returncode == 2 and "usage:" in p.stderr
+
+
+def test_core_share_splits_the_cores_into_equal_blocks():
+    from mindgr.parallel.context import core_share
+    assert [core_share({0, 1}, r, 2) for r in (0, 1)] == [[0], [1]]
+    assert [core_share([4, 5, 6, 7, 8, 9], r, 2) for r in (0, 1)] == [[4, 5, 6], [7, 8, 9]]
+    # Uneven: every core goes to exactly one rank, the blocks differ by at most one core.
+    shares = [core_share(range(7), r, 3) for r in range(3)]
+    assert sorted(c for s in shares for c in s) == list(range(7)) and {len(s) for s in shares} <= {2, 3}
+    assert core_share([0], 0, 2) == [] and core_share([0, 1], 2, 2) == []   # too few cores; no such rank
+    assert load_config(None, ["parallel.bind_cores=on"]).parallel.bind_cores is True   # YAML 1.1 boolean
+    with pytest.raises(ConfigError):
+        load_config(None, ["parallel.bind_cores=always"])

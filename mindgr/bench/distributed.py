@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from mindgr.bench import write_result
-from mindgr.bench.distributed_common import (BENCH_OVERRIDES, RANK_ROWS, RANK_TOKENS, SLACK, machine_load,
+from mindgr.bench.distributed_common import (BENCH_OVERRIDES, N, RANK_ROWS, RANK_TOKENS, SLACK, machine_load,
                                              read_jsonl, run_training, temp_dir)
 from mindgr.bench.scaling_blocks import VARIANTS
 from mindgr.parallel.launch import run_job
@@ -131,17 +131,20 @@ def efficiencies(sums: dict, idx) -> dict:
 
 
 def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int = 12, out: str | None = None,
-                         timeout: float = 3600, samples: int = 2000) -> dict:
+                         timeout: float = 3600, samples: int = 2000, rank_tokens: int = RANK_TOKENS) -> dict:
     import sys
     from mindgr.config import ConfigError, load_config
     if rounds < 1 or steps < 1:
         raise ConfigError(f"bench distributed: --rounds ({rounds}) and --steps ({steps}) must be >= 1")
+    if rank_tokens < N:
+        raise ConfigError(f"bench distributed: --rank-tokens ({rank_tokens}) must hold the longest sequence ({N})")
     load_config(config, BENCH_OVERRIDES + list(overrides))     # a bad override: one line here, not in 2 ranks
     work = Path(temp_dir("mindgr-bench-blocks-"))
     result_path = work / "blocks.json"
     cmd = [sys.executable, "-m", "mindgr.parallel.launch", "--nproc", "2", "--threads", "1", "--log-dir",
            str(work / "msrun"), "--", "-m", "mindgr.bench.scaling_blocks", "--out", str(result_path),
-           "--rounds", str(rounds), "--steps", str(steps), *(["--config", config] if config else []), *overrides]
+           "--rounds", str(rounds), "--steps", str(steps), "--rank-tokens", str(rank_tokens),
+           *(["--config", config] if config else []), *overrides]
     load_before = machine_load()
     code, _out, err, timed_out = run_job(cmd, timeout)
     if timed_out or code != 0 or not result_path.is_file():
@@ -170,7 +173,7 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
     cost_ms = {v: {k: per_step_ms(k, v) for k in ("wall_s", "cpu_s", "host_cpu_s")} for v in VARIANTS}
     split = {k: per_step_ms(k, "two") for k in ("local_s", "apply_s")}   # 2 proc: forward+backward | rest
     result = {"method": "blocks", "rank_tokens": raw["rank_tokens"], "rank_rows": raw["rank_rows"],
-              "rounds": rounds, "steps_per_block": steps, "overrides": list(overrides),
+              "rounds": rounds, "steps_per_block": steps, "overrides": list(overrides), "cores": raw["cores"],
               "tokens_per_s": {k: float(pooled[k]) for k in VARIANTS},
               "scaling_efficiency": float(pooled["eff_side_by_side"]),
               "scaling_efficiency_vs_alone": float(pooled["eff_vs_alone"]),
@@ -179,7 +182,8 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
               "load_before": load_before, "load_after": machine_load()}
     shutil.rmtree(work, ignore_errors=True)
     print(f"bench distributed (blocks): {len(per_round)} rounds x {steps} steps per block, per rank "
-          f"{raw['rank_tokens']} tokens x {raw['rank_rows']} rows, one thread per process")
+          f"{raw['rank_tokens']} tokens x {raw['rank_rows']} rows, one thread per process, "
+          + (f"pinned to cores {raw['cores']}" if all(raw["cores"]) else "not pinned to cores"))
     print(f"  {'round':>5s} {'2 proc tok/s':>13s} {'1 proc side by side':>20s} {'1 proc alone':>13s} "
           f"{'eff side':>9s} {'eff alone':>10s}")
     for p in per_round:

@@ -14,6 +14,7 @@ import numpy as np
 N = 1024              # max sequence length of the benchmark (KuaiRand-like: median 0.25 N)
 RANK_TOKENS = 8192    # tokens per rank before the balancing headroom
 RANK_ROWS = 128
+TOKENS_PER_ROW = RANK_TOKENS // RANK_ROWS   # row capacity per token capacity (64: median length 256 / 4)
 SLACK = 0.01
 
 # A KuaiRand-like synthetic run: log-normal lengths (median 256 = 0.25 N, sigma 0.8, as the synthetic
@@ -24,6 +25,11 @@ BENCH_OVERRIDES = [
     "model.dim=64", "model.num_blocks=2", "model.num_heads=2", "loss.num_negatives=32",
     "train.epochs=1000", "eval.every_epochs=0", "parallel.threads=1", f"parallel.capacity_slack={SLACK}",
 ]
+
+
+def rank_rows(rank_tokens: int) -> int:
+    """Row capacity that goes with a per-rank token capacity in the benchmark (128 rows at 8192 tokens)."""
+    return max(1, rank_tokens // TOKENS_PER_ROW)
 
 
 def kuairand_lengths(count: int, max_len: int = N, seed: int = 0, sigma: float = 0.8, min_len: int = 5):

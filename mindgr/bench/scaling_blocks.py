@@ -2,7 +2,7 @@
 short blocks of 1- and 2-process training inside the same two long-lived processes.
 
     python -m mindgr.parallel.launch --nproc 2 --threads 1 --log-dir D -- \
-        -m mindgr.bench.scaling_blocks --out D/blocks.json --rounds 12 --steps 10 [SECTION.KEY=VALUE ...]
+        -m mindgr.bench.scaling_blocks --out D/blocks.json --rounds 12 --steps 10 [--rank-tokens T] [SECTION.KEY=VALUE ...]
 
 Every rank builds two trainers on the benchmark model: the data-parallel one (DistributedTrainer, global
 batch = 2 x the per-rank capacity) and a single-process one (Trainer, own weights, batch = the per-rank
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -43,16 +44,17 @@ def run_dp_block(trainer, steps: int) -> dict:
     return rec
 
 
-def _configs(config: str | None, overrides: list[str], run_dir: str):
-    from mindgr.bench.distributed_common import BENCH_OVERRIDES, RANK_ROWS, RANK_TOKENS, SLACK
+def _configs(config: str | None, overrides: list[str], run_dir: str, rank_tokens: int = 0):
+    from mindgr.bench.distributed_common import BENCH_OVERRIDES, RANK_TOKENS, SLACK, rank_rows
     from mindgr.config import load_config
     from mindgr.parallel.plan import rank_capacities
-    t, b = rank_capacities(2 * RANK_TOKENS, 2 * RANK_ROWS, 2, SLACK)
+    tokens = rank_tokens or RANK_TOKENS
+    t, b = rank_capacities(2 * tokens, 2 * rank_rows(tokens), 2, SLACK)
     quiet = ["eval.every_epochs=0", f"run.log_every={10 ** 9}", f"run.ckpt_every={10 ** 9}", "train.epochs=100000",
              f"run.out_dir={run_dir}"]
     common = BENCH_OVERRIDES + list(overrides) + quiet
-    two = load_config(config, common + [f"data.token_capacity={2 * RANK_TOKENS}", f"data.row_capacity={2 * RANK_ROWS}",
-                                      "run.name=two"])
+    two = load_config(config, common + [f"data.token_capacity={2 * tokens}",
+                                        f"data.row_capacity={2 * rank_rows(tokens)}", "run.name=two"])
     one = [f"data.token_capacity={t}", f"data.row_capacity={b}"]
     return two, one, common
 
@@ -64,20 +66,21 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--steps", type=int, default=10, help="training steps per block")
     ap.add_argument("--warmup", type=int, default=4, help="untimed steps per trainer first (compile)")
+    ap.add_argument("--rank-tokens", type=int, default=0, help="tokens per rank before the headroom (0: 8192)")
     ap.add_argument("overrides", nargs="*", help="SECTION.KEY=VALUE, applied to both trainers")
     args = ap.parse_args(argv)
 
     from mindgr.config import load_config
     from mindgr.parallel import comm
     from mindgr.parallel.context import init_distributed
-    ctx = init_distributed(1)                      # msrun's scheduler process stops in here
+    run_dir = Path(args.out).resolve().parent / "runs"
+    two_cfg, one_capacity, common = _configs(args.config, args.overrides, str(run_dir), args.rank_tokens)
+    ctx = init_distributed(1, two_cfg.parallel.bind_cores)     # msrun's scheduler process stops in here
     if ctx.world != 2:
         raise SystemExit(f"scaling_blocks: needs exactly 2 ranks, got {ctx.world}")
     from mindgr.parallel.trainer import DistributedTrainer
     from mindgr.train.trainer import Trainer
 
-    run_dir = Path(args.out).resolve().parent / "runs"
-    two_cfg, one_capacity, common = _configs(args.config, args.overrides, str(run_dir))
     one_cfg = load_config(args.config, common + one_capacity + [f"run.name=one-rank{ctx.rank}",
                                                                 f"run.seed={ctx.rank + 1}"])
     t, b = one_cfg.data.token_capacity, one_cfg.data.row_capacity
@@ -112,13 +115,16 @@ def main(argv=None) -> int:
     fields = ("round", "rank", "wall_s", "tokens", "steps", "step_s", "cpu_s", "host_cpu_s", "local_s", "apply_s")
     mine = np.array([[blk[f] for f in fields] + [VARIANTS.index(blk["variant"])] for blk in blocks], np.float64)
     every = comm.all_gather(mine.reshape(-1, len(fields) + 1))           # both ranks' blocks, stacked
+    bound = np.full((1, os.cpu_count() or 1), -1, np.int64)              # each rank's pinned cores, -1 padded
+    bound[0, : len(ctx.cores)] = ctx.cores
+    cores = [[int(c) for c in row if c >= 0] for row in comm.all_gather(bound)]
     if ctx.rank == 0:
         rows = [{**dict(zip(fields, row[:-1].tolist())), "variant": VARIANTS[int(row[-1])]} for row in every]
         for row in rows:
             for f in ("round", "rank", "tokens", "steps"):
                 row[f] = int(row[f])
         result = {"rank_tokens": t, "rank_rows": b, "rounds": args.rounds, "steps_per_block": args.steps,
-                  "overrides": args.overrides, "blocks": rows}
+                  "overrides": args.overrides, "cores": cores, "blocks": rows}
         tmp = Path(args.out).with_suffix(".tmp")
         tmp.write_text(json.dumps(result))
         tmp.replace(args.out)

@@ -80,7 +80,7 @@ def _inject_fault(kind: str, rank: int, step: int):
 
 class DistributedTrainer(Trainer):
     def __init__(self, cfg, resume: bool = False, quiet: bool = False):
-        self.ctx = init_distributed(cfg.parallel.threads)  # msrun's scheduler process stops in here
+        self.ctx = init_distributed(cfg.parallel.threads, cfg.parallel.bind_cores)  # msrun's scheduler stops here
         self._fault = _fault_plan()
         if cfg.loss.negatives != "per_token":
             raise ConfigError(f"config: loss.negatives = {cfg.loss.negatives!r}: only per_token is supported with "
@@ -270,6 +270,7 @@ class DistributedTrainer(Trainer):
         d = self.ckpts.dir / "ranks"
         d.mkdir(parents=True, exist_ok=True)
         state = {"rank": self.ctx.rank, "world": self.ctx.world, "step": step, "pid": os.getpid(),
+                 "cores": list(self.ctx.cores),
                  "param_crc32": param_digest(self.model.train_step),
                  "next": {"epoch": self.epoch, "batch": self.next_batch}}
         path = d / f"ckpt-step{step:08d}.rank{self.ctx.rank}.json"
