@@ -83,7 +83,11 @@ def cmd_bench(args) -> int:
         return 0
     if args.what == "distributed":
         from mindgr.bench.distributed import bench_scaling, bench_scaling_blocks
+        from mindgr.bench.distributed_common import RANK_TOKENS
+        from mindgr.config import ConfigError
         if args.method == "runs":
+            if args.rank_tokens != RANK_TOKENS:
+                raise ConfigError("bench distributed: --rank-tokens applies to --method blocks only")
             bench_scaling(args.config, _overrides(args), steps=args.steps, out=args.out)
         else:
             rounds = 8 if args.rounds is None else args.rounds

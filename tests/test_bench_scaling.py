@@ -37,3 +37,9 @@ def test_bad_bench_arguments_fail_before_any_rank_starts():
     for kwargs in ({"rounds": 0}, {"steps": 0}, {"rank_tokens": 512}, {"overrides": ["model.dim=-1"]}):
         with pytest.raises(ConfigError):
             bench_scaling_blocks(**kwargs)
+
+
+def test_rank_tokens_is_refused_with_the_runs_method(capsys):
+    from mindgr.cli import main
+    assert main(["bench", "distributed", "--method", "runs", "--rank-tokens", "4096"]) != 0
+    assert "--rank-tokens applies to --method blocks only" in capsys.readouterr().err

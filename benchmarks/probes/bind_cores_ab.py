@@ -19,7 +19,7 @@ from mindgr.parallel.context import init_distributed, pin_threads
 ap = argparse.ArgumentParser()
 ap.add_argument("--rounds", type=int, default=8)
 ap.add_argument("--steps", type=int, default=20)
-ap.add_argument("--rank-tokens", type=int, default=0)
+ap.add_argument("--rank-tokens", type=int, default=8192)
 args = ap.parse_args()
 two_cfg, _, _ = _configs(None, ["parallel.bind_cores=true"], str(Path("/tmp") / f"bind-ab-{os.getpid()}"),
                          args.rank_tokens)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mindgr.bench.distributed_common import RANK_TOKENS
+
 VARIANTS = ("two", "local", "pair", "alone")
 
 
@@ -44,11 +46,10 @@ def run_dp_block(trainer, steps: int) -> dict:
     return rec
 
 
-def _configs(config: str | None, overrides: list[str], run_dir: str, rank_tokens: int = 0):
-    from mindgr.bench.distributed_common import BENCH_OVERRIDES, RANK_TOKENS, SLACK, rank_rows
+def _configs(config: str | None, overrides: list[str], run_dir: str, tokens: int = RANK_TOKENS):
+    from mindgr.bench.distributed_common import BENCH_OVERRIDES, SLACK, rank_rows
     from mindgr.config import load_config
     from mindgr.parallel.plan import rank_capacities
-    tokens = rank_tokens or RANK_TOKENS
     t, b = rank_capacities(2 * tokens, 2 * rank_rows(tokens), 2, SLACK)
     quiet = ["eval.every_epochs=0", f"run.log_every={10 ** 9}", f"run.ckpt_every={10 ** 9}", "train.epochs=100000",
              f"run.out_dir={run_dir}"]
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--steps", type=int, default=10, help="training steps per block")
     ap.add_argument("--warmup", type=int, default=4, help="untimed steps per trainer first (compile)")
-    ap.add_argument("--rank-tokens", type=int, default=0, help="tokens per rank before the headroom (0: 8192)")
+    ap.add_argument("--rank-tokens", type=int, default=RANK_TOKENS, help="tokens per rank before the headroom")
     ap.add_argument("overrides", nargs="*", help="SECTION.KEY=VALUE, applied to both trainers")
     args = ap.parse_args(argv)
 
