@@ -53,7 +53,8 @@ def cmd_eval(args) -> int:
 def cmd_compare(args) -> int:
     from mindgr.bench import write_result
     from mindgr.train.compare import compare_runs, format_comparison
-    result = compare_runs(args.run_a, args.run_b, args.split, args.checkpoint, args.samples)
+    runs_a, runs_b = (side.split(",") for side in (args.run_a, args.run_b))
+    result = compare_runs(runs_a, runs_b, args.split, args.checkpoint, args.samples)
     print(format_comparison(result, args.run_a, args.run_b))
     write_result(result, args.out)
     return 0
@@ -149,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="paired comparison of two runs' metrics on the same users "
                                        "(bootstrap over users)")
-    c.add_argument("run_a", help="run directory A (the baseline)")
-    c.add_argument("run_b", help="run directory B")
+    c.add_argument("run_a", help="run directory A (the baseline); several seeds of one setting: DIR1,DIR2,...")
+    c.add_argument("run_b", help="run directory B, or several: DIR1,DIR2,...")
     c.add_argument("--split", default="test", choices=["valid", "test"])
     c.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     c.add_argument("--samples", type=int, default=5000, help="bootstrap samples")

@@ -64,9 +64,11 @@ def test_prepare_synthetic_then_train_on_the_store_and_eval(tmp_path, tiny_overr
     with np.load(again["ranks_file"]) as f:
         ranks = f["ranks"]
     assert (ranks >= 0).all() and per_user_metrics(ranks, [10])["hr@10"].mean() == again["hr@10"]
-    p = run("compare", str(tmp_path / "tiny"), str(tmp_path / "tiny"), "--samples", "200",
-            "--out", str(tmp_path / "cmp.json"))
+    # (side A given as two runs, the way several seeds of one setting are compared)
+    tiny = str(tmp_path / "tiny")
+    p = run("compare", f"{tiny},{tiny}", tiny, "--samples", "200", "--out", str(tmp_path / "cmp.json"))
     assert p.returncode == 0, p.stderr[-3000:]
     cmp = json.loads((tmp_path / "cmp.json").read_text())
-    assert cmp["users"] == 120 and cmp["metrics"]["ndcg@10"]["ci95"] == [0.0, 0.0]
-    assert "not distinguishable" in p.stdout
+    assert cmp["users"] == 120 and cmp["runs"] == [2, 1] and cmp["metrics"]["ndcg@10"]["ci95"] == [0.0, 0.0]
+    assert len(cmp["a"]) == 2 and cmp["b"]["run"] == tiny
+    assert "not distinguishable" in p.stdout and "per run" in p.stdout

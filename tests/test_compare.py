@@ -42,3 +42,34 @@ def test_compare_ranks_skips_unevaluated_users_and_refuses_other_targets():
         compare_ranks(np.full(6, -1), targets, b, targets, ks=(10,))
     with pytest.raises(ValueError, match="at least 1"):
         compare_ranks(a, targets, b, targets, ks=(10,), samples=0)
+
+
+def test_several_runs_per_side_widen_the_interval_by_the_spread_between_runs():
+    rng = np.random.default_rng(2)
+    a = rng.random((1, 4000))
+    # two "seeds" of B that agree on users but differ from each other by +-0.02: one run alone is
+    # clearly better than A, the pair's interval must also carry the seed spread and reach wider
+    noise = 0.05 * rng.standard_normal(4000)
+    b = np.stack([a[0] + 0.02 + noise, a[0] + 0.06 + noise])
+    one = paired_bootstrap(a, b[:1], samples=2000)
+    two = paired_bootstrap(a, b, samples=2000)
+    assert two["diff"] == pytest.approx(b.mean() - a.mean())
+    assert two["b_runs"] == pytest.approx([b[0].mean(), b[1].mean()])
+    assert (two["ci95"][1] - two["ci95"][0]) > 5 * (one["ci95"][1] - one["ci95"][0])
+    gaps = b.mean(1) - a.mean()
+    assert two["ci95"][0] <= gaps[0] + 1e-3 and two["ci95"][1] >= gaps[1] - 1e-3   # spans both runs' gaps
+    # a side of identical runs gives the one-run figure's mean and a comparable interval
+    same = paired_bootstrap(np.repeat(a, 3, 0), b[:1], samples=2000)
+    assert same["diff"] == pytest.approx(one["diff"]) and same["a_runs"] == pytest.approx([a.mean()] * 3)
+    width = lambda r: r["ci95"][1] - r["ci95"][0]  # noqa: E731
+    assert width(same) == pytest.approx(width(one), rel=0.2)
+
+
+def test_compare_ranks_with_several_runs_leaves_out_users_any_run_missed():
+    targets = np.arange(1, 5)
+    a = np.array([[0, 5, 20, 3], [1, -1, 9, 3]])            # the second A run did not rank user 1
+    b = np.array([[0, 4, 30, 2]])
+    r = compare_ranks(a, targets, b, targets, ks=(10,), samples=50)
+    assert r["users"] == 3 and r["runs"] == [2, 1]
+    assert r["metrics"]["hr@10"]["a_runs"] == pytest.approx([2 / 3, 1.0])
+    assert r["metrics"]["hr@10"]["b"] == pytest.approx(2 / 3)

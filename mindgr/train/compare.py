@@ -5,6 +5,11 @@ standard error of HR@10 is about 0.006. Both runs rank the SAME users' targets, 
 judged per user: d_u = m_B(u) - m_A(u) for each per-user metric (hit@K, the NDCG@K gain, 1/rank), and
 a paired bootstrap over users (resampling users with replacement) gives a 95% interval of mean(d).
 An interval that contains 0 means the two runs are not distinguishable on that metric with these users.
+
+Several runs per side (seeds of one setting, `mindgr compare A1,A2 B1,B2`): a side's per-user value is the
+mean over its runs, and each bootstrap sample also redraws every side's runs with replacement, so the
+interval carries the spread between seeds as well as between users (with 2-3 seeds only roughly; the
+per-run means are reported beside it).
 """
 from __future__ import annotations
 
@@ -18,20 +23,35 @@ from mindgr.train.metrics import per_user_metrics
 def paired_bootstrap(a: np.ndarray, b: np.ndarray, samples: int = 5000, seed: int = 0,
                      chunk: int = 500) -> dict:
     """Mean of b - a over users, its 95% paired-bootstrap interval and the two-sided bootstrap p-value
-    (twice the smaller share of resampled means on either side of 0)."""
+    (twice the smaller share of resampled means on either side of 0). a and b are [U] per-user values of
+    one run each, or [S, U] for S runs per side: then each sample also redraws each side's runs."""
+    a, b = np.atleast_2d(np.asarray(a, np.float64)), np.atleast_2d(np.asarray(b, np.float64))
     if samples < 1:
         raise ValueError(f"bootstrap samples = {samples}: need at least 1 (e.g. --samples 5000)")
-    d = np.asarray(b, np.float64) - np.asarray(a, np.float64)
-    n = len(d)
+    n = a.shape[1]
     if n == 0:
         raise ValueError("no user was evaluated by both runs: nothing to compare")
     rng = np.random.default_rng(seed)
-    means = np.concatenate([d[rng.integers(0, n, (min(chunk, samples - lo), n))].mean(1)
-                            for lo in range(0, samples, chunk)])
+    means = []
+    for lo in range(0, samples, chunk):
+        users = rng.integers(0, n, (min(chunk, samples - lo), n))
+        if len(a) == len(b) == 1:                 # one run per side: the plain paired bootstrap
+            means.append((b[0][users] - a[0][users]).mean(1))
+            continue
+        side_means = []
+        for runs in (a, b):                       # [S, chunk] user-resampled means of each run
+            per_run = np.stack([r[users].mean(1) for r in runs])
+            picks = rng.integers(0, len(runs), (len(runs), len(users)))
+            side_means.append(np.take_along_axis(per_run, picks, 0).mean(0))
+        means.append(side_means[1] - side_means[0])
+    means = np.concatenate(means)
     lo, hi = np.quantile(means, [0.025, 0.975])
     p = min(1.0, 2.0 * min((means <= 0).mean(), (means >= 0).mean()))
-    return {"a": float(np.mean(a)), "b": float(np.mean(b)), "diff": float(d.mean()), "ci95": [float(lo), float(hi)],
-            "p": float(p)}
+    out = {"a": float(a.mean()), "b": float(b.mean()), "diff": float(b.mean() - a.mean()),
+           "ci95": [float(lo), float(hi)], "p": float(p)}
+    if len(a) > 1 or len(b) > 1:
+        out.update(a_runs=[float(v) for v in a.mean(1)], b_runs=[float(v) for v in b.mean(1)])
+    return out
 
 
 def load_ranks(path) -> tuple[np.ndarray, np.ndarray]:
@@ -41,14 +61,18 @@ def load_ranks(path) -> tuple[np.ndarray, np.ndarray]:
 
 def compare_ranks(ranks_a, targets_a, ranks_b, targets_b, ks=(1, 10, 50, 200), samples: int = 5000,
                   seed: int = 0) -> dict:
-    """Paired comparison of two runs' per-user ranks; they must rank the same targets of the same users."""
+    """Paired comparison of two runs' per-user ranks ([U], or [S, U] for S runs of one side); every run
+    must rank the same targets of the same users. Users some run did not rank are left out."""
     if len(targets_a) != len(targets_b) or not np.array_equal(targets_a, targets_b):
         raise ValueError(f"the two runs were evaluated on different users or targets ({len(targets_a)} vs "
                          f"{len(targets_b)} users): compare runs of the same data and split")
-    both = (ranks_a >= 0) & (ranks_b >= 0)
-    ma, mb = per_user_metrics(ranks_a[both], ks), per_user_metrics(ranks_b[both], ks)
-    return {"users": int(both.sum()), "samples": samples,
-            "metrics": {m: paired_bootstrap(ma[m], mb[m], samples, seed) for m in ma}}
+    ranks_a, ranks_b = np.atleast_2d(ranks_a), np.atleast_2d(ranks_b)
+    both = (ranks_a >= 0).all(0) & (ranks_b >= 0).all(0)
+    per_run = [[per_user_metrics(r[both], ks) for r in side] for side in (ranks_a, ranks_b)]
+    metrics = {m: paired_bootstrap(np.stack([r[m] for r in per_run[0]]), np.stack([r[m] for r in per_run[1]]),
+                                   samples, seed) for m in per_run[0][0]}
+    return {"users": int(both.sum()), "samples": samples, "runs": [len(ranks_a), len(ranks_b)],
+            "metrics": metrics}
 
 
 def format_comparison(result: dict, name_a: str, name_b: str) -> str:
@@ -60,19 +84,34 @@ def format_comparison(result: dict, name_a: str, name_b: str) -> str:
         verdict = "B better" if lo > 0 else "A better" if hi < 0 else "not distinguishable"
         lines.append(f"{m:9s} {r['a']:8.4f} {r['b']:8.4f} {r['diff']:+9.4f}  [{lo:+.4f}, {hi:+.4f}] "
                      f"{r['p']:6.3f}  {verdict}")
+    if result.get("runs", [1, 1]) != [1, 1]:     # several seeds: show each run's mean beside the pooled figure
+        lines.append(f"per run (A: {result['runs'][0]} runs, B: {result['runs'][1]} runs; A and B means in "
+                     "the order given)")
+        for m, r in result["metrics"].items():
+            lines.append(f"{m:9s} A " + " ".join(f"{v:.4f}" for v in r["a_runs"])
+                         + "   B " + " ".join(f"{v:.4f}" for v in r["b_runs"]))
     return "\n".join(lines)
 
 
-def compare_runs(run_a, run_b, split: str = "test", which: str = "best", samples: int = 5000) -> dict:
-    """Evaluate both runs (their per-user ranks are saved under RUN/ranks/) and compare them."""
+def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", samples: int = 5000) -> dict:
+    """Evaluate every run (their per-user ranks are saved under RUN/ranks/) and compare side A with side B;
+    a side is one run directory or a list of them (seeds of one setting)."""
     from mindgr.train.trainer import evaluate_run
-    runs = []
-    for run in (run_a, run_b):
-        result = evaluate_run(Path(run), split, which)
-        runs.append((result, *load_ranks(result["ranks_file"])))
-    (ra, rk_a, tg_a), (rb, rk_b, tg_b) = runs
-    ks = sorted(int(k.split("@")[1]) for k in ra if k.startswith("hr@"))
+    sides = []
+    for runs in (runs_a, runs_b):
+        runs = [runs] if isinstance(runs, (str, Path)) else list(runs)
+        if not runs:
+            raise ValueError("a side of the comparison names no run directory")
+        evaluated = [evaluate_run(Path(run), split, which) for run in runs]
+        loaded = [load_ranks(r["ranks_file"]) for r in evaluated]
+        for run, (_, targets) in zip(runs[1:], loaded[1:]):
+            if not np.array_equal(targets, loaded[0][1]):
+                raise ValueError(f"{run} was evaluated on other users or targets than {runs[0]}: "
+                                 "the runs of one side must share data and split")
+        sides.append(([{"run": str(run), "checkpoint": r["checkpoint"]} for run, r in zip(runs, evaluated)],
+                      np.stack([ranks for ranks, _ in loaded]), loaded[0][1], evaluated[0]))
+    (info_a, rk_a, tg_a, first_a), (info_b, rk_b, tg_b, _) = sides
+    ks = sorted(int(k.split("@")[1]) for k in first_a if k.startswith("hr@"))
     out = compare_ranks(rk_a, tg_a, rk_b, tg_b, ks, samples)
-    out.update(split=split, a={"run": str(run_a), "checkpoint": ra["checkpoint"]},
-               b={"run": str(run_b), "checkpoint": rb["checkpoint"]})
+    out.update(split=split, a=info_a[0] if len(info_a) == 1 else info_a, b=info_b[0] if len(info_b) == 1 else info_b)
     return out
