@@ -73,3 +73,10 @@ def test_compare_ranks_with_several_runs_leaves_out_users_any_run_missed():
     assert r["users"] == 3 and r["runs"] == [2, 1]
     assert r["metrics"]["hr@10"]["a_runs"] == pytest.approx([2 / 3, 1.0])
     assert r["metrics"]["hr@10"]["b"] == pytest.approx(2 / 3)
+
+
+def test_compare_runs_refuses_an_empty_run_name_before_evaluating(tmp_path):
+    from mindgr.train.compare import compare_runs
+    for side in ([], [str(tmp_path), ""]):
+        with pytest.raises(ValueError, match="empty run directory"):
+            compare_runs(side, str(tmp_path))

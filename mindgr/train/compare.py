@@ -100,8 +100,9 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
     sides = []
     for runs in (runs_a, runs_b):
         runs = [runs] if isinstance(runs, (str, Path)) else list(runs)
-        if not runs:
-            raise ValueError("a side of the comparison names no run directory")
+        if not runs or any(not str(run) for run in runs):
+            raise ValueError(f"a side of the comparison names an empty run directory ({runs}): give DIR or "
+                             "DIR1,DIR2,... without empty entries")
         evaluated = [evaluate_run(Path(run), split, which) for run in runs]
         loaded = [load_ranks(r["ranks_file"]) for r in evaluated]
         for run, (_, targets) in zip(runs[1:], loaded[1:]):
