@@ -35,7 +35,7 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, samples: int = 5000, seed: in
     means = []
     for lo in range(0, samples, chunk):
         users = rng.integers(0, n, (min(chunk, samples - lo), n))
-        if len(a) == len(b) == 1:                 # one run per side: the plain paired bootstrap
+        if len(a) == len(b) == 1:                 # one run per side: nothing to redraw, the plain paired bootstrap
             means.append((b[0][users] - a[0][users]).mean(1))
             continue
         side_means = []
