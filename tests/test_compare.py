@@ -80,3 +80,6 @@ def test_compare_runs_refuses_an_empty_run_name_before_evaluating(tmp_path):
     for side in ([], [str(tmp_path), ""]):
         with pytest.raises(ValueError, match="empty run directory"):
             compare_runs(side, str(tmp_path))
+    # side B's bad entry is found before side A (not a run directory) is evaluated
+    with pytest.raises(ValueError, match="empty run directory"):
+        compare_runs(str(tmp_path / "missing"), [""])

@@ -97,22 +97,24 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
     """Evaluate every run (their per-user ranks are saved under RUN/ranks/) and compare side A with side B;
     a side is one run directory or a list of them (seeds of one setting)."""
     from mindgr.train.trainer import evaluate_run
-    sides = []
-    for runs in (runs_a, runs_b):
-        runs = [runs] if isinstance(runs, (str, Path)) else list(runs)
+    sides = [[runs] if isinstance(runs, (str, Path)) else list(runs) for runs in (runs_a, runs_b)]
+    for runs in sides:                  # checked for both sides before any (slow) evaluation
         if not runs or any(not str(run) for run in runs):
             raise ValueError(f"a side of the comparison names an empty run directory ({runs}): give DIR or "
                              "DIR1,DIR2,... without empty entries")
-        evaluated = [evaluate_run(Path(run), split, which) for run in runs]
-        loaded = [load_ranks(r["ranks_file"]) for r in evaluated]
-        for run, (_, targets) in zip(runs[1:], loaded[1:]):
-            if not np.array_equal(targets, loaded[0][1]):
-                raise ValueError(f"{run} was evaluated on other users or targets than {runs[0]}: "
-                                 "the runs of one side must share data and split")
-        sides.append(([{"run": str(run), "checkpoint": r["checkpoint"]} for run, r in zip(runs, evaluated)],
-                      np.stack([ranks for ranks, _ in loaded]), loaded[0][1], evaluated[0]))
-    (info_a, rk_a, tg_a, first_a), (info_b, rk_b, tg_b, _) = sides
-    ks = sorted(int(k.split("@")[1]) for k in first_a if k.startswith("hr@"))
-    out = compare_ranks(rk_a, tg_a, rk_b, tg_b, ks, samples)
-    out.update(split=split, a=info_a[0] if len(info_a) == 1 else info_a, b=info_b[0] if len(info_b) == 1 else info_b)
+    evaluated = [[evaluate_run(Path(run), split, which) for run in runs] for runs in sides]
+    loaded = [[load_ranks(r["ranks_file"]) for r in side] for side in evaluated]
+    targets = loaded[0][0][1]
+    for runs, side in zip(sides, loaded):
+        for run, (_, other) in zip(runs, side):
+            if not np.array_equal(other, targets):
+                raise ValueError(f"{run} was evaluated on other users or targets than {sides[0][0]}: "
+                                 "compare runs of the same data and split")
+    ks = sorted(int(k.split("@")[1]) for k in evaluated[0][0] if k.startswith("hr@"))
+    out = compare_ranks(np.stack([r for r, _ in loaded[0]]), targets, np.stack([r for r, _ in loaded[1]]), targets,
+                        ks, samples)
+    info = [[{"run": str(run), "checkpoint": r["checkpoint"]} for run, r in zip(runs, side)]
+            for runs, side in zip(sides, evaluated)]
+    out.update(split=split, a=info[0][0] if len(info[0]) == 1 else info[0],
+               b=info[1][0] if len(info[1]) == 1 else info[1])
     return out
