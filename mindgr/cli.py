@@ -1,4 +1,4 @@
-"""`mindgr` command line: train, eval, data prepare, bench.
+"""`mindgr` command line: train, eval, compare, report, data prepare, bench.
 
 Bad configs, data and checkpoints end the command with ONE line on stderr naming what is wrong.
 """
@@ -19,6 +19,17 @@ def _load(args):
     return load_config(args.config, _overrides(args))
 
 
+class OutputError(OSError):
+    """An output location that cannot be written (checked before any work starts)."""
+
+
+def _check_writable(path):
+    from mindgr.paths import unwritable_reason
+    reason = unwritable_reason(path)
+    if reason:
+        raise OutputError(reason)
+
+
 def cmd_train(args) -> int:
     from mindgr.config import dump_config
     if args.nproc is not None:
@@ -27,6 +38,7 @@ def cmd_train(args) -> int:
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
+    _check_writable(cfg.run_dir)   # a file in the way or a read-only disk: say so before data and compile
     from mindgr.parallel.context import under_msrun
     if under_msrun():  # a rank of a multi-process job (or msrun's scheduler, which stops in init)
         if cfg.parallel.sparse != "none":
@@ -60,14 +72,44 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def cmd_data(args) -> int:
-    from mindgr.config import parse_override
-    from mindgr.datasets import prepare
+def _reader_options(texts) -> dict:
+    """`--option KEY=VALUE` words -> {key: value}; values are read as YAML (500 -> int, true -> bool)."""
+    import yaml
+    from mindgr.config import ConfigError
     options = {}
-    for text in args.option or []:
-        key, _, raw = text.partition("=")
-        options.update(parse_override(f"o.{key}={raw}")["o"])
+    for text in texts or []:
+        key, eq, raw = text.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"data prepare: --option {text!r}: expected KEY=VALUE")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        options[key.strip()] = value
+    return options
+
+
+def cmd_data(args) -> int:
+    from mindgr.config import ConfigError
+    from mindgr.datasets import prepare
+    from mindgr.datasets.prepare import check_options
+    if args.src is None and args.kind != "synthetic":
+        raise ConfigError(f"data prepare {args.kind}: --src is required (the raw file or directory to read)")
+    options = _reader_options(args.option)
+    try:
+        check_options(args.kind, options)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     prepare(args.kind, args.src, args.out, lenient=args.lenient, **options)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from mindgr.train.report import write_report
+    result = write_report(args.runs, args.out)
+    print(result["table"], end="")
+    for path in result["plots"]:
+        print(f"plot: {path}")
     return 0
 
 
@@ -129,11 +171,31 @@ def cmd_bench(args) -> int:
     return 0
 
 
+BENCHMARKS = {
+    "peak": "this machine's fp32 GEMM peak (the MFU denominator), cached in ~/.cache/mindgr",
+    "train": "tokens/s, step time and MFU of a config's compiled training step (--backends: side by side)",
+    "ops": "the jagged HSTU attention op alone: C++ kernels vs the padded reference, forward + backward",
+    "negatives": "negative-sampling strategies side by side: step time, tokens/s, peak memory",
+    "pipeline": "busy fraction of the training loop with and without the background input producer",
+    "balance": "how evenly the cost model splits a global batch over simulated (and 2 real) ranks",
+    "distributed": "data-parallel scaling efficiency: 2 processes vs 1, same per-rank work",
+    "sparse": "embedding traffic of the sharded table layouts, modelled and measured; staleness runs",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from mindgr import __version__
     p = argparse.ArgumentParser(prog="mindgr", description="MindGR: generative recommendation training on MindSpore")
+    p.add_argument("--version", action="version", version=f"mindgr {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train a model from a YAML config")
+    t = sub.add_parser(
+        "train", help="train a model from a YAML config",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a model from a YAML config (or the built-in synthetic smoke setup).",
+        epilog="overrides: any config value can be set on the command line as a bare SECTION.KEY=VALUE word\n"
+               "(or with --set), e.g.  mindgr train --config configs/ml-1m/hstu.yaml train.lr=5e-4 model.dim=64\n"
+               "Values are read as YAML (1e-3, true, [1,10]); --print-config shows every key and its value.")
     t.add_argument("--config", help="YAML config (defaults: the built-in synthetic smoke setup)")
     t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -161,17 +223,33 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="prepare a dataset into a sequence store")
     dsub = d.add_subparsers(dest="data_command", required=True)
     dp = dsub.add_parser("prepare", help="read raw logs and write a Parquet sequence store")
-    dp.add_argument("kind", choices=["movielens-1m", "movielens-100k", "kuairand", "synthetic"])
+    from mindgr.datasets.prepare import KINDS
+    dp.add_argument("kind", choices=list(KINDS),
+                    help="movielens-1m: ratings.dat or sequences.txt; movielens-100k: u.data; kuairand: log_*.csv; "
+                         "sequences: 'user item item ...' lines; csv: an interaction log (columns via --option); "
+                         "synthetic: generated")
     dp.add_argument("--src", default=None, help="source file or directory (not needed for synthetic)")
     dp.add_argument("--out", required=True, help="output directory for the store")
     dp.add_argument("--lenient", action="store_true", help="skip and count malformed lines instead of failing")
     dp.add_argument("--option", action="append", metavar="KEY=VALUE",
-                    help="reader option, e.g. num_users=500 (synthetic) or positive_column=is_like (kuairand)")
+                    help="reader option, e.g. num_users=500 (synthetic), positive_column=is_like (kuairand), "
+                         "user_column=uid item_column=iid time_column=ts time_unit=ms separator=tab "
+                         "page_column=request_id header=false (csv)")
     dp.set_defaults(func=cmd_data)
 
-    b = sub.add_parser("bench", help="measure speed (prints figures; never part of the tests)")
-    b.add_argument("what", choices=["peak", "train", "ops", "negatives", "pipeline", "balance",
-                                        "distributed", "sparse"])
+    r = sub.add_parser("report", help="plots (PNG) of loss, tokens/s and validation metrics of runs, and a "
+                                      "Markdown table of their final metrics")
+    r.add_argument("runs", nargs="+", metavar="RUN", help="run directories (hold metrics.jsonl / eval.json)")
+    r.add_argument("--out", help="directory for the plots and report.md (default: the run directory, or "
+                                 "the first run's with several runs)")
+    r.set_defaults(func=cmd_report)
+
+    b = sub.add_parser("bench", help="measure speed (prints figures; never part of the tests)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Measure speed; prints figures (the host is shared: compare ratios measured "
+                                   "side by side).\n\nbenchmarks:\n" +
+                                   "\n".join(f"  {name:<12} {text}" for name, text in BENCHMARKS.items()))
+    b.add_argument("what", choices=list(BENCHMARKS), help="which benchmark (see the list above)")
     b.add_argument("--config")
     b.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
     b.add_argument("--steps", type=int, default=20, help="timed steps (train)")
@@ -201,6 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _os_error_line(e: OSError) -> str:
+    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+    what = e.strerror or str(e)
+    hint = " (free some space and --resume)" if e.errno == 28 else ""
+    return f"{where}{what.lower() if e.strerror else what}{hint}"
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("GLOG_v", "3")  # MindSpore's C++ warnings drown the progress lines
     parser = build_parser()
@@ -227,8 +312,11 @@ def main(argv=None) -> int:
         print(f"mindgr: error: {e}", file=sys.stderr)
         return 2
     except (DataError, CheckpointError, BackendUnavailable, FileNotFoundError, ValueError,
-            FloatingPointError, CollectiveError) as e:
+            FloatingPointError, CollectiveError, OutputError) as e:
         print(f"mindgr: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a full disk, a read-only or vanished directory met while writing
+        print(f"mindgr: error: {_os_error_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("mindgr: interrupted", file=sys.stderr)

@@ -6,6 +6,7 @@ resolved run and a typo fails fast instead of being silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +44,21 @@ class SyntheticConfig:
 
 
 @dataclass
+class CsvConfig:
+    """data.kind = csv: which columns of the interaction log hold what (see mindgr.datasets.csvlog)."""
+    user_column: str = "user_id"              # a header name, or a 0-based field number with header: false
+    item_column: str = "item_id"
+    time_column: str = "timestamp"            # "" = no timestamps: file order is the order
+    page_column: str = ""                     # optional page / request id of every row
+    time_unit: str = field(default="s", metadata=_rng(choices=["s", "ms", "us", "ns"]))
+    separator: str = ","                      # one character, or tab / comma / semicolon / space / pipe
+    header: bool = True
+
+
+@dataclass
 class DataConfig:
     kind: str = field(default="synthetic", metadata=_rng(
-        choices=["synthetic", "movielens-1m", "movielens-100k", "kuairand", "store"]))
+        choices=["synthetic", "movielens-1m", "movielens-100k", "kuairand", "sequences", "csv", "store"]))
     path: str = ""                            # source file/dir (or a prepared store dir for kind=store)
     lenient: bool = False                     # skip (and count) malformed lines instead of failing
     max_len: int = field(default=200, metadata=_rng(lo=2))    # N: the most recent items kept
@@ -56,6 +69,7 @@ class DataConfig:
     timestamps: str = ""                      # movielens-1m sequences.txt: ratings file with times for its users
     prefetch: int = field(default=2, metadata=_rng(lo=0))  # batches prepared ahead in a thread; 0 = inline
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    csv: CsvConfig = field(default_factory=CsvConfig)
 
 
 @dataclass
@@ -177,13 +191,18 @@ def _coerce(key: str, value, tp):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            if not math.isfinite(number):  # a NaN passes every range check and poisons the run
+                raise ConfigError(f"config: {key} = {value!r}: expected a finite number")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -260,7 +279,19 @@ def parse_override(text: str) -> dict:
     return _nest(key, value)
 
 
+def _check_run_name(name: str):
+    """A run lives in out_dir/name: an empty, absolute or `..` name would write somewhere else."""
+    parts = Path(name).parts
+    if not name.strip() or not parts:
+        raise ConfigError(f"config: run.name = {name!r}: expected a non-empty name")
+    if Path(name).is_absolute():
+        raise ConfigError(f"config: run.name = {name!r}: expected a name relative to run.out_dir, not an absolute path")
+    if ".." in parts:
+        raise ConfigError(f"config: run.name = {name!r}: '..' would put the run outside run.out_dir")
+
+
 def _validate_cross(cfg: Config):
+    _check_run_name(cfg.run.name)
     m = cfg.model
     for name in ("dqk", "dv"):
         if getattr(m, name) == 0 and m.dim % m.num_heads:
@@ -291,15 +322,51 @@ def _validate_cross(cfg: Config):
         raise ConfigError(f"config: eval.ks = {cfg.eval.ks!r}: expected a non-empty list of integers >= 1")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; in a config that hides a typo or a stale value."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"config: {self.name}:{key_node.start_mark.line + 1}: duplicate key '{key}' "
+                                  f"(first on line {seen[key]})")
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(path) -> object:
+    """A YAML file's content, refusing duplicate keys; every failure is a one-line ConfigError naming the file."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config: {path}: is a directory, expected a YAML file")
+    if not p.is_file():
+        raise ConfigError(f"config: file not found: {path}")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config: {path}: cannot read: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"config: {path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") \
+            from None
+    loader = _UniqueKeyLoader(text)
+    loader.name = str(path)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
     """Load a YAML config (or the defaults), apply overrides, validate. Raises ConfigError."""
     data: dict = {}
     if path:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config: file not found: {path}")
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = read_yaml(path)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f":{mark.line + 1}" if mark else ""

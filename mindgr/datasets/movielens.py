@@ -9,6 +9,7 @@ import numpy as np
 from .errors import DataError, SkipCounter
 from .parsing import (DELIMITERS, BadLine, build_store, check_file, other_delimiter, parse_id, parse_time,
                       progress, read_lines, report)
+from .sequences import parse_sequence_lines
 from .store import SequenceStore, remap_items
 
 
@@ -55,52 +56,8 @@ def _read_rating_lines(path, sep, field_names, lenient):
 
 
 def _read_sequence_lines(path, lenient, timestamps=None):
-    """Parse `user_id item item ...` lines (file order is chronological); `timestamps` attaches times."""
-    lines = read_lines(path)
-    skips = SkipCounter()
-    seen = {}
-    user_ids, seqs = [], []
-    dropped = 0
-    for lineno, line in enumerate(progress(lines, path, len(lines)), 1):
-        if not line.strip():
-            continue
-        try:
-            for sep in ("::", ",", ";", "|"):
-                if sep in line:
-                    raise BadLine("wrong delimiter", f"expected space-separated 'user_id item item ...', "
-                                                      f"found {DELIMITERS[sep]}")
-            parts = line.split()
-            try:
-                values = np.array(parts, dtype=np.int64)
-            except (ValueError, OverflowError):
-                for k, p in enumerate(parts):
-                    parse_id(p, "user_id" if k == 0 else f"item {k}", 1)
-                raise BadLine("non-numeric field", "line holds a non-integer field") from None
-            bad = np.flatnonzero(values < 1)
-            if len(bad):
-                k = int(bad[0])
-                raise BadLine("negative id" if values[k] < 0 else "id out of range",
-                               f"{'user_id' if k == 0 else f'item {k}'} must be >= 1, got {values[k]}")
-            user = int(values[0])
-            if user in seen:
-                raise BadLine("duplicate user", f"user {user} already appeared on line {seen[user]}")
-        except BadLine as bad:
-            if not lenient:
-                raise DataError(path, lineno, bad.message) from None
-            skips.count(bad.reason)
-            continue
-        seen[user] = lineno
-        if len(values) < 2:
-            dropped += 1  # a user needs at least one item
-            continue
-        user_ids.append(user)
-        seqs.append(values[1:])
-    report(path, skips, dropped)
-    if not seqs:
-        raise DataError(path, None, f"no valid interactions ({skips.summary()})")
-    order = np.argsort(np.asarray(user_ids, dtype=np.int64), kind="stable")
-    user_ids = np.asarray(user_ids, dtype=np.int64)[order]
-    seqs = [seqs[k] for k in order]
+    """ML-1M's sequences.txt: `user_id item item ...` lines; `timestamps` attaches times from a ratings file."""
+    user_ids, seqs = parse_sequence_lines(path, lenient)
     time_seqs = _attach_times(path, user_ids, seqs, timestamps, lenient) if timestamps else None
     item_seqs, item_raw_ids = remap_items(seqs)
     return SequenceStore(name="movielens-1m", user_ids=user_ids, item_seqs=item_seqs, time_seqs=time_seqs,
@@ -140,11 +97,7 @@ def _attach_times(seq_path, user_ids, seqs, ratings_path, lenient):
 
 
 def _is_ratings_file(path):
-    name = path.name.lower()
-    if name.endswith(".txt"):
-        return False
-    if ".dat" in name:
-        return True
+    """By content, not by name: ratings lines hold '::', sequence lines never do."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", errors="replace") as f:

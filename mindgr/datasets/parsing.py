@@ -102,8 +102,9 @@ def parse_time(text, field):
     return value
 
 
-def build_store(name, users, items, times, time_unit):
-    """Group interactions by user (ascending id), stable-sorted by time when given."""
+def build_store(name, users, items, times, time_unit, pages=None):
+    """Group interactions by user (ascending id), stable-sorted by time when given; `pages` (one id per
+    interaction) follow their items."""
     users = np.asarray(users, dtype=np.int64)
     items = np.asarray(items, dtype=np.int64)
     order = np.arange(len(users))
@@ -115,5 +116,8 @@ def build_store(name, users, items, times, time_unit):
     user_ids, starts = np.unique(users, return_index=True)
     item_seqs, item_raw_ids = remap_items(np.split(items, starts[1:]))
     time_seqs = np.split(times[order], starts[1:]) if times is not None else None
+    page_seqs = None
+    if pages is not None:
+        page_seqs = np.split(np.asarray(pages, dtype=np.int64)[order], starts[1:])
     return SequenceStore(name=name, user_ids=user_ids, item_seqs=item_seqs, time_seqs=time_seqs,
-                         item_raw_ids=item_raw_ids, time_unit=time_unit)
+                         item_raw_ids=item_raw_ids, time_unit=time_unit, page_seqs=page_seqs)

@@ -4,30 +4,62 @@
 """
 import argparse
 import sys
+from pathlib import Path
 
+from .csvlog import read_csv_log
+from .errors import DataError
 from .readers import read_kuairand, read_movielens_100k, read_movielens_1m
+from .sequences import read_sequences
 from .store import write_store
 from .synthetic import generate_synthetic
 
-KINDS = ("movielens-1m", "movielens-100k", "kuairand", "synthetic")
-_SYNTHETIC_OPTIONS = ("num_users", "num_items", "median_len", "max_len", "min_len", "num_clusters",
-                      "seed", "sigma", "zipf_a")
+# Every kind's reader options and their types: `--option KEY=VALUE` is checked against these before any
+# file is read, so a typo is one line, not a traceback from inside a reader.
+KIND_OPTIONS = {
+    "movielens-1m": {"timestamps": str},
+    "movielens-100k": {},
+    "kuairand": {"positive_column": str, "positive_value": int},
+    "sequences": {},
+    "csv": {"user_column": (str, int), "item_column": (str, int), "time_column": (str, int),
+            "page_column": (str, int), "time_unit": str, "separator": str, "header": bool},
+    "synthetic": {"num_users": int, "num_items": int, "median_len": int, "max_len": int, "min_len": int,
+                  "num_clusters": int, "seed": int, "sigma": float, "zipf_a": float},
+}
+KINDS = tuple(KIND_OPTIONS)
+_READERS = {"movielens-1m": read_movielens_1m, "movielens-100k": read_movielens_100k, "kuairand": read_kuairand,
+            "sequences": read_sequences, "csv": read_csv_log}
+
+
+def _type_names(tp) -> str:
+    return " or ".join(t.__name__ for t in (tp if isinstance(tp, tuple) else (tp,)))
+
+
+def check_options(kind, opts):
+    """Raise ValueError (one line) for an unknown kind, an unknown option or a value of the wrong type."""
+    if kind not in KIND_OPTIONS:
+        raise ValueError(f"unknown dataset kind {kind!r}; known kinds: {', '.join(KINDS)}")
+    known = KIND_OPTIONS[kind]
+    for name, value in opts.items():
+        if name not in known:
+            allowed = ", ".join(known) if known else "none"
+            raise ValueError(f"data prepare {kind}: unknown option {name!r} (options of {kind}: {allowed})")
+        tp = known[name]
+        types = tp if isinstance(tp, tuple) else (tp,)
+        ok = any(isinstance(value, t) and not (isinstance(value, bool) and t is not bool) for t in types)
+        if not ok and float in types and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise ValueError(f"data prepare {kind}: option {name} = {value!r}: expected {_type_names(tp)}")
 
 
 def read_any(kind, src, lenient=False, **opts):
     """Read dataset ``kind`` from ``src`` into a SequenceStore (nothing written)."""
-    if kind == "movielens-1m":
-        return read_movielens_1m(src, lenient=lenient, **opts)
-    if kind == "movielens-100k":
-        return read_movielens_100k(src, lenient=lenient, **opts)
-    if kind == "kuairand":
-        return read_kuairand(src, lenient=lenient, **opts)
+    check_options(kind, opts)
     if kind == "synthetic":
-        unknown = set(opts) - set(_SYNTHETIC_OPTIONS)
-        if unknown:
-            raise ValueError(f"unknown synthetic options {sorted(unknown)}; known: {', '.join(_SYNTHETIC_OPTIONS)}")
         return generate_synthetic(**opts)
-    raise ValueError(f"unknown dataset kind {kind!r}; known kinds: {', '.join(KINDS)}")
+    if src is None or str(src) == "":
+        raise ValueError(f"data kind {kind} needs a source file or directory (--src, or data.path)")
+    return _READERS[kind](src, lenient=lenient, **opts)
 
 
 def format_summary(store):
@@ -44,8 +76,20 @@ def format_summary(store):
     ])
 
 
+def check_out_dir(out):
+    """Fail before reading anything when the store cannot go to ``out``."""
+    from mindgr.paths import unwritable_reason
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DataError(out, None, "exists and is not a directory (the store is a directory)")
+    reason = unwritable_reason(out)
+    if reason:
+        raise DataError(out, None, f"cannot write the store: {reason}")
+
+
 def prepare(kind, src, out, lenient=False, **kind_options):
     """Read ``kind`` from ``src``, write the store to ``out``, print a summary; returns the store."""
+    check_out_dir(out)
     store = read_any(kind, src, lenient=lenient, **kind_options)
     write_store(store, out)
     print(format_summary(store))

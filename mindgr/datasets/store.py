@@ -28,6 +28,7 @@ class SequenceStore:
     time_seqs: list | None  # U int64 arrays, or None without timestamps
     item_raw_ids: np.ndarray  # int64 [V+1]; [0] = -1 (padding)
     time_unit: str = "s"  # "s" or "ms"
+    page_seqs: list | None = None  # U int64 arrays: the page/request id of every item (csv page_column), or None
 
     @property
     def num_items(self):
@@ -132,6 +133,8 @@ def write_store(store, out_dir):
     if store.time_seqs is not None:
         columns["timestamps"] = _list_array([np.asarray(t, dtype=np.int64) for t in store.time_seqs],
                                             pa.int64())
+    if store.page_seqs is not None:
+        columns["page_ids"] = _list_array([np.asarray(p, dtype=np.int64) for p in store.page_seqs], pa.int64())
     seq_table = pa.table(columns).replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
     raw = np.asarray(store.item_raw_ids, dtype=np.int64)
     items_table = pa.table({
@@ -225,6 +228,14 @@ def read_store(path):
         time_seqs = np.split(flat_times, np.cumsum(lens)[:-1]) if len(lens) else []
 
     splits = np.cumsum(lens)[:-1]
+    page_seqs = None
+    if "page_ids" in table.column_names:
+        flat_pages, plens = _flatten_list_column(seq_path, table, "page_ids", user_ids)
+        if not np.array_equal(plens, lens):
+            row = int(np.flatnonzero(plens != lens)[0])
+            raise DataError(seq_path, None, f"row {row} (user {user_ids[row]}): {plens[row]} page ids "
+                                            f"for {lens[row]} items")
+        page_seqs = np.split(flat_pages, splits) if len(lens) else []
     item_seqs = np.split(flat_items.astype(np.int32), splits) if len(lens) else []
     return SequenceStore(
         name=meta.get("name", root.name),
@@ -233,4 +244,5 @@ def read_store(path):
         time_seqs=time_seqs,
         item_raw_ids=np.concatenate([[-1], raw_ids]).astype(np.int64),
         time_unit=meta.get("time_unit", "s"),
+        page_seqs=page_seqs,
     )

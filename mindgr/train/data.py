@@ -21,6 +21,9 @@ def load_store(data_cfg, seed: int = 0):
     if d.kind == "store" or (Path(d.path) / "sequences.parquet").is_file():
         return read_store(d.path)
     opts = {"positive_column": d.positive_column} if d.kind == "kuairand" else {}
+    if d.kind == "csv":
+        opts = {name: getattr(d.csv, name) for name in ("user_column", "item_column", "time_column",
+                                                        "page_column", "time_unit", "separator", "header")}
     if d.timestamps:
         opts["timestamps"] = d.timestamps
     return read_any(d.kind, d.path, lenient=d.lenient, **opts)
