@@ -29,10 +29,18 @@ def test_failure_summary_names_each_rank(tmp_path):
     (tmp_path / "worker_1.log").write_text("Traceback (most recent call last):\n  File x\nRuntimeError: boom\n")
     (tmp_path / "worker_2.log").write_text("mindgr: error: rank 2: no progress for 31 s while training step 6\n")
     lines = launch.failure_summary(tmp_path, 4)
-    assert lines[0].startswith("rank 0: stopped without an error message")
+    assert lines[0].startswith("rank 0: no error message") and lines[0].endswith("last log line: [ERROR] ME noise")
     assert lines[1] == "rank 1: RuntimeError: boom"
     assert lines[2] == "rank 2: mindgr: error: rank 2: no progress for 31 s while training step 6"
     assert lines[3].startswith("rank 3: no log")
+    # the rank msrun saw die comes first, with how it died and its last log line
+    (tmp_path / "worker_3.log").write_text("step 7 loss 4.1\n[WARNING] ME noise\n")
+    for r, pid in enumerate((101, 102, 103, 104)):
+        (tmp_path / f"rank{r}.pid").write_text(str(pid))
+    (tmp_path / "msrun.log").write_text("[ERROR] Worker process 104 exit with exception. Error code: -9.\n")
+    lines = launch.failure_summary(tmp_path, 4)
+    assert lines[0] == "rank 3 died (killed by SIGKILL): no error message; last log line: step 7 loss 4.1"
+    assert [l.split(":")[0].split(" died")[0] for l in lines] == ["rank 3", "rank 0", "rank 1", "rank 2"]
 
 
 def test_parallel_config_and_resume_with_another_rank_count():

@@ -10,7 +10,10 @@ msrun starts `python` from PATH). Failure handling, outermost first:
     for parallel.timeout seconds, which turns a hang (a peer stuck, a collective that never completes)
     into an exit;
   - workers record their pid in LOG_DIR/rank{r}.pid; whatever is still alive when the launcher leaves
-    (including on SIGTERM / Ctrl-C) is killed by pid.
+    is killed by pid.
+Ctrl-C / SIGTERM: the launcher forwards the signal to every rank by pid; the ranks agree on it at the next
+step boundary (mindgr.parallel.trainer), rank 0 saves a checkpoint and all exit; the launcher waits for
+them (at most `stop_grace` seconds), then kills what is left. A second signal kills at once.
 """
 from __future__ import annotations
 
@@ -92,27 +95,71 @@ def _is_our_worker(pid: int, log_dir: Path) -> bool:
     return f"{LAUNCH_DIR_ENV}={log_dir}".encode() in env.split(b"\0")
 
 
-def kill_workers(log_dir: Path):
+def signal_workers(log_dir: Path, signum: int) -> int:
+    """Send `signum` to every live rank of this job; returns how many were signalled."""
+    sent = 0
     for pid in rank_pids(log_dir).values():
         if _is_our_worker(pid, log_dir):
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signum)
+                sent += 1
             except OSError:
                 pass
+    return sent
+
+
+def live_workers(log_dir: Path) -> int:
+    return sum(_is_our_worker(pid, log_dir) for pid in rank_pids(log_dir).values())
+
+
+def kill_workers(log_dir: Path):
+    signal_workers(log_dir, signal.SIGKILL)
+
+
+_WORKER_EXIT = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
+
+
+def failed_ranks(log_dir: Path) -> dict:
+    """rank -> exit code of the ranks msrun saw exit with an error, in the order it saw them."""
+    log = Path(log_dir) / "msrun.log"
+    if not log.is_file():
+        return {}
+    rank_of = {pid: r for r, pid in rank_pids(log_dir).items()}
+    out = {}
+    for pid, code in _WORKER_EXIT.findall(log.read_text(errors="replace")):
+        if int(pid) in rank_of:
+            out.setdefault(rank_of[int(pid)], int(code))
+    return out
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def failure_summary(log_dir: Path, nproc: int) -> list[str]:
-    """One line per rank that left an error message (mindgr one-liners, watchdog, last traceback line)."""
+    """One line per rank: the rank(s) that died first (with how), then every rank's error message or, if it
+    left none, its last log line."""
+    failed = failed_ranks(log_dir)
     lines = []
-    for r in range(nproc):
+    for r in list(failed) + [r for r in range(nproc) if r not in failed]:
         f = Path(log_dir) / f"worker_{r}.log"
+        died = f" died ({_exit_text(failed[r])})" if r in failed else ""
         if not f.is_file():
-            lines.append(f"rank {r}: no log ({f})")
+            lines.append(f"rank {r}{died}: no log ({f})")
             continue
-        text = f.read_text(errors="replace").splitlines()
+        text = [l for l in f.read_text(errors="replace").splitlines() if l.strip() and not _NOISE.match(l)]
         msg = [l for l in text if l.startswith("mindgr: error:")] or [l for l in text if _EXC.match(l)]
-        lines.append(f"rank {r}: {msg[-1]}" if msg else f"rank {r}: stopped without an error message "
-                                                        "(killed by msrun after another rank failed, or lost)")
+        if msg:
+            lines.append(f"rank {r}{died}: {msg[-1]}")
+        else:
+            last = f"last log line: {text[-1].strip()[:200]}" if text else "nothing logged"
+            why = "" if died else " (killed by msrun after another rank failed, or lost)"
+            lines.append(f"rank {r}{died}: no error message{why}; {last}")
     return lines
 
 
@@ -150,7 +197,7 @@ class _Tail(threading.Thread):
 
 
 def run(task: list[str], nproc: int, log_dir, *, port: int = 0, threads: int = 0, node_timeout: int = 30,
-        cluster_timeout: int = 120, quiet: bool = False) -> int:
+        cluster_timeout: int = 120, quiet: bool = False, stop_grace: float = 120.0) -> int:
     """Run `task` (argv after `python`, e.g. ["-m", "mindgr", "train", ...]) on `nproc` ranks. Exit code."""
     log_dir = Path(log_dir).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -167,15 +214,24 @@ def run(task: list[str], nproc: int, log_dir, *, port: int = 0, threads: int = 0
     pump = _Tail(log_dir, quiet)
     pump.start()
     grace = node_timeout + 15
-    interrupted = False
+    interrupted, stop_at, forced = None, None, False
 
     def stop(signum, frame):
-        nonlocal interrupted
-        interrupted = True
+        nonlocal interrupted, stop_at, forced
+        if interrupted is not None:
+            forced = True                               # a second signal: no more waiting
+            return
+        interrupted, stop_at = signum, time.monotonic()
+        sent = signal_workers(log_dir, signum)
+        print(f"mindgr: {signal.Signals(signum).name}: asked {sent} of {nproc} ranks to stop at the next step "
+              "boundary and save a checkpoint (signal again to kill them now)", file=sys.stderr, flush=True)
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        while proc.poll() is None and not interrupted:
-            if pump.failed_at is not None and time.monotonic() - pump.failed_at > grace:
+        while proc.poll() is None and not forced:
+            if interrupted is not None:
+                if not live_workers(log_dir) or time.monotonic() - stop_at > stop_grace:
+                    break                               # every rank has left (or will not): end msrun
+            elif pump.failed_at is not None and time.monotonic() - pump.failed_at > grace:
                 break                                   # msrun still waits for its scheduler: enough
             time.sleep(0.5)
     finally:
@@ -190,8 +246,9 @@ def run(task: list[str], nproc: int, log_dir, *, port: int = 0, threads: int = 0
         kill_workers(log_dir)
         pump.done.set()
         pump.join(timeout=5)
-    if interrupted:
-        print("mindgr: interrupted: all ranks stopped", file=sys.stderr)
+    if interrupted is not None:
+        how = "killed" if forced or time.monotonic() - stop_at > stop_grace else "stopped"
+        print(f"mindgr: interrupted: all ranks {how}", file=sys.stderr)
         return 130
     if proc.returncode == 0 and pump.failed_at is None:
         return 0

@@ -78,6 +78,74 @@ def _inject_fault(kind: str, rank: int, step: int):
         time.sleep(60)
 
 
+class _AgreedStop:
+    """Ranks receive a stop signal at different moments; they must stop at the SAME step boundary, or rank 0
+    would save while the others wait in the next step's collective.
+
+    While training, this replaces the single-process SIGINT/SIGTERM handler (mindgr.train.trainer.StopSignals)
+    with one that only notes the signal. Before every step the ranks all-reduce (max) the noted signal; when
+    any rank has one, every rank hands it to the saved handler at once, so the loop stops on all of them after
+    that same step (and rank 0 saves). A second signal on a rank that already noted one ends it at once.
+    """
+
+    def __init__(self):
+        self.noted = 0
+        self.delivered = False
+        self._saved = {}
+
+    def install(self):
+        import signal
+        import threading
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            current = signal.getsignal(sig)
+            if current != self._note and callable(current):     # (bound methods: == not is)
+                self._saved[sig] = current
+                signal.signal(sig, self._note)
+
+    def _note(self, signum, frame):
+        if self.noted:
+            raise KeyboardInterrupt
+        self.noted = signum
+
+    def agree(self):
+        """Called by every rank before each step (one small all-reduce)."""
+        if self.delivered or not self._saved:
+            return
+        agreed = int(comm.all_reduce(np.array([self.noted], np.int32), op="max")[0])
+        if agreed:
+            self.delivered = True
+            handler = self._saved.get(agreed) or next(iter(self._saved.values()))
+            handler(agreed, None)        # the loop now stops after this step, on every rank
+
+
+class _AgreeingStream:
+    """The input stream of the training loop, with the ranks' stop agreement before each batch."""
+
+    def __init__(self, inner, stop: _AgreedStop):
+        self._inner, self._stop = inner, stop
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self._inner)
+        self._stop.agree()
+        return item
+
+    @property
+    def wait_s(self):
+        return self._inner.wait_s
+
+    @wait_s.setter
+    def wait_s(self, value):
+        self._inner.wait_s = value
+
+    def close(self, *args, **kwargs):
+        return self._inner.close(*args, **kwargs)
+
+
 class DistributedTrainer(Trainer):
     def __init__(self, cfg, resume: bool = False, quiet: bool = False):
         self.ctx = init_distributed(cfg.parallel.threads, cfg.parallel.bind_cores)  # msrun's scheduler stops here
@@ -159,6 +227,14 @@ class DistributedTrainer(Trainer):
         return result
 
     # ---- training --------------------------------------------------------------------------------
+    def _input_stream(self, epoch: int):
+        # Called inside fit's signal handling, before the epoch's first step: from here on a signal is only
+        # noted, and acted on when the ranks agree (_AgreedStop).
+        if not hasattr(self, "_agreed_stop"):
+            self._agreed_stop = _AgreedStop()
+        self._agreed_stop.install()
+        return _AgreeingStream(super()._input_stream(epoch), self._agreed_stop)
+
     def fit(self) -> dict:
         try:
             return super().fit()
