@@ -5,6 +5,7 @@ Bad configs, data and checkpoints end the command with ONE line on stderr naming
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -39,6 +40,7 @@ def cmd_train(args) -> int:
         print(dump_config(cfg), end="")
         return 0
     _check_writable(cfg.run_dir)   # a file in the way or a read-only disk: say so before data and compile
+    args.writes_to = cfg.run_dir
     from mindgr.parallel.context import under_msrun
     if under_msrun():  # a rank of a multi-process job (or msrun's scheduler, which stops in init)
         if cfg.parallel.sparse != "none":
@@ -100,6 +102,7 @@ def cmd_data(args) -> int:
         check_options(args.kind, options)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    args.writes_to = args.out
     prepare(args.kind, args.src, args.out, lenient=args.lenient, **options)
     return 0
 
@@ -279,10 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _os_error_line(e: OSError) -> str:
-    where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+def _os_error_line(e: OSError, writes_to=None) -> str:
+    # A failed write() names no file: then say which output the command was writing.
+    where = f"{e.filename}: " if getattr(e, "filename", None) else (f"writing {writes_to}: " if writes_to else "")
     what = e.strerror or str(e)
-    hint = " (free some space and --resume)" if e.errno == 28 else ""
+    hint = " (free some space; a training run continues from its last checkpoint with --resume)" \
+        if e.errno == errno.ENOSPC else ""
     return f"{where}{what.lower() if e.strerror else what}{hint}"
 
 
@@ -316,7 +321,7 @@ def main(argv=None) -> int:
         print(f"mindgr: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # a full disk, a read-only or vanished directory met while writing
-        print(f"mindgr: error: {_os_error_line(e)}", file=sys.stderr)
+        print(f"mindgr: error: {_os_error_line(e, getattr(args, 'writes_to', None))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("mindgr: interrupted", file=sys.stderr)

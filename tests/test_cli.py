@@ -2,6 +2,9 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from conftest import REPO
 
@@ -72,3 +75,109 @@ def test_prepare_synthetic_then_train_on_the_store_and_eval(tmp_path, tiny_overr
     assert cmp["users"] == 120 and cmp["runs"] == [2, 1] and cmp["metrics"]["ndcg@10"]["ci95"] == [0.0, 0.0]
     assert len(cmp["a"]) == 2 and cmp["b"]["run"] == tiny
     assert "not distinguishable" in p.stdout and "per run" in p.stdout
+
+
+def _read_only_dir(tmp_path):
+    """A directory this process cannot write: chmod 0555, or (root ignores modes) a kernel-owned one."""
+    from mindgr.paths import unwritable_reason
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    if unwritable_reason(d) is None:                 # root: the mode does not stop writes
+        d = Path("/sys/mindgr-test")
+        if unwritable_reason(d) is None:
+            pytest.skip("no directory this user cannot write (root, and /sys is writable)")
+    return d
+
+
+def _bad_case(name, tmp_path):
+    """(argv, exit code, words of the one error line) of each bad input."""
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    if name == "prepare without --src":
+        return ["data", "prepare", "movielens-1m", "--out", str(tmp_path / "o")], 2, ["--src is required"]
+    if name == "unknown --option":
+        return (["data", "prepare", "synthetic", "--out", str(tmp_path / "o"), "--option", "users=5"], 2,
+                ["unknown option 'users'", "num_users"])
+    if name == "non-integer --option":
+        return (["data", "prepare", "synthetic", "--out", str(tmp_path / "o"), "--option", "num_users=many"], 2,
+                ["num_users", "'many'", "expected int"])
+    if name == "--option without =":
+        return ["data", "prepare", "synthetic", "--out", str(tmp_path / "o"), "--option", "num_users"], 2, ["KEY=VALUE"]
+    if name == "--out is a file":
+        return ["data", "prepare", "synthetic", "--out", str(afile)], 1, [str(afile), "not a directory"]
+    if name == "run dir is a file":
+        return ["train", f"run.out_dir={tmp_path}", "run.name=afile"], 1, [str(afile), "not a directory"]
+    if name == "out_dir is a file":
+        return ["train", f"run.out_dir={afile}"], 1, [str(afile), "is not a directory"]
+    if name == "read-only out_dir":
+        ro = _read_only_dir(tmp_path)
+        return ["train", f"run.out_dir={ro}"], 1, ["cannot write"]
+    if name == "read-only store --out":
+        ro = _read_only_dir(tmp_path)
+        return ["data", "prepare", "synthetic", "--out", str(ro / "store")], 1, ["cannot write"]
+    if name == "non-UTF-8 config":
+        bad = tmp_path / "latin1.yaml"
+        bad.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
+        return ["train", "--config", str(bad)], 2, [str(bad) + ":2", "not UTF-8"]
+    if name == "config is a directory":
+        return ["train", "--config", str(tmp_path)], 2, [str(tmp_path), "is a directory"]
+    if name == "duplicate YAML key":
+        dup = tmp_path / "dup.yaml"
+        dup.write_text("model:\n  dim: 16\n  num_blocks: 1\n  dim: 32\n")
+        return ["train", "--config", str(dup)], 2, [f"{dup}:4", "duplicate key 'dim'", "line 2"]
+    if name.startswith("train.lr="):
+        return ["train", name], 2, ["train.lr", "finite"]
+    if name.startswith("run.name="):
+        return ["train", f"run.out_dir={tmp_path}", name], 2, ["run.name"]
+    raise KeyError(name)
+
+
+BAD_CASES = ["prepare without --src", "unknown --option", "non-integer --option", "--option without =",
+             "--out is a file", "run dir is a file", "out_dir is a file", "read-only out_dir", "read-only store --out",
+             "non-UTF-8 config", "config is a directory", "duplicate YAML key", "train.lr=.nan", "train.lr=nan",
+             "train.lr=.inf", "train.lr=-1e999", "run.name=", "run.name=/tmp/elsewhere", "run.name=../escaped",
+             "run.name=a/../../b"]
+
+
+@pytest.mark.parametrize("case", BAD_CASES)
+def test_bad_input_is_one_line_not_a_traceback(tmp_path, case):
+    argv, code, words = _bad_case(case, tmp_path)
+    p = run(*argv)
+    one_line_error(p, code, *words)
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "escaped").exists() and not Path("/tmp/elsewhere").exists()
+
+
+def test_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
+    """A write that meets a full disk (the kernel's /dev/full answers every write with ENOSPC)."""
+    import importlib
+    from mindgr import cli
+    prepare = importlib.import_module("mindgr.datasets.prepare")  # (the package's `prepare` is the function)
+
+    def write_to_full_disk(store, out):
+        with open("/dev/full", "w") as f:
+            f.write("x" * 65536)
+            f.flush()
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    monkeypatch.setattr(prepare, "write_store", write_to_full_disk)
+    code = cli.main(["data", "prepare", "synthetic", "--out", str(tmp_path / "s"), "--option", "num_users=20"])
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.startswith("mindgr: error:")]
+    assert code == 1 and len(lines) == 1, err
+    assert f"writing {tmp_path / 's'}: no space left on device" in lines[0], lines[0]
+
+
+def test_version_and_help_texts():
+    from mindgr import __version__
+    p = run("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"mindgr {__version__}"
+    p = run("train", "--help")
+    assert p.returncode == 0 and "SECTION.KEY=VALUE" in p.stdout and "--print-config" in p.stdout
+    p = run("bench", "--help")
+    from mindgr.cli import BENCHMARKS
+    assert p.returncode == 0
+    section = p.stdout.split("benchmarks:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [l.split()[0] for l in section] == list(BENCHMARKS)
+    assert all(len(l.split()) > 4 for l in section), section      # a description on every line

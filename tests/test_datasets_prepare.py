@@ -25,10 +25,15 @@ def test_prepare_synthetic_writes_store_and_summary(tmp_path, capsys):
 def test_read_any_dispatch_and_errors(tmp_path):
     (tmp_path / "u.data").write_text("1\t2\t3\t4\n")
     assert read_any("movielens-100k", tmp_path).num_interactions == 1
-    with pytest.raises(ValueError, match="known kinds: movielens-1m, movielens-100k, kuairand, synthetic"):
+    with pytest.raises(ValueError, match="known kinds: movielens-1m, movielens-100k, kuairand, sequences, csv, "
+                                         "synthetic"):
         read_any("netflix", tmp_path)
-    with pytest.raises(ValueError, match="unknown synthetic options"):
+    with pytest.raises(ValueError, match="unknown option 'num_userz' .*num_users"):
         read_any("synthetic", None, num_userz=3)
+    with pytest.raises(ValueError, match="option positive_value = 'yes': expected int"):
+        read_any("kuairand", tmp_path, positive_value="yes")
+    with pytest.raises(ValueError, match="needs a source file"):
+        read_any("movielens-100k", None)
 
 
 def test_cli_reports_data_errors_on_one_line(tmp_path, capsys):

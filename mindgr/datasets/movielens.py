@@ -97,7 +97,10 @@ def _attach_times(seq_path, user_ids, seqs, ratings_path, lenient):
 
 
 def _is_ratings_file(path):
-    """By content, not by name: ratings lines hold '::', sequence lines never do."""
+    """Ratings lines hold '::', sequence lines never do; a file without '::' is a sequences file unless its
+    name says ratings (then it is a malformed ratings file, and the error says what its lines lack)."""
+    if "ratings" in path.name.lower():
+        return True
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", errors="replace") as f:

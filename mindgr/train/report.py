@@ -13,6 +13,10 @@ from pathlib import Path
 
 from mindgr.datasets import DataError
 
+class ReportError(ValueError):
+    """Something `mindgr report` needs is missing (one line)."""
+
+
 PLOTS = {"loss": "report-loss.png", "throughput": "report-tokens_per_s.png", "valid": "report-valid.png"}
 TABLE = "report.md"
 _CURVE_METRICS = ("ndcg@10", "hr@10", "mrr")   # the validation panels, when the run has them
@@ -106,7 +110,11 @@ def metrics_table(runs: list[dict], labels: list[str]) -> str:
 
 def _plot(path: Path, panels: list[tuple[str, list]], xlabel: str = "step"):
     """panels: (title, [(label, xs, ys)]) drawn side by side; one line per run."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("mindgr report draws with matplotlib, which is not installed: "
+                          "pip install 'mindgr[report]' (or matplotlib)") from None
     matplotlib.use("Agg")                              # files only: no display needed
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
