@@ -39,3 +39,29 @@ def test_read_any_dispatch_and_errors(tmp_path):
 def test_cli_reports_data_errors_on_one_line(tmp_path, capsys):
     assert main(["movielens-1m", str(tmp_path / "missing.dat"), str(tmp_path / "out")]) == 1
     assert capsys.readouterr().err.strip() == f"error: {DataError(tmp_path / 'missing.dat', None, 'file not found')}"
+
+
+def test_users_own_formats_through_the_cli_and_the_config(tmp_path):
+    """`data prepare csv|sequences` with --option, and data.kind=csv|sequences in a training config."""
+    import subprocess
+    import sys
+    from conftest import REPO
+    from mindgr.config import load_config
+    from mindgr.train.data import load_store
+    log = tmp_path / "log.tsv"
+    log.write_text("uid\tiid\tms\n1\t10\t2000\n1\t11\t1000\n2\t10\t5\n")
+    p = subprocess.run([sys.executable, "-m", "mindgr", "data", "prepare", "csv", "--src", str(log), "--out",
+                        str(tmp_path / "store"), "--option", "user_column=uid", "--option", "item_column=iid",
+                        "--option", "time_column=ms", "--option", "time_unit=ms", "--option", "separator=tab"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    s = read_store(tmp_path / "store")
+    assert s.time_unit == "ms" and s.item_raw_ids[s.item_seqs[0]].tolist() == [11, 10]
+    cfg = load_config(None, ["data.kind=csv", f"data.path={log}", "data.csv.user_column=uid",
+                             "data.csv.item_column=iid", "data.csv.time_column=ms", "data.csv.time_unit=ms",
+                             "data.csv.separator=tab"])
+    assert load_store(cfg.data).item_raw_ids[load_store(cfg.data).item_seqs[0]].tolist() == [11, 10]
+    seqs = tmp_path / "seqs.dat"
+    seqs.write_text("1 5 6\n2 6 5 7\n")
+    cfg = load_config(None, ["data.kind=sequences", f"data.path={seqs}", "model.time_bias=false"])
+    assert load_store(cfg.data).num_interactions == 5

@@ -270,3 +270,142 @@ def test_kuairand_lenient_counts_skips(tmp_path, capsys):
     s = read_kuairand([f], lenient=True)
     assert _raw(s, 0) == [1, 5]
     assert "skipped 3 lines: 1 non-numeric field, 1 wrong number of fields, 1 negative id" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ sequences (users' own `user item item ...`)
+
+def test_sequences_kind_reads_any_file_name(tmp_path):
+    from mindgr.datasets import read_sequences
+    for name in ("seqs.txt", "my.dat", "data"):
+        s = read_sequences(_write(tmp_path / name, "7 30 10 30\n2\t5 6\n\n3 6\n"))
+        assert s.name == "sequences" and s.user_ids.tolist() == [2, 3, 7] and not s.has_timestamps
+        assert [_raw(s, u) for u in range(3)] == [[5, 6], [6], [30, 10, 30]]
+
+
+def test_ml1m_sequences_file_named_dat_is_read_as_sequences(tmp_path):
+    s = read_movielens_1m(_write(tmp_path / "sequences.dat", "1 3 2\n2 1\n"))
+    assert _raw(s, 0) == [3, 2] and not s.has_timestamps
+    with pytest.raises(DataError, match=r"ratings\.dat:1: expected fields separated by '::'"):
+        read_movielens_1m(_write(tmp_path / "ratings.dat", "1 3 2\n"))
+
+
+@pytest.mark.parametrize("text, line, pattern", [
+    ("1 2 3\n2 x 4\n", 2, r"item 1 is not an integer: 'x'"),
+    ("1;2;3\n", 1, r"expected space-separated.*found ';'"),
+    ("1 2 0\n", 1, r"item 2 must be >= 1, got 0"),
+    ("5 2\n5 4\n", 2, r"user 5 already appeared on line 1"),
+])
+def test_sequences_malformed(tmp_path, text, line, pattern):
+    from mindgr.datasets import read_sequences
+    path = _write(tmp_path / "s.txt", text)
+    with pytest.raises(DataError, match=pattern) as err:
+        read_sequences(path)
+    assert str(err.value).startswith(f"{path}:{line}: ")
+
+
+def test_sequences_lenient_counts(tmp_path, capsys):
+    from mindgr.datasets import read_sequences
+    s = read_sequences(_write(tmp_path / "s.txt", "1 2 3\n2 x\n3,4\n4 5\n1 9\n"), lenient=True)
+    assert s.user_ids.tolist() == [1, 4]
+    assert "skipped 3 lines: 1 non-numeric field, 1 wrong delimiter, 1 duplicate user" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ csv (an interaction log, columns configurable)
+
+LOG = """uid,iid,ts,page
+2,100,30,7
+1,200,20,5
+2,300,10,6
+1,100,20,5
+2,100,10,6
+"""
+
+
+def test_csv_orders_by_time_stably_and_keeps_pages(tmp_path):
+    from mindgr.datasets import read_csv_log
+    s = read_csv_log(_write(tmp_path / "log.csv", LOG), user_column="uid", item_column="iid", time_column="ts",
+                     page_column="page")
+    assert s.name == "csv" and s.user_ids.tolist() == [1, 2] and s.time_unit == "s"
+    assert _raw(s, 0) == [200, 100] and s.time_seqs[0].tolist() == [20, 20]      # tie: file order
+    assert _raw(s, 1) == [300, 100, 100] and s.time_seqs[1].tolist() == [10, 10, 30]
+    assert [p.tolist() for p in s.page_seqs] == [[5, 5], [6, 6, 7]]
+
+
+def test_csv_pages_survive_the_store_round_trip(tmp_path):
+    from mindgr.datasets import read_csv_log, read_store, write_store
+    s = read_csv_log(_write(tmp_path / "log.csv", LOG), user_column="uid", item_column="iid", time_column="ts",
+                     page_column="page")
+    write_store(s, tmp_path / "store")
+    r = read_store(tmp_path / "store")
+    assert [p.tolist() for p in r.page_seqs] == [p.tolist() for p in s.page_seqs]
+    assert read_store(_store_without_pages(tmp_path)).page_seqs is None
+
+
+def _store_without_pages(tmp_path):
+    from mindgr.datasets import read_csv_log, write_store
+    s = read_csv_log(_write(tmp_path / "plain.csv", "user_id,item_id,timestamp\n1,2,3\n"))
+    write_store(s, tmp_path / "plain")
+    return tmp_path / "plain"
+
+
+@pytest.mark.parametrize("unit, stored, times", [("s", "s", [5, 9]), ("ms", "ms", [5, 9]),
+                                                 ("us", "ms", [0, 0]), ("ns", "ms", [0, 0])])
+def test_csv_time_units(tmp_path, unit, stored, times):
+    from mindgr.datasets import read_csv_log
+    s = read_csv_log(_write(tmp_path / "l.tsv", "u\ti\tt\n1\t2\t5\n1\t3\t9\n"), user_column="u", item_column="i",
+                     time_column="t", separator="tab", time_unit=unit)
+    assert s.time_unit == stored and s.time_seqs[0].tolist() == times
+
+
+def test_csv_without_header_or_time_column(tmp_path):
+    from mindgr.datasets import read_csv_log
+    s = read_csv_log(_write(tmp_path / "l.txt", "9;1;x\n3;1;y\n4;2;z\n"), user_column=1, item_column=0,
+                     time_column="", separator=";", header=False)
+    assert s.user_ids.tolist() == [1, 2] and _raw(s, 0) == [9, 3] and not s.has_timestamps
+    s = read_csv_log(_write(tmp_path / "h.csv", "user_id,item_id\n1,5\n1,4\n"), time_column="")
+    assert _raw(s, 0) == [5, 4]
+
+
+@pytest.mark.parametrize("text, kwargs, line, pattern", [
+    ("user_id,item_id,timestamp\n1,2,3\n1,x,4\n", {}, 3, r"field item_id is not an integer: 'x'"),
+    ("user_id,item_id,timestamp\n1,2,3\n1,2\n", {}, 3, r"expected 3 fields, found 2"),
+    ("user_id,item_id,timestamp\n1,2,-3\n", {}, 2, r"timestamp must be >= 0, got -3"),
+    ("user_id,item_id,timestamp\n-1,2,3\n", {}, 2, r"user_id must be >= 0, got -1"),
+    ("user_id,item_id,timestamp\n1,,3\n", {}, 2, r"field item_id is empty"),
+    ("user_id,item_id,timestamp\n1;2;3\n", {}, 2, r"separated by ','.*found ';'"),
+    ("user_id,item_id,when\n1,2,3\n", {}, 1, r"missing time column 'timestamp' \(found: user_id, item_id, when\)"),
+    ("user_id;item_id;timestamp\n1;2;3\n", {}, 1, r"missing user column 'user_id'.*separated by ';'"),
+    ("1,2\n", {"header": False, "user_column": 0, "item_column": 1, "time_column": 5}, 1,
+     r"time_column 5 does not exist: the row has 2 fields"),
+])
+def test_csv_malformed_names_file_and_line(tmp_path, text, kwargs, line, pattern):
+    from mindgr.datasets import read_csv_log
+    path = _write(tmp_path / "log.csv", text)
+    with pytest.raises(DataError, match=pattern) as err:
+        read_csv_log(path, **kwargs)
+    assert str(err.value).startswith(f"{path}:{line}: "), str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    ({"time_unit": "days"}, r"time_unit 'days': expected one of s, ms, us, ns"),
+    ({"separator": "::"}, r"separator '::': expected one character"),
+    ({"header": False, "user_column": "uid"}, r"user_column 'uid': without a header, columns are 0-based"),
+])
+def test_csv_bad_options_name_the_file(tmp_path, kwargs, pattern):
+    from mindgr.datasets import read_csv_log
+    path = _write(tmp_path / "log.csv", "user_id,item_id,timestamp\n1,2,3\n")
+    with pytest.raises(DataError, match=pattern) as err:
+        read_csv_log(path, **kwargs)
+    assert str(err.value).startswith(f"{path}: ")
+
+
+def test_csv_lenient_counts_every_skip(tmp_path, capsys):
+    from mindgr.datasets import read_csv_log
+    text = "user_id,item_id,timestamp\n1,2,3\n1,x,4\n1,2\n2,,5\n2,7,8\n"
+    s = read_csv_log(_write(tmp_path / "log.csv", text), lenient=True)
+    assert s.user_ids.tolist() == [1, 2] and s.num_interactions == 2
+    err = capsys.readouterr().err
+    assert "skipped 3 lines:" in err and "1 non-numeric field" in err and "1 wrong number of fields" in err \
+        and "1 missing field" in err
+    with pytest.raises(DataError, match="no valid interactions"):
+        read_csv_log(_write(tmp_path / "bad.csv", "user_id,item_id,timestamp\nx,1,1\n"), lenient=True)

@@ -6,10 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .csvlog import read_csv_log
 from .errors import DataError
-from .readers import read_kuairand, read_movielens_100k, read_movielens_1m
-from .sequences import read_sequences
+from .readers import read_csv_log, read_kuairand, read_movielens_100k, read_movielens_1m, read_sequences
 from .store import write_store
 from .synthetic import generate_synthetic
 
