@@ -75,6 +75,11 @@ def test_prepare_synthetic_then_train_on_the_store_and_eval(tmp_path, tiny_overr
     assert cmp["users"] == 120 and cmp["runs"] == [2, 1] and cmp["metrics"]["ndcg@10"]["ci95"] == [0.0, 0.0]
     assert len(cmp["a"]) == 2 and cmp["b"]["run"] == tiny
     assert "not distinguishable" in p.stdout and "per run" in p.stdout
+    # the report of a real run: its plots, and its final test metrics in the table
+    p = run("report", tiny, "--out", str(tmp_path / "report"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"| {result['test']['hr@10']:.4f} |" in (tmp_path / "report" / "report.md").read_text()
+    assert (tmp_path / "report" / "report-loss.png").stat().st_size > 5000
 
 
 def _read_only_dir(tmp_path):
