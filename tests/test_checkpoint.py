@@ -48,6 +48,7 @@ def _losses(run_dir):
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 
 
+@pytest.mark.slow   # two training runs and a resume: ~2 min on a busy host
 def test_resume_replays_identical_losses(tmp_path, tiny_overrides):
     from mindgr.train.trainer import Trainer
     base = tiny_overrides + ["run.log_every=1", "eval.every_epochs=0", "run.ckpt_every=3",

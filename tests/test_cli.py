@@ -45,6 +45,7 @@ def test_data_errors_are_one_line(tmp_path):
                    1, "u.data:2")
 
 
+@pytest.mark.slow   # trains, evaluates, compares and reports a run: ~2.5 min on a busy host
 def test_prepare_synthetic_then_train_on_the_store_and_eval(tmp_path, tiny_overrides):
     store = tmp_path / "store"
     p = run("data", "prepare", "synthetic", "--out", str(store), "--option", "num_users=120",

@@ -164,6 +164,7 @@ def test_scoring_dispatch(monkeypatch):
     assert_close(scoring.shared_pool_lse(*arrays).asnumpy(), want, "dispatched lse")
 
 
+@pytest.mark.slow   # trains twice per variant: ~70 s each on a busy host
 @pytest.mark.parametrize("extra", [["loss.negatives=shared_pool", "loss.pool_size=48"],
                                    ["loss.negatives=mixed", "loss.pool_size=40", "loss.in_batch_size=24",
                                     "loss.sampling=popularity"]],

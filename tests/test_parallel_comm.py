@@ -10,6 +10,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow   # msrun jobs: left out of the fast subset (pytest -m "not slow")
+
 TIMEOUT = 240
 
 

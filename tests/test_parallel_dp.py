@@ -10,8 +10,12 @@ import json
 import os
 import sys
 
+import pytest
+
 from conftest import REPO
 from mindgr.config import load_config
+
+pytestmark = pytest.mark.slow   # an msrun job: left out of the fast subset (pytest -m "not slow")
 
 TIMEOUT = 300
 

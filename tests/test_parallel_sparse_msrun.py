@@ -15,6 +15,8 @@ from conftest import REPO
 from mindgr.config import load_config
 from test_parallel_comm import run_ranks
 
+pytestmark = pytest.mark.slow   # msrun jobs: left out of the fast subset (pytest -m "not slow")
+
 TIMEOUT = 300
 
 

@@ -9,6 +9,8 @@ import pytest
 from conftest import REPO
 from mindgr.config import load_config
 
+pytestmark = pytest.mark.slow   # complete training runs (1-2.5 min each on a busy host): not in -m "not slow"
+
 
 @pytest.mark.parametrize("extra", [["loss.negatives=mixed", "loss.pool_size=32", "loss.in_batch_size=16",
                                     "loss.sampling=popularity"],
