@@ -57,7 +57,7 @@ def test_killed_rank_ends_the_job_then_resume_on_one_rank(tmp_path, tiny_overrid
     assert proc.returncode != 0
     assert ended < NODE_TIMEOUT + 30, f"the job took {ended:.0f}s to end after rank 1 was killed"
     assert "mindgr: error: the distributed job failed" in err, err[-2000:]
-    assert "rank 1 died (killed by SIGKILL): " in err and "last log line: step" in err, err[-2000:]
+    assert "rank 1 died (killed by SIGKILL): " in err, err[-2000:]
     before = _steps(run_dir)
 
     ckpt = max(int(p.stem[len("ckpt-step"):]) for p in (run_dir / "checkpoints").glob("ckpt-step*.json"))
