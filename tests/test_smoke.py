@@ -1,9 +1,12 @@
 """The README's main job, end to end: the built-in smoke config trains, evaluates and beats popularity."""
 import json
 
+import pytest
+
 from test_cli import run
 
 
+@pytest.mark.slow   # the whole smoke run (about a minute on 2 quiet cores, 1.5-2 min on a busy host)
 def test_smoke_config_trains_and_beats_popularity(tmp_path):
     p = run("train", "--config", "configs/smoke.yaml", f"run.out_dir={tmp_path}")
     assert p.returncode == 0, p.stderr[-3000:]
