@@ -65,7 +65,8 @@ def test_report_of_two_runs_draws_both_and_tables_final_metrics(tmp_path):
     assert rows[4].startswith("| c | 100 | (no eval.json: not finished)") and rows[4].count("|") == rows[0].count("|")
 
 
-def test_report_cli_writes_into_the_run_and_fails_in_one_line(tmp_path):
+def test_report_cli_writes_into_the_run_and_fails_in_one_line(tmp_path, capsys):
+    from mindgr import cli
     run = _fake_run(tmp_path / "r", 0.5, 10.0)
     p = subprocess.run([sys.executable, "-m", "mindgr", "report", str(run)], cwd=REPO, capture_output=True,
                        text=True, timeout=120)
@@ -76,7 +77,7 @@ def test_report_cli_writes_into_the_run_and_fails_in_one_line(tmp_path):
     (bad / "metrics.jsonl").write_text('{"step": 1, "loss": 2}\nnot json\n{"step": 2, "loss": 1}\n')
     for target, words in ((tmp_path / "none", "run directory not found"), (tmp_path, "not a run directory"),
                           (bad, "metrics.jsonl:2: not valid JSON")):
-        p = subprocess.run([sys.executable, "-m", "mindgr", "report", str(target)], cwd=REPO, capture_output=True,
-                           text=True, timeout=120)
-        lines = [l for l in p.stderr.splitlines() if l.startswith("mindgr: error:")]
-        assert p.returncode == 1 and len(lines) == 1 and words in lines[0], p.stderr
+        code = cli.main(["report", str(target)])         # in-process: the same error path, no start-up
+        err = capsys.readouterr().err
+        lines = [l for l in err.splitlines() if l.startswith("mindgr: error:")]
+        assert code == 1 and len(lines) == 1 and words in lines[0], err
