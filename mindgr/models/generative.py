@@ -29,7 +29,8 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgr.models.hstu import HSTUBlock
-from mindgr.models.layers import apply_dropout, layer_norm, param, trunc_normal, xavier_uniform
+from mindgr.models.layers import apply_dropout, last_positions, layer_norm, param, trunc_normal, xavier_uniform
+from mindgr.models.ntp import code_tokens, prompt_tokens, tokens_per_prompt_item
 
 TOKEN_MERGERS = ("none", "item", "pairs")
 
@@ -115,3 +116,115 @@ def level_log_softmax(logits: np.ndarray, level_offsets, level: int) -> np.ndarr
     z = np.asarray(logits[..., a:b], np.float64)
     m = z.max(-1, keepdims=True)
     return (z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))).astype(np.float32)
+
+
+class TokenLogits(nn.Cell):
+    """logits [T, sum K] of every token of a jagged batch."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def construct(self, slots, merged, offsets):
+        return self.decoder.logits(self.decoder(slots, merged, offsets))
+
+
+class LastTokenLogits(nn.Cell):
+    """logits [B, sum K] of the last token of each row (zeros for empty rows)."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def construct(self, slots, merged, offsets):
+        return self.decoder.logits(last_positions(self.decoder(slots, merged, offsets), offsets))
+
+
+def prompts_of(decoder, histories, codes, max_prompt_tokens: int):
+    """Per user (slots, merged) of its prompt: the history's tokens, the oldest dropped beyond the cap."""
+    out = []
+    for u, h in enumerate(histories):
+        h = np.asarray(h, np.int64)
+        if h.shape[0] == 0:
+            raise ValueError(f"user {u} has an empty history: a generative model needs a prompt")
+        slots, merged = prompt_tokens(codes[h], decoder.level_offsets, decoder.token_merger, decoder.pad_id)
+        per_item = tokens_per_prompt_item(decoder.num_levels, decoder.token_merger)
+        keep = (max_prompt_tokens // per_item) * per_item
+        if keep < per_item:
+            raise ValueError(f"max_prompt_tokens {max_prompt_tokens} holds no item ({per_item} tokens each)")
+        out.append((slots[-keep:], merged[-keep:]))
+    return out
+
+
+def pack_sequences(seqs, t_cap: int, b_cap: int, group: int, pad_id: int):
+    """[(slots, merged)] -> fixed-capacity (slots [t_cap, G], merged [t_cap], offsets [b_cap+1])."""
+    slots = np.full((t_cap, group), pad_id, np.int32)
+    merged = np.zeros(t_cap, np.float32)
+    lengths = [s.shape[0] for s, _ in seqs]
+    if sum(lengths) > t_cap or len(seqs) > b_cap:
+        raise ValueError(f"{len(seqs)} sequences of {sum(lengths)} tokens exceed capacities ({b_cap}, {t_cap})")
+    offsets = np.full(b_cap + 1, sum(lengths), np.int32)
+    offsets[: len(seqs) + 1] = np.concatenate([[0], np.cumsum(lengths)])
+    pos = 0
+    for (s, m), n in zip(seqs, lengths):
+        slots[pos:pos + n], merged[pos:pos + n] = s, m
+        pos += n
+    return slots, merged, offsets
+
+
+class RecomputeScorer:
+    """The reference scorer of beam search: each step re-runs the decoder over every beam's whole
+    sequence (prompt + its decoded codes), one row per (user, beam), at fixed capacities
+    (users x beam rows of max_prompt_tokens + Lt - 1 tokens): one compiled graph for every step."""
+
+    def __init__(self, decoder, histories, codes, beam: int, max_prompt_tokens: int, num_users: int | None = None):
+        self.decoder = decoder
+        self.prompts = prompts_of(decoder, histories, codes, max_prompt_tokens)
+        self.num_users = num_users or len(self.prompts)
+        self.beam = beam
+        self.rows = self.num_users * beam
+        self.t_cap = self.rows * (max_prompt_tokens + decoder.num_levels - 1)
+        self.net = LastTokenLogits(decoder)
+        self.net.set_train(False)
+
+    def step(self, level, prefixes):
+        dec = self.decoder
+        seqs = []
+        for u in range(len(self.prompts)):
+            ps, pm = self.prompts[u]
+            for b in range(self.beam):
+                gids = dec.level_offsets[:level] + prefixes[u, b, :level]
+                cs, cm = code_tokens(gids, dec.group, dec.pad_id)
+                seqs.append((np.concatenate([ps, cs]), np.concatenate([pm, cm])))
+        slots, merged, offsets = pack_sequences(seqs, self.t_cap, self.rows, dec.group, dec.pad_id)
+        logits = self.net(Tensor(slots), Tensor(merged), Tensor(offsets)).asnumpy()
+        logp = level_log_softmax(logits, dec.level_offsets, level)
+        return logp.reshape(self.num_users, self.beam, -1)[: len(self.prompts)]
+
+    def advance(self, parent, code, alive):
+        """Nothing to keep: the next step recomputes everything."""
+
+
+def item_log_probs(decoder, histories, codes, max_prompt_tokens: int) -> np.ndarray:
+    """Exhaustive reference: log p(item | prompt) of every item [U, V+1] (column 0 = -inf) by teacher
+    forcing, one row per (user, item), the level-masked log-softmax of the training loss."""
+    prompts = prompts_of(decoder, histories, codes, max_prompt_tokens)
+    v, lt = codes.shape[0] - 1, decoder.num_levels
+    net = TokenLogits(decoder)
+    net.set_train(False)
+    out = np.full((len(prompts), v + 1), -np.inf, np.float32)
+    gids = codes[1:].astype(np.int64) + decoder.level_offsets[None, :-1]
+    for u, (ps, pm) in enumerate(prompts):
+        seqs = []
+        for i in range(v):
+            cs, cm = code_tokens(gids[i, :-1], decoder.group, decoder.pad_id)
+            seqs.append((np.concatenate([ps, cs]), np.concatenate([pm, cm])))
+        slots, merged, offsets = pack_sequences(seqs, v * (max_prompt_tokens + lt - 1), v, decoder.group, decoder.pad_id)
+        logits = net(Tensor(slots), Tensor(merged), Tensor(offsets)).asnumpy()
+        total = np.zeros(v, np.float64)
+        for level in range(lt):
+            pos = offsets[1:] - lt + level                      # the token that predicts code `level`
+            logp = level_log_softmax(logits[pos], decoder.level_offsets, level)
+            total += logp[np.arange(v), codes[1:, level]]
+        out[u, 1:] = total
+    return out
