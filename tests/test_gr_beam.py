@@ -93,7 +93,7 @@ def gr_case(seed, merger, num_items=14, sizes=(3, 3, 2)):
     return rng, codes, dec, histories
 
 
-@pytest.mark.parametrize("merger", ["none"])
+@pytest.mark.parametrize("merger", ["none", "item", "pairs"])
 def test_decoder_beam_equals_exhaustive(merger):
     _, codes, dec, histories = gr_case(4, merger)
     trie = PrefixTrie(codes, dec.level_sizes)
