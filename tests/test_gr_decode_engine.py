@@ -38,7 +38,7 @@ def case(seed, merger, sizes, num_items, users, dim=8, blocks=2):
     return codes, dec, hist
 
 
-@pytest.mark.parametrize("seed,merger,beam", [(0, "none", 4), (1, "none", 7), (2, "item", 5), (3, "pairs", 6)])
+@pytest.mark.parametrize("seed,merger,beam", [(0, "none", 4), (2, "item", 5), (3, "pairs", 7)])
 def test_engine_equals_naive_baseline(seed, merger, beam):
     sizes = [4, 3, 3] if seed % 2 == 0 else [3, 4, 2, 2]
     codes, dec, hist = case(seed, merger, sizes, 30, users=3)
@@ -67,7 +67,7 @@ def test_cache_bytes_grow_with_prompt_plus_beams_times_steps():
     seen = {}
     for p_cap, beam in [(6, 4), (12, 4), (6, 8)]:
         eng = DecodingEngine(dec, trie, codes, beam, p_cap, num_users=2)
-        eng.search(hist, 3)
+        eng.backend.prefill([(np.zeros((2, 1), np.int32), np.zeros(2, np.float32))] * 2)   # allocates the cache
         got = eng.cache_nbytes()
         assert got["prompt"] == per_token * 2 * p_cap
         assert got["beams"] == per_token * 2 * beam * steps

@@ -20,6 +20,8 @@ target outside the list is a miss, ranked `num_items` (below every item, so hit@
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 NEG_INF = np.float32(-np.inf)
@@ -48,11 +50,17 @@ def select_full_sort(cand: np.ndarray, width: int):
     return order // c, order % c, score
 
 
-def beam_search(trie, scorer, num_users: int, beam: int, k: int, select=select_full_sort, rebuild_masks=False):
+def beam_search(trie, scorer, num_users: int, beam: int, k: int, select=select_full_sort, rebuild_masks=False,
+                timings: dict | None = None):
     """-> (items [U, k] int64, scores [U, k] float32), best first; dead slots are item 0, score -inf.
 
     rebuild_masks: recompute each step's valid-next masks from the code table instead of reusing the
-    trie's prebuilt ones (the naive baseline of the decoding engine; same result)."""
+    trie's prebuilt ones (the naive baseline of the decoding engine; same result).
+    timings: if given, seconds spent in the scorer ("model"), masks ("masks") and selection ("select")
+    are added to it."""
+    timings = {} if timings is None else timings
+    for key in ("model", "masks", "select"):
+        timings.setdefault(key, 0.0)
     check_widths(trie, beam, k)
     lt = trie.num_levels
     prefixes = np.zeros((num_users, beam, 0), np.int64)
@@ -60,12 +68,19 @@ def beam_search(trie, scorer, num_users: int, beam: int, k: int, select=select_f
     score = np.full((num_users, beam), NEG_INF, np.float32)
     score[:, 0] = 0.0                                  # one live beam: the empty prefix
     for level in range(lt):
+        t0 = time.perf_counter()
         logp = np.asarray(scorer.step(level, prefixes), np.float32)        # [U, Bm, K_level]
+        t1 = time.perf_counter()
         allowed = rebuilt_allowed(trie, level, prefixes) if rebuild_masks else trie.allowed(level, keys)
+        t2 = time.perf_counter()
         live = np.isfinite(score)
         cand = np.where(allowed & live[..., None], score[..., None] + logp, NEG_INF).astype(np.float32)
         width = k if level == lt - 1 else beam
         parent, code, score = select(cand, width)
+        t3 = time.perf_counter()
+        timings["model"] += t1 - t0
+        timings["masks"] += t2 - t1
+        timings["select"] += t3 - t2
         alive = np.isfinite(score)
         prefixes = np.concatenate([np.take_along_axis(prefixes, parent[..., None], 1), code[..., None]], 2)
         prefixes = np.where(alive[..., None], prefixes, 0)

@@ -177,15 +177,18 @@ class RecomputeScorer:
     sequence (prompt + its decoded codes), one row per (user, beam), at fixed capacities
     (users x beam rows of max_prompt_tokens + Lt - 1 tokens): one compiled graph for every step."""
 
-    def __init__(self, decoder, histories, codes, beam: int, max_prompt_tokens: int, num_users: int | None = None):
+    def __init__(self, decoder, histories, codes, beam: int, max_prompt_tokens: int, num_users: int | None = None,
+                 net=None):
         self.decoder = decoder
         self.prompts = prompts_of(decoder, histories, codes, max_prompt_tokens)
         self.num_users = num_users or len(self.prompts)
         self.beam = beam
         self.rows = self.num_users * beam
         self.t_cap = self.rows * (max_prompt_tokens + decoder.num_levels - 1)
-        self.net = LastTokenLogits(decoder)
-        self.net.set_train(False)
+        if net is None:                  # pass one in to reuse its compiled graph across requests
+            net = LastTokenLogits(decoder)
+            net.set_train(False)
+        self.net = net
 
     def step(self, level, prefixes):
         dec = self.decoder

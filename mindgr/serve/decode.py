@@ -37,7 +37,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgr.ids.beam import NEG_INF, beam_search, check_widths, select_full_sort
-from mindgr.models.generative import RecomputeScorer, level_log_softmax, prompts_of
+from mindgr.models.generative import LastTokenLogits, RecomputeScorer, level_log_softmax, prompts_of
 from mindgr.models.layers import layer_norm
 from mindgr.models.ntp import code_tokens
 
@@ -196,10 +196,11 @@ class KVCacheBackend(StateBackend):
             if slot > 0:
                 cur = np.take_along_axis(parents[slot], cur, 1)
         flat = (r[None, None, :] * u + np.arange(u)[:, None, None]) * b + anc
+        args = (Tensor(slots), self.kp, self.vp, Tensor(pidx), Tensor(pmask), self.kr, self.vr, Tensor(onehot),
+                Tensor(flat.reshape(-1).astype(np.int32)), Tensor(ridx), Tensor(rmask))
+        self.last_step_inputs = args            # kept for timing the attention parts (decode_bench)
         t0 = time.perf_counter()
-        logits, self.kr, self.vr = self.step_net(
-            Tensor(slots), self.kp, self.vp, Tensor(pidx), Tensor(pmask), self.kr, self.vr, Tensor(onehot),
-            Tensor(flat.reshape(-1).astype(np.int32)), Tensor(ridx), Tensor(rmask))
+        logits, self.kr, self.vr = self.step_net(*args)
         logits = logits.asnumpy()
         self.timings["step"] += time.perf_counter() - t0
         return logits.reshape(u, b, -1)
@@ -283,30 +284,27 @@ class DecodingEngine:
         self.beam, self.p_cap, self.num_users = beam, max_prompt_tokens, num_users
         self.cache, self.selection, self.masks = cache, selection, masks
         self.backend = KVCacheBackend(decoder, num_users, beam, max_prompt_tokens, parts) if cache == "shared" else None
-        self.timings = {"select": 0.0}
+        if cache == "recompute":
+            self.recompute_net = LastTokenLogits(decoder)
+            self.recompute_net.set_train(False)
+        self.timings = {"prefill": 0.0, "model": 0.0, "masks": 0.0, "select": 0.0}
 
     def search(self, histories, k: int):
         check_widths(self.trie, self.beam, k)
         if len(histories) > self.num_users:
             raise ValueError(f"{len(histories)} users exceed the engine's batch capacity {self.num_users}")
         select = select_partial if self.selection == "partial" else select_full_sort
-        timed = self._timed(select)
         if self.cache == "recompute":
-            scorer = RecomputeScorer(self.dec, histories, self.codes, self.beam, self.p_cap, self.num_users)
+            scorer = RecomputeScorer(self.dec, histories, self.codes, self.beam, self.p_cap, self.num_users,
+                                     net=self.recompute_net)
         else:
+            t0 = time.perf_counter()
             prompts = prompts_of(self.dec, histories, self.codes, self.p_cap)
             level0 = self.backend.prefill(prompts)
+            self.timings["prefill"] += time.perf_counter() - t0
             scorer = _EngineScorer(self.backend, level0, len(histories), self.beam, self.dec.level_offsets)
-        return beam_search(self.trie, scorer, len(histories), self.beam, k, select=timed,
-                           rebuild_masks=self.masks == "rebuild")
-
-    def _timed(self, select):
-        def run(cand, width):
-            t0 = time.perf_counter()
-            out = select(cand, width)
-            self.timings["select"] += time.perf_counter() - t0
-            return out
-        return run
+        return beam_search(self.trie, scorer, len(histories), self.beam, k, select=select,
+                           rebuild_masks=self.masks == "rebuild", timings=self.timings)
 
     def cache_nbytes(self) -> dict:
         return self.backend.nbytes() if self.backend is not None else {}
