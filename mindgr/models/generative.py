@@ -73,10 +73,6 @@ class GRDecoder(nn.Cell):
         self.dropout_sites = 1 + num_blocks
         self.dropout_width = max(dim, num_heads * dv)
 
-    def global_ids(self, level, code):
-        """Global code id(s) of (level, code)."""
-        return self.level_offsets[np.asarray(level)] + np.asarray(code)
-
     def slot_embeddings(self, slots):
         """[T, G, D]: code + level embedding of every slot, zero for pad slots."""
         real = (slots < self.pad_id).astype(ms.float32)[..., None]

@@ -19,7 +19,6 @@ Rows are packed into batches of fixed capacities (T_cap tokens, B_cap rows): one
 from __future__ import annotations
 
 import numpy as np
-import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 OBJECTIVES = ("ntp", "page_ntp")
