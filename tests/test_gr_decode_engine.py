@@ -17,6 +17,7 @@ from mindgr.ids.beam import select_full_sort
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder
 from mindgr.ops import set_backend
+from mindgr.ops.backend import BackendUnavailable
 from mindgr.serve.decode import DecodingEngine, select_partial
 from test_gr_trie import random_codes
 
@@ -38,8 +39,22 @@ def case(seed, merger, sizes, num_items, users, dim=8, blocks=2):
     return codes, dec, hist
 
 
-@pytest.mark.parametrize("seed,merger,beam", [(0, "none", 4), (2, "item", 5), (3, "pairs", 7)])
-def test_engine_equals_naive_baseline(seed, merger, beam):
+@pytest.mark.parametrize("seed,merger,beam,backend", [(0, "none", 4, "reference"), (2, "item", 5, "reference"),
+                                                      (3, "pairs", 7, "cpu")])
+def test_engine_equals_naive_baseline(seed, merger, beam, backend):
+    """The cpu case runs the prefill and the baseline through the fused C++ jagged attention."""
+    if backend == "cpu":
+        try:
+            set_backend("cpu")
+        except BackendUnavailable as exc:
+            pytest.skip(str(exc))
+    try:
+        _engine_vs_naive(seed, merger, beam)
+    finally:
+        set_backend("reference")
+
+
+def _engine_vs_naive(seed, merger, beam):
     sizes = [4, 3, 3] if seed % 2 == 0 else [3, 4, 2, 2]
     codes, dec, hist = case(seed, merger, sizes, 30, users=3)
     trie = PrefixTrie(codes, sizes)
@@ -65,7 +80,7 @@ def test_cache_bytes_grow_with_prompt_plus_beams_times_steps():
     per_token = dec.num_blocks * blk.h * (blk.dqk + blk.dv) * 4
     steps = len(sizes) - 1
     seen = {}
-    for p_cap, beam in [(6, 4), (12, 4), (6, 8)]:
+    for p_cap, beam in [(6, 4), (12, 8)]:
         eng = DecodingEngine(dec, trie, codes, beam, p_cap, num_users=2)
         eng.backend.prefill([(np.zeros((2, 1), np.int32), np.zeros(2, np.float32))] * 2)   # allocates the cache
         got = eng.cache_nbytes()
@@ -74,9 +89,9 @@ def test_cache_bytes_grow_with_prompt_plus_beams_times_steps():
         replicated = per_token * 2 * beam * (p_cap + steps)
         assert got["prompt"] + got["beams"] < replicated
         seen[(p_cap, beam)] = got
-    # doubling the beam adds only beam records; doubling the prompt adds only prompt bytes
-    assert seen[(6, 8)]["prompt"] == seen[(6, 4)]["prompt"]
-    assert seen[(12, 4)]["beams"] == seen[(6, 4)]["beams"]
+    # prompt bytes follow the prompt only, beam bytes the beam only (x steps)
+    assert seen[(12, 8)]["prompt"] == 2 * seen[(6, 4)]["prompt"]
+    assert seen[(12, 8)]["beams"] == 2 * seen[(6, 4)]["beams"]
 
 
 @pytest.mark.parametrize("seed", range(8))
