@@ -8,7 +8,8 @@ Per configuration both searches run on the same users, alternating, `repeats` ti
   prompt  / beam: the engine's step graph with only the prompt / only the ancestry attention part
           (same shapes, same inputs: each includes the token's projections),
   select  selection per step (engine: partial top-k; naive: full sort),
-  masks   valid-next masks per step (engine: reused trie masks; naive: rebuilt from the code table).
+  masks   valid-next masks per step (engine: reused trie masks; naive: rebuilt from the code table),
+  request the whole search for the batch (engine: prefill + steps + selection), ms.
 The host is shared and noisy: compare the two columns of one run (ratios), not absolute times.
 """
 from __future__ import annotations
@@ -66,12 +67,14 @@ def run(args):
             warm = time.perf_counter() - t0
             assert (a[0] == b[0]).all(), "engine and naive lists differ"
             rec = {k: [] for k in ("e_model", "e_prompt", "e_beam", "e_select", "e_masks", "e_prefill",
-                                   "n_model", "n_select", "n_masks")}
+                                   "n_model", "n_select", "n_masks", "e_request", "n_request")}
             for _ in range(args.repeats):
                 for side, e in (("e", eng), ("n", naive)):
                     for key in e.timings:
                         e.timings[key] = 0.0
+                    t1 = time.perf_counter()
                     e.search(hist, 10)
+                    rec[f"{side}_request"].append(time.perf_counter() - t1)
                     # model time of the decode steps only: the engine's level 0 comes from the prefill
                     rec[f"{side}_model"].append(e.timings["model"] / (steps if side == "e" else steps + 1))
                     rec[f"{side}_select"].append(e.timings["select"] / (steps + 1))
@@ -89,6 +92,7 @@ def run(args):
             row = dict(prompt=prompt, beam=beam, users=args.users, warmup_s=round(warm, 1), **{k: round(v, 3) for k, v in med.items()},
                        step_ratio=round((med["n_model"] + med["n_select"] + med["n_masks"]) /
                                         (med["e_model"] + med["e_select"] + med["e_masks"]), 2),
+                       request_ratio=round(med["n_request"] / med["e_request"], 2),
                        cache_bytes=bytes_["prompt"] + bytes_["beams"], replicated_bytes=replicated)
             results.append(row)
             print(json.dumps(row), flush=True)
@@ -108,11 +112,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     out = run(args)
     print(f"{'prompt':>6} {'beam':>4} | {'engine ms/step: model (prompt, beam) select masks':<52} | "
-          f"{'naive ms/step: model select masks':<36} | ratio")
+          f"{'naive ms/step: model select masks':<36} | step ratio | request ms engine / naive (ratio)")
     for r in out["results"]:
         print(f"{r['prompt']:>6} {r['beam']:>4} | {r['e_model']:8.2f} ({r['e_prompt']:7.2f}, {r['e_beam']:7.2f})"
               f" {r['e_select']:8.3f} {r['e_masks']:8.3f}{'':>8} | {r['n_model']:9.2f} {r['n_select']:8.3f}"
-              f" {r['n_masks']:8.2f}{'':>7} | {r['step_ratio']:5.1f}x")
+              f" {r['n_masks']:8.2f}{'':>7} | {r['step_ratio']:9.1f}x | {r['e_request']:8.1f} / "
+              f"{r['n_request']:8.1f} ({r['request_ratio']:.1f}x)")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
