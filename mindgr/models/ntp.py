@@ -105,6 +105,8 @@ def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger:
     """Training rows of one user's history `items` [n] (item ids into `codes` [V+1, Lt])."""
     if objective not in OBJECTIVES:
         raise RowError(f"loss.objective = {objective!r}: expected one of {', '.join(OBJECTIVES)}")
+    if token_merger not in ("none", "item", "pairs"):
+        raise RowError(f"model.token_merger = {token_merger!r}: expected one of none, item, pairs")
     if objective == "page_ntp" and pages is None:
         raise RowError("loss.objective = page_ntp needs pages (a page id per item); use ntp for page-less data")
     items = np.asarray(items, np.int64)
