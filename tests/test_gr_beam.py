@@ -9,15 +9,18 @@ from mindspore import Tensor
 from mindgr.ids.beam import BeamError, beam_ranks, beam_search, topk_items
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder, RecomputeScorer, item_log_probs
-from mindgr.ops import set_backend
-from test_gr_trie import random_codes
+from mindgr.ops import get_backend, set_backend
+from test_gr_trie import fast_backend, random_codes
 
 
 @pytest.fixture(scope="module", autouse=True)
 def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    set_backend("reference")
+    previous = get_backend()
+    fast_backend()
+    yield
+    set_backend(previous)
 
 
 class HashScorer:

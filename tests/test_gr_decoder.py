@@ -24,8 +24,8 @@ import hstu_numpy as hn  # noqa: E402
 from mindgr.models.generative import GRDecoder  # noqa: E402
 from mindgr.models.ntp import (NTPLoss, _row, batch_tensors, pack_rows, prompt_tokens,  # noqa: E402
                                user_rows)
-from mindgr.ops import set_backend  # noqa: E402
-from test_gr_trie import random_codes  # noqa: E402
+from mindgr.ops import get_backend, set_backend  # noqa: E402
+from test_gr_trie import fast_backend, random_codes  # noqa: E402
 
 SIZES = [4, 3, 2]
 D, H, DQK, DV, NBLK = 8, 2, 3, 4, 2
@@ -35,7 +35,10 @@ D, H, DQK, DV, NBLK = 8, 2, 3, 4, 2
 def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    set_backend("reference")
+    previous = get_backend()
+    fast_backend()
+    yield
+    set_backend(previous)
 
 
 class LossGrad(nn.Cell):
@@ -95,8 +98,17 @@ def tiny_batch(rng, dec, codes, merger, t_cap=40, b_cap=4, objective="ntp"):
     return pack_rows(rows, t_cap, b_cap, dec.group, dec.pad_id)[0]
 
 
-@pytest.mark.parametrize("merger", ["none", "item", "pairs"])
-def test_loss_and_gradients_match_numpy(merger):
+@pytest.mark.parametrize("merger,backend", [("none", "reference"), ("item", "fast"), ("pairs", "fast")])
+def test_loss_and_gradients_match_numpy(merger, backend):
+    if backend == "reference":
+        set_backend("reference")
+    try:
+        _loss_and_gradients(merger)
+    finally:
+        fast_backend()
+
+
+def _loss_and_gradients(merger):
     rng = np.random.default_rng([3, len(merger)])
     codes = random_codes(rng, 12, SIZES)
     dec = GRDecoder(SIZES, D, NBLK, H, DQK, DV, max_len=16, token_merger=merger, seed=1)

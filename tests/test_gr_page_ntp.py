@@ -14,8 +14,8 @@ from mindspore import Tensor
 
 from mindgr.models.generative import GRDecoder, item_log_probs
 from mindgr.models.ntp import NTPLoss, RowError, batch_tensors, pack_rows, user_rows
-from mindgr.ops import set_backend
-from test_gr_trie import random_codes
+from mindgr.ops import get_backend, set_backend
+from test_gr_trie import fast_backend, random_codes
 
 SIZES = [3, 3, 2]
 
@@ -24,7 +24,10 @@ SIZES = [3, 3, 2]
 def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    set_backend("reference")
+    previous = get_backend()
+    fast_backend()
+    yield
+    set_backend(previous)
 
 
 def test_page_ntp_equals_hand_computed():
