@@ -1,0 +1,229 @@
+"""The generative-retrieval (GR) decoder over semantic-ID tokens, and the token merger.
+
+What was chosen, and why:
+- Decoder-only and causal, over jagged token sequences (offsets, no padding), built from
+  `mindgr.models.hstu.HSTUBlock`: MindGR's fused jagged attention is the fast path we have on every
+  backend, and HSTU's pointwise SiLU attention has no softmax normaliser, so the attention of a decoded
+  token is exactly (its part over the prompt) + (its part over its own beam's tokens): that is what lets
+  the decoding engine (mindgr.serve.decode) keep the prompt's K/V once and each beam's few tokens apart.
+  No time bias (semantic-ID tokens of one item share a timestamp); relative position bias only.
+- Token input: a code embedding per (level, code) plus a level embedding, times sqrt(D) as in HSTU.
+  Codes are numbered globally: gid = level_offsets[level] + code, level_offsets = cumsum(level_sizes).
+- Output: a final affine-free LayerNorm, then one head per level (one [D, sum K] matrix whose columns
+  of level l are the level-l codes) giving plain logits; the softmax is taken over the target level's
+  codes only. Plain logits, not L2 / temperature: each step is a softmax over a few hundred codes, not a
+  retrieval over a large catalogue where cosine scoring calibrates a sampled loss.
+- Token merger (`token_merger`): none | item | pairs. A prompt token holds G slots of global code ids
+  (G = 1, Lt or 2; a missing slot = `pad_id`, embedded as zero). A merged token is
+  W_merge [G*D, D] applied to the concatenation of its G slot embeddings (+ b_merge): an item's Lt codes
+  (item) or two consecutive codes (pairs) become one token, so the prompt is Lt (or 2) times shorter.
+  Decoded tokens are never merged: the decoder still emits every code.
+
+construct(slots [T, G] int32, merged [T] float32 (1 = merged token), offsets [B+1] int32, drop=None)
+    -> hidden [T, D]; logits(hidden) -> [T, sum K].
+"""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindgr.models.hstu import HSTUBlock
+from mindgr.models.layers import apply_dropout, last_positions, layer_norm, param, trunc_normal, xavier_uniform
+from mindgr.models.ntp import code_tokens, prompt_tokens, tokens_per_prompt_item
+
+TOKEN_MERGERS = ("none", "item", "pairs")
+
+
+def group_width(token_merger: str, num_levels: int) -> int:
+    """Slots per prompt token: 1 (none), every code of an item (item) or two codes (pairs)."""
+    if token_merger not in TOKEN_MERGERS:
+        raise ValueError(f"model.token_merger = {token_merger!r}: expected one of {', '.join(TOKEN_MERGERS)}")
+    return {"none": 1, "item": num_levels, "pairs": 2}[token_merger]
+
+
+class GRDecoder(nn.Cell):
+    def __init__(self, level_sizes, dim: int, num_blocks: int, num_heads: int, dqk: int, dv: int, max_len: int,
+                 token_merger: str = "none", seed: int = 0):
+        super().__init__()
+        sizes = [int(s) for s in level_sizes]
+        rng = np.random.default_rng([seed, 17])
+        self.level_sizes = sizes
+        self.num_levels = len(sizes)
+        self.level_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.num_codes = int(self.level_offsets[-1])
+        self.pad_id = self.num_codes
+        self.dim, self.max_len, self.num_blocks = dim, max_len, num_blocks
+        self.num_heads, self.dqk, self.dv = num_heads, dqk, dv
+        self.token_merger = token_merger
+        self.group = group_width(token_merger, self.num_levels)
+        level_of = np.concatenate([np.repeat(np.arange(self.num_levels), sizes), [0]]).astype(np.int32)
+        self.slot_level = Tensor(level_of)                                   # [num_codes + 1]
+        self.code_emb = param(trunc_normal(rng, (self.num_codes + 1, dim), 0.02), "code_emb")
+        self.level_emb = param(trunc_normal(rng, (self.num_levels, dim), 0.02), "level_emb")
+        if self.group > 1:
+            self.w_merge = param(xavier_uniform(rng, self.group * dim, dim), "w_merge")
+            self.b_merge = param(np.zeros(dim, np.float32), "b_merge")
+        self.blocks = nn.CellList([
+            HSTUBlock(rng, dim, num_heads, dqk, dv, max_len, 128, False, f"blocks.{i}")
+            for i in range(num_blocks)])
+        self.w_head = param(xavier_uniform(rng, dim, self.num_codes), "w_head")
+        self.b_head = param(np.zeros(self.num_codes, np.float32), "b_head")
+        self.scale = float(np.sqrt(dim))
+        self.dropout_sites = 1 + num_blocks
+        self.dropout_width = max(dim, num_heads * dv)
+
+    def slot_embeddings(self, slots):
+        """[T, G, D]: code + level embedding of every slot, zero for pad slots."""
+        real = (slots < self.pad_id).astype(ms.float32)[..., None]
+        emb = ops.gather(self.code_emb, slots, 0) + ops.gather(self.level_emb, ops.gather(self.slot_level, slots, 0), 0)
+        return emb * real
+
+    def embed(self, slots, merged):
+        """Input vectors [T, D] of the tokens: a single code's embedding, or the merger's map of G slots."""
+        emb = self.slot_embeddings(slots)
+        x = emb[:, 0, :]
+        if self.group > 1:
+            t = slots.shape[0]
+            joined = ops.matmul(emb.reshape(t, self.group * self.dim), self.w_merge) + self.b_merge
+            m = merged[:, None]
+            x = m * joined + (1.0 - m) * x
+        return x * self.scale
+
+    def construct(self, slots, merged, offsets, drop=None):
+        x = self.embed(slots, merged)
+        t = x.shape[0]
+        timestamps = ops.zeros((t,), ms.int64)     # no time bias: the blocks ignore them
+        masks = ops.unstack(drop, 0) if drop is not None else None
+        if masks is not None:
+            x = apply_dropout(x, masks[0])
+        for i in range(self.num_blocks):
+            x = self.blocks[i](x, offsets, timestamps, masks[i + 1] if masks is not None else None)
+        return layer_norm(x)
+
+    def logits(self, hidden):
+        """[..., sum K] plain logits over every level's codes (mask to one level before a softmax)."""
+        return ops.matmul(hidden, self.w_head) + self.b_head
+
+
+def level_log_softmax(logits: np.ndarray, level_offsets, level: int) -> np.ndarray:
+    """Host-side log-softmax of the level-`level` columns of logits [..., sum K] -> [..., K_level]."""
+    a, b = int(level_offsets[level]), int(level_offsets[level + 1])
+    z = np.asarray(logits[..., a:b], np.float64)
+    m = z.max(-1, keepdims=True)
+    return (z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))).astype(np.float32)
+
+
+class TokenLogits(nn.Cell):
+    """logits [T, sum K] of every token of a jagged batch."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def construct(self, slots, merged, offsets):
+        return self.decoder.logits(self.decoder(slots, merged, offsets))
+
+
+class LastTokenLogits(nn.Cell):
+    """logits [B, sum K] of the last token of each row (zeros for empty rows)."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def construct(self, slots, merged, offsets):
+        return self.decoder.logits(last_positions(self.decoder(slots, merged, offsets), offsets))
+
+
+def prompts_of(decoder, histories, codes, max_prompt_tokens: int):
+    """Per user (slots, merged) of its prompt: the history's tokens, the oldest dropped beyond the cap."""
+    out = []
+    for u, h in enumerate(histories):
+        h = np.asarray(h, np.int64)
+        if h.shape[0] == 0:
+            raise ValueError(f"user {u} has an empty history: a generative model needs a prompt")
+        slots, merged = prompt_tokens(codes[h], decoder.level_offsets, decoder.token_merger, decoder.pad_id)
+        per_item = tokens_per_prompt_item(decoder.num_levels, decoder.token_merger)
+        keep = (max_prompt_tokens // per_item) * per_item
+        if keep < per_item:
+            raise ValueError(f"max_prompt_tokens {max_prompt_tokens} holds no item ({per_item} tokens each)")
+        out.append((slots[-keep:], merged[-keep:]))
+    return out
+
+
+def pack_sequences(seqs, t_cap: int, b_cap: int, group: int, pad_id: int):
+    """[(slots, merged)] -> fixed-capacity (slots [t_cap, G], merged [t_cap], offsets [b_cap+1])."""
+    slots = np.full((t_cap, group), pad_id, np.int32)
+    merged = np.zeros(t_cap, np.float32)
+    lengths = [s.shape[0] for s, _ in seqs]
+    if sum(lengths) > t_cap or len(seqs) > b_cap:
+        raise ValueError(f"{len(seqs)} sequences of {sum(lengths)} tokens exceed capacities ({b_cap}, {t_cap})")
+    offsets = np.full(b_cap + 1, sum(lengths), np.int32)
+    offsets[: len(seqs) + 1] = np.concatenate([[0], np.cumsum(lengths)])
+    pos = 0
+    for (s, m), n in zip(seqs, lengths):
+        slots[pos:pos + n], merged[pos:pos + n] = s, m
+        pos += n
+    return slots, merged, offsets
+
+
+class RecomputeScorer:
+    """The reference scorer of beam search: each step re-runs the decoder over every beam's whole
+    sequence (prompt + its decoded codes), one row per (user, beam), at fixed capacities
+    (users x beam rows of max_prompt_tokens + Lt - 1 tokens): one compiled graph for every step."""
+
+    def __init__(self, decoder, histories, codes, beam: int, max_prompt_tokens: int, num_users: int | None = None,
+                 net=None):
+        self.decoder = decoder
+        self.prompts = prompts_of(decoder, histories, codes, max_prompt_tokens)
+        self.num_users = num_users or len(self.prompts)
+        self.beam = beam
+        self.rows = self.num_users * beam
+        self.t_cap = self.rows * (max_prompt_tokens + decoder.num_levels - 1)
+        if net is None:                  # pass one in to reuse its compiled graph across requests
+            net = LastTokenLogits(decoder)
+            net.set_train(False)
+        self.net = net
+
+    def step(self, level, prefixes):
+        dec = self.decoder
+        seqs = []
+        for u in range(len(self.prompts)):
+            ps, pm = self.prompts[u]
+            for b in range(self.beam):
+                gids = dec.level_offsets[:level] + prefixes[u, b, :level]
+                cs, cm = code_tokens(gids, dec.group, dec.pad_id)
+                seqs.append((np.concatenate([ps, cs]), np.concatenate([pm, cm])))
+        slots, merged, offsets = pack_sequences(seqs, self.t_cap, self.rows, dec.group, dec.pad_id)
+        logits = self.net(Tensor(slots), Tensor(merged), Tensor(offsets)).asnumpy()
+        logp = level_log_softmax(logits, dec.level_offsets, level)
+        return logp.reshape(self.num_users, self.beam, -1)[: len(self.prompts)]
+
+    def advance(self, parent, code, alive):
+        """Nothing to keep: the next step recomputes everything."""
+
+
+def item_log_probs(decoder, histories, codes, max_prompt_tokens: int) -> np.ndarray:
+    """Exhaustive reference: log p(item | prompt) of every item [U, V+1] (column 0 = -inf) by teacher
+    forcing, one row per (user, item), the level-masked log-softmax of the training loss."""
+    prompts = prompts_of(decoder, histories, codes, max_prompt_tokens)
+    v, lt = codes.shape[0] - 1, decoder.num_levels
+    net = TokenLogits(decoder)
+    net.set_train(False)
+    out = np.full((len(prompts), v + 1), -np.inf, np.float32)
+    gids = codes[1:].astype(np.int64) + decoder.level_offsets[None, :-1]
+    for u, (ps, pm) in enumerate(prompts):
+        seqs = []
+        for i in range(v):
+            cs, cm = code_tokens(gids[i, :-1], decoder.group, decoder.pad_id)
+            seqs.append((np.concatenate([ps, cs]), np.concatenate([pm, cm])))
+        slots, merged, offsets = pack_sequences(seqs, v * (max_prompt_tokens + lt - 1), v, decoder.group, decoder.pad_id)
+        logits = net(Tensor(slots), Tensor(merged), Tensor(offsets)).asnumpy()
+        total = np.zeros(v, np.float64)
+        for level in range(lt):
+            pos = offsets[1:] - lt + level                      # the token that predicts code `level`
+            logp = level_log_softmax(logits[pos], decoder.level_offsets, level)
+            total += logp[np.arange(v), codes[1:, level]]
+        out[u, 1:] = total
+    return out

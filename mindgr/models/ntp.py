@@ -1,0 +1,197 @@
+"""Next-token-prediction objectives for the GR decoder: point-wise (`ntp`) and page-wise (`page_ntp`).
+
+Every target item is predicted code by code, teacher-forced, from a prompt: the last prompt token
+predicts code 0, the decoded code l predicts code l+1 (Lt = L+1 steps). A training row is
+    [prompt tokens] + [codes 0..Lt-2 of the target, as single-code tokens]
+and its Lt target positions carry the target's codes. The item's loss is the sum of its Lt code
+cross-entropies (= -log p(item | prompt)); the objective is the mean over prompts of the mean over that
+prompt's targets:
+- ntp (point-wise, the default and the only choice for page-less data): every item after the first is a
+  target, its prompt is every earlier item. Without a token merger all these rows are prefixes of one
+  flat row (all codes of the history), so each user is that ONE row, every target in it.
+- page_ntp: pages (items consumed in one request) come as a page id per item (equal ids, consecutive).
+  For page p >= 1, the prompt is every item of pages < p and EVERY item of page p is a target of that
+  same prompt (their losses averaged, one row each), so page-mates never condition on each other.
+With a token merger the prompt is merged (one token per item, or per pair of codes) and the target's
+codes are not, so every (prompt, target) is its own row: rows share no prefix.
+Rows are packed into batches of fixed capacities (T_cap tokens, B_cap rows): one compiled graph.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+OBJECTIVES = ("ntp", "page_ntp")
+_MASKED = -1e9
+
+
+class RowError(ValueError):
+    """A history, page array or capacity that cannot make training rows."""
+
+
+def prompt_tokens(item_codes: np.ndarray, level_offsets, token_merger: str, pad_id: int):
+    """Prompt tokens of items with codes [n, Lt]: (slots [m, G] int32, merged [m] float32)."""
+    item_codes = np.asarray(item_codes, np.int64).reshape(-1, len(level_offsets) - 1)
+    gids = (item_codes + np.asarray(level_offsets[:-1])[None, :]).astype(np.int32)
+    n, lt = gids.shape
+    if token_merger == "none":
+        return gids.reshape(-1, 1), np.zeros(n * lt, np.float32)
+    if token_merger == "item":
+        return gids, np.ones(n, np.float32)
+    if token_merger == "pairs":
+        if lt % 2:
+            gids = np.concatenate([gids, np.full((n, 1), pad_id, np.int32)], 1)
+        slots = gids.reshape(-1, 2)
+        return slots, np.ones(slots.shape[0], np.float32)
+    raise RowError(f"token_merger {token_merger!r}: expected none, item or pairs")
+
+
+def code_tokens(gids, group: int, pad_id: int):
+    """Single-code (unmerged) tokens of global code ids [s]: (slots [s, G], merged [s])."""
+    gids = np.asarray(gids, np.int32).reshape(-1)
+    slots = np.full((gids.shape[0], group), pad_id, np.int32)
+    slots[:, 0] = gids
+    return slots, np.zeros(gids.shape[0], np.float32)
+
+
+def tokens_per_prompt_item(num_levels: int, token_merger: str) -> int:
+    return {"none": num_levels, "item": 1, "pairs": (num_levels + 1) // 2}[token_merger]
+
+
+def _row(prompt_slots, prompt_merged, target_gids, group, pad_id, weight):
+    """One training row: prompt + the target's codes 0..Lt-2; targets on the last Lt positions."""
+    lt = target_gids.shape[0]
+    dec_slots, dec_merged = code_tokens(target_gids[:-1], group, pad_id)
+    slots = np.concatenate([prompt_slots, dec_slots])
+    n = slots.shape[0]
+    target = np.zeros(n, np.int32)
+    level = np.zeros(n, np.int32)
+    w = np.zeros(n, np.float32)
+    start = prompt_slots.shape[0] - 1
+    target[start:] = target_gids
+    level[start:] = np.arange(lt)
+    w[start:] = weight
+    return dict(slots=slots, merged=np.concatenate([prompt_merged, dec_merged]), target=target, level=level, weight=w)
+
+
+def _flat_row(item_codes, level_offsets, pad_id):
+    """Point-wise and unmerged: one row of every code of the history but the last; items 1.. are targets."""
+    gids = (item_codes + np.asarray(level_offsets[:-1])[None, :]).astype(np.int32).reshape(-1)
+    lt = item_codes.shape[1]
+    slots = gids[:-1].reshape(-1, 1)
+    target = gids[1:].copy()
+    level = (np.arange(1, gids.shape[0]) % lt).astype(np.int32)
+    w = (np.arange(1, gids.shape[0]) >= lt).astype(np.float32)   # the first item has no prompt
+    target[w == 0] = 0
+    return dict(slots=slots, merged=np.zeros(slots.shape[0], np.float32), target=target, level=level, weight=w)
+
+
+def page_groups(pages) -> list:
+    """Start/stop of each page from a per-item page id array (ids equal within a page, consecutive)."""
+    pages = np.asarray(pages)
+    if pages.ndim != 1:
+        raise RowError(f"pages must be one id per item, got shape {pages.shape}")
+    cut = np.nonzero(pages[1:] != pages[:-1])[0] + 1
+    bounds = np.concatenate([[0], cut, [pages.shape[0]]])
+    ids = pages[bounds[:-1]]
+    uniq, counts = np.unique(ids, return_counts=True)
+    if (counts > 1).any():
+        raise RowError(f"page id {uniq[counts > 1][0]} appears in two separate runs of items: a page's items must be consecutive")
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger: str = "none", pages=None,
+              pad_id: int | None = None) -> list:
+    """Training rows of one user's history `items` [n] (item ids into `codes` [V+1, Lt])."""
+    if objective not in OBJECTIVES:
+        raise RowError(f"loss.objective = {objective!r}: expected one of {', '.join(OBJECTIVES)}")
+    if token_merger not in ("none", "item", "pairs"):
+        raise RowError(f"model.token_merger = {token_merger!r}: expected one of none, item, pairs")
+    if objective == "page_ntp" and pages is None:
+        raise RowError("loss.objective = page_ntp needs pages (a page id per item); use ntp for page-less data")
+    items = np.asarray(items, np.int64)
+    codes = np.asarray(codes)
+    lt = codes.shape[1]
+    pad_id = int(level_offsets[-1]) if pad_id is None else pad_id
+    group = {"none": 1, "item": lt, "pairs": 2}[token_merger]
+    item_codes = codes[items].astype(np.int64)
+    if items.shape[0] < 2:
+        return []
+    if objective == "ntp" and token_merger == "none":
+        return [_flat_row(item_codes, level_offsets, pad_id)]
+    if objective == "ntp":
+        groups = [(j, j + 1) for j in range(items.shape[0])]
+    else:
+        if np.asarray(pages).shape != items.shape:
+            raise RowError(f"pages has {np.asarray(pages).shape[0]} ids for {items.shape[0]} items")
+        groups = page_groups(pages)
+    rows = []
+    for start, stop in groups[1:]:
+        p_slots, p_merged = prompt_tokens(item_codes[:start], level_offsets, token_merger, pad_id)
+        for j in range(start, stop):
+            tgt = (item_codes[j] + np.asarray(level_offsets[:-1])).astype(np.int32)
+            rows.append(_row(p_slots, p_merged, tgt, group, pad_id, 1.0 / (stop - start)))
+    return rows
+
+
+def pack_rows(rows: list, t_cap: int, b_cap: int, group: int, pad_id: int) -> list:
+    """Greedy packing of rows (in order) into fixed-capacity batches of numpy arrays."""
+    batches, cur, used = [], [], 0
+    for r in rows:
+        n = r["slots"].shape[0]
+        if n > t_cap:
+            raise RowError(f"a training row has {n} tokens, more than the token capacity {t_cap}")
+        if cur and (used + n > t_cap or len(cur) == b_cap):
+            batches.append(_batch(cur, t_cap, b_cap, group, pad_id))
+            cur, used = [], 0
+        cur.append(r)
+        used += n
+    if cur:
+        batches.append(_batch(cur, t_cap, b_cap, group, pad_id))
+    return batches
+
+
+def _batch(rows, t_cap, b_cap, group, pad_id):
+    lengths = [r["slots"].shape[0] for r in rows]
+    offsets = np.full(b_cap + 1, sum(lengths), np.int32)
+    offsets[: len(rows) + 1] = np.concatenate([[0], np.cumsum(lengths)])
+    out = dict(slots=np.full((t_cap, group), pad_id, np.int32), merged=np.zeros(t_cap, np.float32),
+               target=np.zeros(t_cap, np.int32), level=np.zeros(t_cap, np.int32), weight=np.zeros(t_cap, np.float32))
+    pos = 0
+    for r, n in zip(rows, lengths):
+        for key in out:
+            out[key][pos:pos + n] = r[key]
+        pos += n
+    out["offsets"] = offsets
+    return out
+
+
+BATCH_KEYS = ("slots", "merged", "offsets", "target", "level", "weight")
+
+
+def batch_tensors(batch: dict) -> tuple:
+    return tuple(Tensor(batch[k]) for k in BATCH_KEYS)
+
+
+class NTPLoss(nn.Cell):
+    """mean over prompts of mean over their targets of sum_l CE(code_l): Lt * sum(w * ce) / sum(w), where a
+    target position's weight w is 1 / (targets of its prompt). Per position the softmax runs over the
+    codes of the target's level only."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder = decoder
+        self.num_levels = float(decoder.num_levels)
+        self.col_level = Tensor(np.repeat(np.arange(decoder.num_levels), decoder.level_sizes).astype(np.int32))
+
+    def token_losses(self, slots, merged, offsets, target, level, drop=None):
+        logits = self.decoder.logits(self.decoder(slots, merged, offsets, drop))      # [T, C]
+        same = ops.equal(self.col_level[None, :], level[:, None])
+        masked = ops.where(same, logits, ops.full_like(logits, _MASKED))
+        picked = ops.gather_elements(logits, 1, target[:, None])[:, 0]
+        return ops.logsumexp(masked, 1) - picked
+
+    def construct(self, slots, merged, offsets, target, level, weight, drop=None):
+        ce = self.token_losses(slots, merged, offsets, target, level, drop)
+        total = weight.sum()
+        return self.num_levels * (ce * weight).sum() / ops.maximum(total, ops.ones_like(total) * 1e-12)

@@ -1,0 +1,125 @@
+"""Trie-constrained beam search: valid tuples only, equal to exhaustive scoring when the beam covers
+every prefix (fp32 scores within 1e-5 absolute: sums of Lt float32 log-probs), and ranks like eval."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor
+
+from mindgr.ids.beam import BeamError, beam_ranks, beam_search, topk_items
+from mindgr.ids.trie import PrefixTrie
+from mindgr.models.generative import GRDecoder, RecomputeScorer, item_log_probs
+from mindgr.ops import get_backend, set_backend
+from test_gr_trie import fast_backend, random_codes
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    previous = get_backend()
+    fast_backend()
+    yield
+    set_backend(previous)
+
+
+class HashScorer:
+    """log-probs that depend only on (user, prefix): a deterministic stand-in for a model."""
+
+    def __init__(self, sizes, seed):
+        self.sizes, self.seed = sizes, seed
+
+    def logp(self, u, prefix):
+        rng = np.random.default_rng([self.seed, u, len(prefix), *[int(c) for c in prefix]])
+        z = rng.standard_normal(self.sizes[len(prefix)]) * 2
+        return z - np.log(np.exp(z).sum())
+
+    def step(self, level, prefixes):
+        return np.array([[self.logp(u, p) for p in row] for u, row in enumerate(prefixes)], np.float32)
+
+    def advance(self, parent, code, alive):
+        pass
+
+    def item_scores(self, codes, num_users):
+        out = np.full((num_users, codes.shape[0]), -np.inf, np.float32)
+        for u in range(num_users):
+            for i in range(1, codes.shape[0]):
+                out[u, i] = sum(self.logp(u, codes[i, :l])[codes[i, l]] for l in range(codes.shape[1]))
+        return out
+
+
+def max_prefixes(trie):
+    return max(trie.num_prefixes(level) for level in range(trie.num_levels))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_only_valid_distinct_items_and_exhaustive_when_beam_covers(seed):
+    rng = np.random.default_rng(seed)
+    sizes = [int(rng.integers(2, 6)) for _ in range(int(rng.integers(2, 5)))]
+    codes = random_codes(rng, int(rng.integers(3, min(30, int(np.prod(sizes))) + 1)), sizes)
+    trie = PrefixTrie(codes, sizes)
+    scorer = HashScorer(sizes, seed)
+    users, v = 3, codes.shape[0] - 1
+    for beam, k in [(2, 2), (4, 3), (max(max_prefixes(trie), v), min(5, v))]:
+        items, scores = beam_search(trie, scorer, users, beam, k)
+        assert items.shape == (users, k) and scores.shape == (users, k)
+        for u in range(users):
+            live = items[u][np.isfinite(scores[u])]
+            assert (live > 0).all() and len(set(live.tolist())) == len(live)
+            assert (np.diff(scores[u][np.isfinite(scores[u])]) <= 0).all()
+        # with B >= v every beam keeps k live items
+        if beam >= v:
+            assert np.isfinite(scores).all()
+    beam = max(max_prefixes(trie), 1)
+    k = min(4, v)
+    items, scores = beam_search(trie, scorer, users, max(beam, k), k)
+    want_items, want_scores = topk_items(scorer.item_scores(codes, users), k)
+    np.testing.assert_array_equal(items, want_items)
+    np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-5)
+    # rebuilt masks (the naive baseline) give the same lists
+    items2, scores2 = beam_search(trie, scorer, users, max(beam, k), k, rebuild_masks=True)
+    np.testing.assert_array_equal(items2, items)
+    np.testing.assert_array_equal(scores2, scores)
+
+
+def randomize(cell, rng, scale=0.3):
+    for p in cell.trainable_params():
+        p.set_data(Tensor((rng.standard_normal(p.shape) * scale).astype(np.float32)))
+
+
+def gr_case(seed, merger, num_items=14, sizes=(3, 3, 2)):
+    rng = np.random.default_rng(seed)
+    codes = random_codes(rng, num_items, list(sizes))
+    dec = GRDecoder(list(sizes), 8, 2, 2, 4, 4, max_len=12, token_merger=merger, seed=seed)
+    randomize(dec, rng)
+    histories = [rng.integers(1, num_items + 1, n) for n in (1, 3, 2)]
+    return rng, codes, dec, histories
+
+
+@pytest.mark.parametrize("merger", ["none", "item", "pairs"])
+def test_decoder_beam_equals_exhaustive(merger):
+    _, codes, dec, histories = gr_case(4, merger)
+    trie = PrefixTrie(codes, dec.level_sizes)
+    beam, k = max(max_prefixes(trie), 5), 5
+    cap = 9
+    scorer = RecomputeScorer(dec, histories, codes, beam, cap)
+    items, scores = beam_search(trie, scorer, len(histories), beam, k)
+    want_items, want_scores = topk_items(item_log_probs(dec, histories, codes, cap), k)
+    np.testing.assert_array_equal(items, want_items)
+    np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-5)
+
+
+def test_beam_ranks_like_eval():
+    items = np.array([[5, 3, 9, 0], [2, 7, 4, 1], [8, 6, 1, 3]])
+    hist = [[5], [7, 4], [1]]
+    targets = [9, 4, 2]
+    # user 0: 5 is history -> list 3, 9: rank 1; user 1: target 4 is in the history but is the target
+    # (kept), 7 removed -> 2, 4: rank 1; user 2: target 2 absent -> miss = num_items
+    assert beam_ranks(items, targets, hist, 20).tolist() == [1, 1, 20]
+    assert beam_ranks(items, [5, 2, 3], None, 20).tolist() == [0, 0, 3]
+
+
+def test_beam_width_error():
+    trie = PrefixTrie(np.array([[0, 0], [1, 1], [0, 1]]), [2, 2])
+    with pytest.raises(BeamError, match="beam width 2 must be >= the list length k = 3"):
+        beam_search(trie, HashScorer([2, 2], 0), 1, 2, 3)

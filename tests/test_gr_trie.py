@@ -1,0 +1,78 @@
+"""PrefixTrie on random catalogues, checked against brute-force sets of prefixes."""
+import numpy as np
+import pytest
+
+from mindgr.ids.trie import PrefixTrie, TrieError, prefix_keys
+
+
+def fast_backend():
+    """The fused C++ kernels where they build (their graphs compile ~5x faster than the padded
+    reference's), else the reference: the GR tests check GR logic, the kernels have their own tests."""
+    from mindgr.ops import set_backend
+    from mindgr.ops.backend import BackendUnavailable
+    try:
+        return set_backend("cpu")
+    except BackendUnavailable:
+        return set_backend("reference")
+
+
+def random_codes(rng, num_items, level_sizes):
+    """A random code table [V+1, Lt] of unique tuples (row 0 = padding, zeros), clustered so that
+    prefixes are shared (as residual k-means makes them)."""
+    sizes = np.asarray(level_sizes)
+    space = int(np.prod(sizes))
+    assert num_items <= space
+    # draw the first levels from a few hot values so prefixes collide, then make tuples unique
+    seen, rows = set(), []
+    while len(rows) < num_items:
+        t = tuple(int(min(rng.geometric(0.4) - 1, s - 1)) if rng.random() < 0.7 else int(rng.integers(s))
+                  for s in sizes)
+        if t not in seen:
+            seen.add(t)
+            rows.append(t)
+    return np.concatenate([np.zeros((1, len(sizes)), np.int32), np.asarray(rows, np.int32)])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_trie_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    sizes = [int(rng.integers(2, 7)) for _ in range(int(rng.integers(2, 5)))]
+    v = int(rng.integers(1, min(40, int(np.prod(sizes))) + 1))
+    codes = random_codes(rng, v, sizes)
+    trie = PrefixTrie(codes, sizes)
+    tuples = {tuple(r) for r in codes[1:].tolist()}
+    assert set(trie.first_codes.tolist()) == {t[0] for t in tuples}
+    for level in range(len(sizes)):
+        prefixes = sorted({t[:level] for t in tuples})
+        assert trie.num_prefixes(level) == len(prefixes)
+        keys = prefix_keys(np.asarray(prefixes, np.int64).reshape(len(prefixes), level), sizes, level)
+        assert (np.diff(trie.keys[level]) > 0).all()
+        rows, found = trie.mask_rows(level, keys)
+        assert found.all()
+        for p, r in zip(prefixes, rows):
+            want = {t[level] for t in tuples if t[:level] == p}
+            assert set(np.nonzero(trie.masks[level][r])[0].tolist()) == want
+    # every possible tuple: item_of finds exactly the items, and prefixes outside the trie are refused
+    grid = np.stack(np.meshgrid(*[np.arange(s) for s in sizes], indexing="ij"), -1).reshape(-1, len(sizes))
+    items = trie.item_of(grid)
+    for t, it in zip(grid.tolist(), items.tolist()):
+        if tuple(t) in tuples:
+            assert it > 0 and tuple(codes[it].tolist()) == tuple(t)
+        else:
+            assert it == 0
+    for level in range(1, len(sizes)):
+        pre = grid[:, :level]
+        _, found = trie.mask_rows(level, prefix_keys(pre, sizes, level))
+        assert found.tolist() == [any(t[:level] == tuple(p) for t in tuples) for p in pre.tolist()]
+        assert not trie.allowed(level, prefix_keys(pre, sizes, level))[~found].any()
+    assert trie.item_of(np.full((2, len(sizes)), -1)).tolist() == [0, 0]
+
+
+def test_trie_errors_are_one_line():
+    codes = np.array([[0, 0], [1, 2], [1, 2]], np.int32)
+    with pytest.raises(TrieError, match="items 1 and 2 share the code tuple"):
+        PrefixTrie(codes, [3, 3])
+    with pytest.raises(TrieError, match="item 1 has code 5 at level 1"):
+        PrefixTrie(np.array([[0, 0], [1, 5]]), [3, 3])
+    with pytest.raises(TrieError, match="level_sizes"):
+        PrefixTrie(np.array([[0, 0], [1, 1]]), [3, 3, 3])
