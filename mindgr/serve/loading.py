@@ -22,8 +22,9 @@ class LoadedRun:
     step: int | None
 
 
-def load_run(run_dir, which: str = "best") -> LoadedRun:
-    """The run's model with its best (or latest) checkpoint restored, encoder set to eval mode."""
+def load_run(run_dir, which: str = "best", threads: int | None = None) -> LoadedRun:
+    """The run's model with its best (or latest) checkpoint restored, encoder set to eval mode.
+    threads: CPU threads for MindSpore (default: the run's parallel.threads)."""
     import yaml
     from mindgr.config import config_from_dict
     from mindgr.train.data import RunData
@@ -36,6 +37,8 @@ def load_run(run_dir, which: str = "best") -> LoadedRun:
         raise CheckpointError(f"{run_dir}: not a run directory (no config.yaml)")
     cfg = config_from_dict(yaml.safe_load(cfg_path.read_text()))
     cfg.run.out_dir, cfg.run.name = str(run_dir.parent), run_dir.name
+    if threads is not None:
+        cfg.parallel.threads = threads
     setup_mindspore(cfg)
     data = RunData(cfg)
     model = Model(cfg, data.num_items)

@@ -42,7 +42,10 @@ class Catalogue:
 
     def to_internal(self, raw_ids) -> np.ndarray:
         """Internal ids of raw ids; a RequestError names the first unknown one."""
-        raw = np.asarray(raw_ids, np.int64).reshape(-1)
+        try:
+            raw = np.asarray(raw_ids, np.int64).reshape(-1)
+        except OverflowError:
+            raise RequestError("history: an item id does not fit in 64 bits") from None
         pos = np.minimum(np.searchsorted(self._sorted_raw, raw), self.num_items - 1)
         known = self._sorted_raw[pos] == raw
         if not known.all():
@@ -75,13 +78,16 @@ def parse_query(cat: Catalogue, history, timestamps=None, request_time=None, k: 
     else:
         if len(timestamps) != len(history):
             raise RequestError(f"timestamps: {len(timestamps)} values for {len(history)} history items")
-        times = np.asarray(timestamps, np.int64)
+        try:
+            times = np.asarray(timestamps, np.int64)
+        except OverflowError:
+            raise RequestError("timestamps: a value does not fit in 64 bits") from None
         if (times < 0).any():
             raise RequestError(f"timestamps[{int(np.flatnonzero(times < 0)[0])}]: negative")
         if (np.diff(times) < 0).any():
             raise RequestError(f"timestamps[{int(np.flatnonzero(np.diff(times) < 0)[0]) + 1}]: earlier than "
                                "the item before it (histories are chronological)")
-        if request_time is not None and request_time < times[-1]:
+        if request_time is not None and request_time < int(times[-1]):
             raise RequestError(f"request_time: {request_time} is before the last timestamp {int(times[-1])}")
         if time_unit == "ms":  # HSTU's time buckets are defined on seconds (as mindgr.train.data does)
             times = times // 1000
