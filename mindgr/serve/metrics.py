@@ -20,7 +20,7 @@ class ServerMetrics:
         self.latencies = deque(maxlen=window)          # seconds, /recommend requests answered 200
         self.batch_sizes = Counter()                    # requests in a batch -> batches
         self.batch_shapes = Counter()                   # compiled rows used -> batches
-        self.encode_seconds = 0.0
+        self.shape_seconds = Counter()                  # compiled rows -> seconds of encode + top-k
         self.queue_depth_max = 0
         self._queue_depth = lambda: 0
 
@@ -37,7 +37,7 @@ class ServerMetrics:
         with self._lock:
             self.batch_sizes[int(size)] += 1
             self.batch_shapes[int(rows)] += 1
-            self.encode_seconds += seconds
+            self.shape_seconds[int(rows)] += seconds
 
     def record_queue_depth(self, depth: int):
         with self._lock:
@@ -58,6 +58,8 @@ class ServerMetrics:
                 "batches": {"count": batches, "mean_size": answered / batches if batches else None,
                             "size_histogram": {str(k): v for k, v in sorted(self.batch_sizes.items())},
                             "shape_histogram": {str(k): v for k, v in sorted(self.batch_shapes.items())},
-                            "compute_s": round(self.encode_seconds, 4)},
+                            "compute_ms_per_batch": {str(k): 1e3 * v / self.batch_shapes[k]
+                                                     for k, v in sorted(self.shape_seconds.items())},
+                            "compute_s": round(sum(self.shape_seconds.values()), 4)},
                 "queue": {"depth": int(self._queue_depth()), "max_depth": self.queue_depth_max},
             }
