@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -33,17 +34,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(run_dir, port: int, extra_args=(), timeout: float = 600.0, env=None):
-    """A `mindgr serve` subprocess on 127.0.0.1:port, returned once /health says ok."""
+def start_server(run_dir, port: int, extra_args=(), timeout: float = 600.0, log_path=None, cwd=None):
+    """A `mindgr serve` subprocess on 127.0.0.1:port, returned once /health says ok. Its output goes to
+    log_path (default: a temporary file; proc.log_path names it), never to a pipe nobody reads."""
     import httpx
     cmd = [sys.executable, "-m", "mindgr", "serve", "--run", str(run_dir), "--host", "127.0.0.1",
            "--port", str(port), *[str(a) for a in extra_args]]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ if env is None else env))
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="mindgr-serve-", suffix=".log")
+        os.close(fd)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    proc.log_path = log_path
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"mindgr serve exited with {proc.returncode}: {proc.stdout.read()[-2000:]}")
+            raise RuntimeError(f"mindgr serve exited with {proc.returncode}: {server_log(proc)[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                 return proc
@@ -52,6 +58,11 @@ def start_server(run_dir, port: int, extra_args=(), timeout: float = 600.0, env=
         time.sleep(0.3)
     stop_server(proc)
     raise RuntimeError(f"mindgr serve: not ready after {timeout:.0f} s")
+
+
+def server_log(proc) -> str:
+    with open(proc.log_path) as f:
+        return f.read()
 
 
 def stop_server(proc, timeout: float = 60.0) -> int:

@@ -71,6 +71,8 @@ def create_app(recommender, batcher: DynamicBatcher, metrics: ServerMetrics, inf
         yield
         state["ready"] = False
         await asyncio.get_running_loop().run_in_executor(None, batcher.close)  # drain what is queued
+        counts = metrics.snapshot()["requests"]["by_status"]
+        print(f"mindgr serve: drained and stopped; requests by status {counts}", flush=True)
 
     app = FastAPI(title="MindGR", lifespan=lifespan)
 
