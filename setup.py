@@ -9,6 +9,10 @@ setup(
     package_data={"mindgr.ops": ["cpu/*.cc", "cpu/*.h", "ascend/**/*"]},
     python_requires=">=3.9",
     install_requires=["mindspore==2.10.0", "numpy<2", "pyarrow>=12,<23", "pyyaml", "tqdm"],
-    extras_require={"test": ["pytest"]},
+    extras_require={
+        # mindgr serve / bench serve: HTTP server, load generator, optional ANN index (--index faiss-ivf)
+        "serve": ["fastapi>=0.100", "pydantic>=2", "uvicorn>=0.29", "httpx>=0.24", "faiss-cpu>=1.7"],
+        "test": ["pytest", "fastapi>=0.100", "pydantic>=2", "uvicorn>=0.29", "httpx>=0.24", "faiss-cpu>=1.7"],
+    },
     entry_points={"console_scripts": ["mindgr=mindgr.cli:main"]},
 )

@@ -205,6 +205,10 @@ def _bench_serve(args) -> int:
     from mindgr.bench.serve import bench_serve
     if not args.run:
         raise ValueError("bench serve: --run RUN is required")
+    if args.index_recall:
+        from mindgr.bench.serve import bench_index_recall
+        bench_index_recall(args.run, k=args.k, threads=args.threads, out=args.out)
+        return 0
     bench_serve(args.run, rates=[float(r) for r in args.rates.split(",")], duration=args.duration,
                 max_requests=args.max_requests, p99_bound_ms=args.p99_bound_ms, k=args.k,
                 shapes=args.batch_shapes, threads=args.threads, index=args.index, out=args.out)
@@ -255,6 +259,8 @@ def _add_bench_serve_args(b):
     b.add_argument("--batch-shapes", default="1,4,16,64", help="serve: the server's batch shapes")
     b.add_argument("--threads", type=int, help="serve: the server's MindSpore threads")
     b.add_argument("--index", default="exact", choices=["exact", "faiss-ivf"], help="serve: the server's index")
+    b.add_argument("--index-recall", action="store_true",
+                   help="serve: instead of the load test, recall@k of faiss-ivf vs exact on the test users")
 
 # ---- end serving ------------------------------------------------------------------------------------
 

@@ -200,3 +200,44 @@ def _format_row(r: dict) -> str:
     return (f"offered {r['offered_rps']:7.1f} req/s  achieved {ach:>7} req/s  p50 {p50:>8} ms  p99 {p99:>8} ms  "
             f"ok {r['ok']:5d}  503 {r['status_503']:4d}  failed {r['failed']:3d}  mean batch {mean_b:>5}  "
             f"batches {json.dumps(r['size_histogram'])}")
+
+
+def bench_index_recall(run_dir, k: int = 10, nprobes=(1, 2, 4, 8, 16), users: int = 2000, threads=None,
+                       out=None) -> dict:
+    """recall@k of the faiss IVF index against exact top-k on the run's test users (history excluded),
+    and the search time per batch of 64 users of each (measured alternately, best of 3 rounds)."""
+    from mindgr.serve.index import ExactIndex, FaissIVFIndex, recall_at_k
+    from mindgr.serve.loading import load_run
+    from mindgr.serve.recommend import Recommender
+    run = load_run(run_dir, threads=threads)
+    rec = Recommender.from_run(run, shapes=(64,))
+    raw = rec.catalogue.raw
+    ev = run.data.split.test
+    n = min(users, len(ev.targets))
+    times = ev.history_times if ev.history_times is not None else [None] * n
+    queries = [rec.parse(raw[np.asarray(ev.histories[u])].tolist(),
+                         None if times[u] is None else np.asarray(times[u]).tolist(), k=k) for u in range(n)]
+    vecs = np.concatenate([rec.encode(queries[s:s + 64], 64) for s in range(0, n, 64)])
+    excl = [q.items for q in queries]
+    table = run.model.item_table()
+    exact = ExactIndex(table)
+    want = exact.top_k(vecs, [k] * n, excl)
+    indexes = {"exact": exact}
+    for p in nprobes:
+        indexes[f"faiss-ivf nprobe {p}"] = FaissIVFIndex(table, nprobe=p)
+    timing = {name: [] for name in indexes}
+    for _ in range(3):  # alternate the indexes, so machine noise hits them alike
+        for name, idx in indexes.items():
+            t0 = time.perf_counter()
+            for s in range(0, n, 64):
+                idx.top_k(vecs[s:s + 64], [k] * len(vecs[s:s + 64]), excl[s:s + 64])
+            timing[name].append((time.perf_counter() - t0) / ((n + 63) // 64))
+    rows = []
+    for name, idx in indexes.items():
+        got = idx.top_k(vecs, [k] * n, excl)
+        rows.append({"index": name, "recall_at_k": recall_at_k(got, want), "ms_per_64_users": min(timing[name]) * 1e3,
+                     "nlist": getattr(idx, "nlist", None)})
+        print(f"{name:22s} recall@{k} {rows[-1]['recall_at_k']:.4f}  {rows[-1]['ms_per_64_users']:.3f} ms per 64 users")
+    result = {"run": str(run_dir), "k": k, "users": n, "items": rec.catalogue.num_items, "indexes": rows}
+    write_result(result, out)
+    return result
