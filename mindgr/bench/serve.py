@@ -101,7 +101,7 @@ async def _one_rate(url: str, bodies: list, rate: float, duration: float, max_re
     n = max(1, min(max_requests, int(round(rate * duration))))
     starts = np.cumsum(rng.exponential(1.0 / rate, n))
     picks = rng.integers(0, len(bodies), n)
-    latencies, statuses = [], []
+    latencies, statuses, server_ms = [], [], []
     limits = httpx.Limits(max_connections=2048, max_keepalive_connections=2048)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60.0)) as client:
         t0 = time.perf_counter()
@@ -113,6 +113,8 @@ async def _one_rate(url: str, bodies: list, rate: float, duration: float, max_re
             try:
                 r = await client.post(url, json=bodies[picks[i]])
                 status = r.status_code
+                if status == 200:
+                    server_ms.append(float(r.headers.get("x-server-ms", "nan")))
             except httpx.HTTPError:
                 status = -1
             latencies.append(time.perf_counter() - (t0 + starts[i]))
@@ -129,6 +131,9 @@ async def _one_rate(url: str, bodies: list, rate: float, duration: float, max_re
         "achieved_rps": float((st == 200).sum() / wall) if wall > 0 else None,
         "p50_ms": float(np.percentile(ok, 50) * 1e3) if len(ok) else None,
         "p99_ms": float(np.percentile(ok, 99) * 1e3) if len(ok) else None,
+        # the part spent inside the server process (queue wait + compute + response), from x-server-ms
+        "server_p50_ms": float(np.percentile(server_ms, 50)) if server_ms else None,
+        "server_p99_ms": float(np.percentile(server_ms, 99)) if server_ms else None,
         "wall_s": wall,
     }
 
@@ -197,8 +202,9 @@ def _format_row(r: dict) -> str:
     p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f}"
     ach = "-" if r["achieved_rps"] is None else f"{r['achieved_rps']:.1f}"
     mean_b = "-" if r["mean_batch_size"] is None else f"{r['mean_batch_size']:.2f}"
+    srv = "-" if r["server_p50_ms"] is None else f"{r['server_p50_ms']:.1f}/{r['server_p99_ms']:.1f}"
     return (f"offered {r['offered_rps']:7.1f} req/s  achieved {ach:>7} req/s  p50 {p50:>8} ms  p99 {p99:>8} ms  "
-            f"ok {r['ok']:5d}  503 {r['status_503']:4d}  failed {r['failed']:3d}  mean batch {mean_b:>5}  "
+            f"in server p50/p99 {srv:>13} ms  ok {r['ok']:5d}  503 {r['status_503']:4d}  failed {r['failed']:3d}  mean batch {mean_b:>5}  "
             f"batches {json.dumps(r['size_histogram'])}")
 
 
