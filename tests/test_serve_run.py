@@ -264,3 +264,8 @@ def test_shutdown_drains_in_flight_requests(slow_server, users):
     assert "drained and stopped" in log and "Traceback" not in log, log[-2000:]
     with pytest.raises(httpx.ConnectError):
         httpx.post(f"{proc.url}/recommend", json=users[0])
+
+
+def test_serve_refuses_a_bad_run_or_shapes_in_one_line(tmp_path, capsys):
+    cli_error(capsys, 1, "serve", "--run", tmp_path / "nope", "--", "not a run directory")
+    cli_error(capsys, 2, "serve", "--run", tmp_path / "nope", "--batch-shapes", "0,4", "--", "--batch-shapes")

@@ -126,7 +126,7 @@ def create_app(recommender, batcher: DynamicBatcher, metrics: ServerMetrics, inf
         except (Overloaded, ShuttingDown) as e:
             return JSONResponse({"error": str(e)}, 503)
         ids, scores = await asyncio.wrap_future(fut)
-        return recommender.to_response(ids, scores)
+        return JSONResponse(recommender.to_response(ids, scores))  # skips FastAPI's generic encoder
 
     @app.get("/health")
     async def health():
