@@ -91,6 +91,11 @@ def test_export_round_trip_is_bit_identical(tiny_run, tmp_path, capsys):
         exported, checkpoint = encoder(*x).asnumpy(), run.model.encode_last(*x).asnumpy()
         assert exported.shape == (rows, 16) and np.abs(exported).sum() > 0
         assert np.array_equal(exported, checkpoint)
+    # The faiss index probing every cell returns what the exact index returns.
+    ann = Recommender.from_run(run, shapes=(4,), index="faiss-ivf", nlist=2, nprobe=2)
+    for (a_ids, a_scores), (e_ids, e_scores) in zip(ann.recommend(queries, 4), rec.recommend(queries, 4)):
+        assert a_ids.tolist() == e_ids.tolist()
+        np.testing.assert_allclose(a_scores, e_scores, atol=1e-5)
 
 
 def test_export_of_a_missing_run_is_one_line(tmp_path, capsys):
