@@ -165,6 +165,8 @@ def _history_lines(args):
             out.append((label, [int(w) for w in text.replace(",", " ").split()]))
         except ValueError:
             raise RequestError(f"{label}: item ids must be integers: {text.strip()[:60]!r}") from None
+    if not out or not out[0][1]:
+        raise ValueError(f"recommend: {args.users or '--user-history'}: no item ids")
     return out
 
 

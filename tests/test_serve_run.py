@@ -133,6 +133,8 @@ def test_recommend_errors_are_one_line(tiny_run, tmp_path, capsys):
     cli_error(capsys, 1, "recommend", "--run", tiny_run, "--users", f, "--", "users.txt:2", "integers")
     cli_error(capsys, 1, "recommend", "--run", tiny_run, "--user-history", "1", "--k", 0, "--", "k: 0")
     cli_error(capsys, 1, "recommend", "--run", tiny_run, "--", "exactly one of --user-history and --users")
+    (tmp_path / "empty.txt").write_text("\n")
+    cli_error(capsys, 1, "recommend", "--run", tiny_run, "--users", tmp_path / "empty.txt", "--", "no item ids")
 
 
 # ---- serve ------------------------------------------------------------------------------------------------
