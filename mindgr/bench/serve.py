@@ -101,7 +101,7 @@ async def _one_rate(url: str, bodies: list, rate: float, duration: float, max_re
     n = max(1, min(max_requests, int(round(rate * duration))))
     starts = np.cumsum(rng.exponential(1.0 / rate, n))
     picks = rng.integers(0, len(bodies), n)
-    latencies, statuses, server_ms = [], [], []
+    latencies, statuses, server_ms, lags = [], [], [], []
     limits = httpx.Limits(max_connections=2048, max_keepalive_connections=2048)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60.0)) as client:
         t0 = time.perf_counter()
@@ -110,6 +110,7 @@ async def _one_rate(url: str, bodies: list, rate: float, duration: float, max_re
             delay = t0 + starts[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            lags.append(time.perf_counter() - (t0 + starts[i]))  # a busy load generator sends late
             try:
                 r = await client.post(url, json=bodies[picks[i]])
                 status = r.status_code
@@ -134,6 +135,7 @@ async def _one_rate(url: str, bodies: list, rate: float, duration: float, max_re
         # the part spent inside the server process (queue wait + compute + response), from x-server-ms
         "server_p50_ms": float(np.percentile(server_ms, 50)) if server_ms else None,
         "server_p99_ms": float(np.percentile(server_ms, 99)) if server_ms else None,
+        "send_lag_p99_ms": float(np.percentile(lags, 99) * 1e3),
         "wall_s": wall,
     }
 
@@ -204,7 +206,7 @@ def _format_row(r: dict) -> str:
     mean_b = "-" if r["mean_batch_size"] is None else f"{r['mean_batch_size']:.2f}"
     srv = "-" if r["server_p50_ms"] is None else f"{r['server_p50_ms']:.1f}/{r['server_p99_ms']:.1f}"
     return (f"offered {r['offered_rps']:7.1f} req/s  achieved {ach:>7} req/s  p50 {p50:>8} ms  p99 {p99:>8} ms  "
-            f"in server p50/p99 {srv:>13} ms  ok {r['ok']:5d}  503 {r['status_503']:4d}  failed {r['failed']:3d}  mean batch {mean_b:>5}  "
+            f"in server p50/p99 {srv:>13} ms  send lag p99 {r['send_lag_p99_ms']:7.1f} ms  ok {r['ok']:5d}  503 {r['status_503']:4d}  failed {r['failed']:3d}  mean batch {mean_b:>5}  "
             f"batches {json.dumps(r['size_histogram'])}")
 
 
