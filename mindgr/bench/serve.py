@@ -246,6 +246,24 @@ def bench_index_recall(run_dir, k: int = 10, nprobes=(1, 2, 4, 8, 16), users: in
         rows.append({"index": name, "recall_at_k": recall_at_k(got, want), "ms_per_64_users": min(timing[name]) * 1e3,
                      "nlist": getattr(idx, "nlist", None)})
         print(f"{name:22s} recall@{k} {rows[-1]['recall_at_k']:.4f}  {rows[-1]['ms_per_64_users']:.3f} ms per 64 users")
-    result = {"run": str(run_dir), "k": k, "users": n, "items": rec.catalogue.num_items, "indexes": rows}
+    same = _ranks_equal_eval(run, exact, vecs, ev, n)
+    print(f"exact top-k vs mindgr eval: the target's served rank equals eval's for {same} of {n} test users")
+    result = {"run": str(run_dir), "k": k, "users": n, "items": rec.catalogue.num_items, "indexes": rows,
+              "eval_rank_equal_users": same}
     write_result(result, out)
     return result
+
+
+def _ranks_equal_eval(run, exact, vecs, ev, n: int) -> int:
+    """How many of the first n test users get, from the served full ranking (history items other than
+    the target removed, as eval removes them), the target rank that mindgr.train.evaluate computes."""
+    from mindgr.train.evaluate import evaluate
+    _, ranks = evaluate(run.model.encode_last, run.model.item_table(), run.data.eval["test"], ev, [10],
+                        per_user=True)
+    full = exact.top_k(vecs, [exact.table.shape[0] - 1] * n, [None] * n)
+    same = 0
+    for u, (ids, _) in enumerate(full):
+        target, hist = ev.targets[u], set(np.asarray(ev.histories[u]).tolist())
+        ranking = [i for i in ids.tolist() if i == target or i not in hist]
+        same += int(ranking.index(target) == ranks[u])
+    return same
