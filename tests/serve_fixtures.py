@@ -18,14 +18,6 @@ def mindgr(*args, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def one_line_error(proc, code, *words):
-    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("mindgr: error:")]
-    assert len(lines) == 1, proc.stderr[-2000:]
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-
-
 @pytest.fixture
 def tiny_run(tiny_overrides, tmp_path_factory):
     """Directory of a trained tiny HSTU run (synthetic data with timestamps, time bias on)."""

@@ -29,9 +29,8 @@ def _encoder_name(rows: int) -> str:
 
 def _data_fingerprint(run):
     """A fingerprint the run recorded (checkpoint meta or config), or None: none is invented here."""
-    import json as _json
     sidecar = run.run_dir / "checkpoints" / Path(run.checkpoint).with_suffix(".json").name
-    meta = _json.loads(sidecar.read_text()) if sidecar.is_file() else {}
+    meta = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
     for key in ("data_fingerprint", "fingerprint"):
         if key in meta:
             return meta[key]
