@@ -14,7 +14,14 @@ setup(
     package_data={"mindgr.ops": ["cpu/*.cc", "cpu/*.h", "ascend/**/*"]},
     python_requires=">=3.9",
     install_requires=["mindspore==2.10.0", "numpy<2", "pyarrow>=12,<23", "pyyaml", "tqdm"],
-    # `mindgr report` draws its plots with matplotlib; the tests check those plots, so `test` includes it.
-    extras_require={"report": ["matplotlib>=3.5"], "test": ["pytest", "matplotlib>=3.5"]},
+    extras_require={
+        # `mindgr report` draws its plots with matplotlib
+        "report": ["matplotlib>=3.5"],
+        # mindgr serve / bench serve: HTTP server, load generator, optional ANN index (--index faiss-ivf)
+        "serve": ["fastapi>=0.100", "pydantic>=2", "uvicorn>=0.29", "httpx>=0.24", "faiss-cpu>=1.7"],
+        # the tests check the plots and run a real server
+        "test": ["pytest", "matplotlib>=3.5", "fastapi>=0.100", "pydantic>=2", "uvicorn>=0.29", "httpx>=0.24",
+                 "faiss-cpu>=1.7"],
+    },
     entry_points={"console_scripts": ["mindgr=mindgr.cli:main"]},
 )

@@ -117,6 +117,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.what == "serve":  # serving: see the serving block below
+        return _bench_serve(args)
     if args.what == "peak":
         from mindgr.train.peak import peak_flops
         p = peak_flops(refresh=args.refresh)
@@ -183,7 +185,144 @@ BENCHMARKS = {
     "balance": "how evenly the cost model splits a global batch over simulated (and 2 real) ranks",
     "distributed": "data-parallel scaling efficiency: 2 processes vs 1, same per-rank work",
     "sparse": "embedding traffic of the sharded table layouts, modelled and measured; staleness runs",
+    "serve": "HTTP load test of `mindgr serve` (open-loop arrivals on loopback): throughput, p50/p99 latency",
 }
+
+
+# ---- serving (mindgr.serve): export, recommend, serve, bench serve --------------------------------------
+
+def _batch_shapes(text):
+    from mindgr.config import ConfigError
+    try:
+        shapes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        shapes = []
+    if not shapes or min(shapes) < 1:
+        raise ConfigError(f"--batch-shapes: {text!r} (expected positive row counts, e.g. 1,4,16,64)")
+    return shapes
+
+
+def cmd_export(args) -> int:
+    from mindgr.serve.export import export_run
+    m = export_run(args.run, args.out, args.checkpoint, _batch_shapes(args.batch_shapes))
+    print(json.dumps({"run": m["run"], "checkpoint": m["checkpoint"], "out": str(args.out or f"{args.run}/export"),
+                      "encoders": [e["file"] for e in m["encoders"].values()], "items": m["data"]["num_items"]}))
+    return 0
+
+
+def _history_lines(args):
+    """(label, raw ids) per user: --user-history, or one line of --users FILE each (blank lines skipped)."""
+    from mindgr.serve.recommend import RequestError
+    if (args.user_history is None) == (args.users is None):
+        raise ValueError("recommend: give exactly one of --user-history and --users")
+    lines = [("user", args.user_history)] if args.users is None else \
+        [(f"{args.users}:{n}", t) for n, t in enumerate(open(args.users).read().splitlines(), 1) if t.strip()]
+    out = []
+    for label, text in lines:
+        try:
+            out.append((label, [int(w) for w in text.replace(",", " ").split()]))
+        except ValueError:
+            raise RequestError(f"{label}: item ids must be integers: {text.strip()[:60]!r}") from None
+    if not out or not out[0][1]:
+        raise ValueError(f"recommend: {args.users or '--user-history'}: no item ids")
+    return out
+
+
+def cmd_recommend(args) -> int:
+    from mindgr.serve.loading import load_run
+    from mindgr.serve.recommend import Recommender, RequestError
+    users = _history_lines(args)
+    rec = Recommender.from_run(load_run(args.run, args.checkpoint), shapes=(1, 16))
+    queries = []
+    for label, hist in users:
+        try:
+            queries.append(rec.parse(hist, k=args.k, exclude_history=not args.include_history))
+        except RequestError as e:
+            raise RequestError(f"{label}: {e}") from None
+    results = rec.recommend_many(queries)
+    for (label, _), (ids, scores) in zip(users, results):
+        r = rec.to_response(ids, scores)
+        if args.users is None:
+            print("rank\titem\tscore")
+            for n, (item, score) in enumerate(zip(r["items"], r["scores"]), 1):
+                print(f"{n}\t{item}\t{score:.6f}")
+        else:
+            print(json.dumps({"user": label, **r}))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    try:
+        from mindgr.serve.server import serve
+    except ImportError as e:
+        raise ValueError(f"mindgr serve needs the serve extra (pip install 'mindgr[serve]'): {e}") from None
+    return serve(args.run, args.host, args.port, args.checkpoint, _batch_shapes(args.batch_shapes),
+                 args.queue_size, args.max_wait_ms, args.index, args.nprobe, args.max_history,
+                 args.graceful_timeout, args.test_batch_delay_ms, args.threads)
+
+
+def _bench_serve(args) -> int:
+    from mindgr.bench.serve import bench_serve
+    if not args.run:
+        raise ValueError("bench serve: --run RUN is required")
+    if args.index_recall:
+        from mindgr.bench.serve import bench_index_recall
+        bench_index_recall(args.run, k=args.k, threads=args.threads, out=args.out)
+        return 0
+    bench_serve(args.run, rates=[float(r) for r in args.rates.split(",")], duration=args.duration,
+                max_requests=args.max_requests, p99_bound_ms=args.p99_bound_ms, k=args.k,
+                shapes=args.batch_shapes, threads=args.threads, index=args.index, out=args.out)
+    return 0
+
+
+def _add_serve_commands(sub):
+    x = sub.add_parser("export", help="export a run's user encoder (MindIR per batch shape), item table, manifest")
+    x.add_argument("--run", required=True, help="run directory")
+    x.add_argument("--out", help="output directory (default RUN/export)")
+    x.add_argument("--checkpoint", default="best", choices=["best", "latest"])
+    x.add_argument("--batch-shapes", default="1,4,16,64", help="rows of each exported encoder (as mindgr serve)")
+    x.set_defaults(func=cmd_export)
+
+    r = sub.add_parser("recommend", help="top-k items for one user's history or a file of histories (raw ids)")
+    r.add_argument("--run", required=True, help="run directory")
+    r.add_argument("--user-history", help='raw item ids, oldest first, e.g. "1193 661 914"')
+    r.add_argument("--users", help="a file with one user's raw item ids per line; prints one JSON line per user")
+    r.add_argument("--k", type=int, default=10)
+    r.add_argument("--include-history", action="store_true", help="do not remove the history's items")
+    r.add_argument("--checkpoint", default="best", choices=["best", "latest"])
+    r.set_defaults(func=cmd_recommend)
+
+    s = sub.add_parser("serve", help="HTTP server: POST /recommend, GET /health, GET /metrics")
+    s.add_argument("--run", required=True, help="run directory")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--checkpoint", default="best", choices=["best", "latest"])
+    s.add_argument("--batch-shapes", default="1,4,16,64", help="rows of each compiled batch shape")
+    s.add_argument("--queue-size", type=int, default=256, help="requests waiting beyond this get 503")
+    s.add_argument("--max-wait-ms", type=float, default=2.0, help="longest wait for a batch to fill")
+    s.add_argument("--index", default="exact", choices=["exact", "faiss-ivf"], help="top-k over the item table")
+    s.add_argument("--nprobe", type=int, default=8, help="faiss-ivf: cells searched per query")
+    s.add_argument("--max-history", type=int, help="longest history accepted (default 4096 items)")
+    s.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests")
+    s.add_argument("--threads", type=int, help="MindSpore CPU threads (default: the run's parallel.threads)")
+    s.add_argument("--test-batch-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)  # tests only
+    s.set_defaults(func=cmd_serve)
+
+
+def _add_bench_serve_args(b):
+    b.add_argument("--run", help="serve: run directory to serve")
+    b.add_argument("--rates", default="25,50,100,200,400", help="serve: open-loop arrival rates (requests/s)")
+    b.add_argument("--duration", type=float, default=8.0, help="serve: seconds of arrivals per rate")
+    b.add_argument("--max-requests", type=int, default=2000, help="serve: at most this many requests per rate")
+    b.add_argument("--p99-bound-ms", type=float, default=100.0, help="serve: the p99 latency bound")
+    b.add_argument("--k", type=int, default=10, help="serve: items per request")
+    b.add_argument("--batch-shapes", default="1,4,16,64", help="serve: the server's batch shapes")
+    b.add_argument("--threads", type=int, help="serve: the server's MindSpore threads")
+    b.add_argument("--index", default="exact", choices=["exact", "faiss-ivf"], help="serve: the server's index")
+    b.add_argument("--index-recall", action="store_true",
+                   help="serve: instead of the load test, recall@k of faiss-ivf vs exact on the test users")
+
+# ---- end serving ------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,7 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--method", choices=["blocks", "runs"], default="blocks",
                    help="distributed: alternate 1- and 2-process blocks in two long-lived processes (blocks), or "
                         "separate training jobs one after another (runs)")
+    _add_bench_serve_args(b)  # serving
     b.set_defaults(func=cmd_bench)
+    _add_serve_commands(sub)  # serving: export, recommend, serve
     return p
 
 

@@ -1,0 +1,269 @@
+"""`mindgr bench serve`: an open-loop HTTP load test of `mindgr serve` on loopback.
+
+The server runs in its own process (`python -m mindgr serve`, a free 127.0.0.1 port); this process is
+the load generator (httpx + asyncio). At each rate, requests are *scheduled* at Poisson arrival times
+whether or not earlier ones have been answered (open loop: a slow server cannot slow the arrivals), and
+a request's latency counts from its scheduled time, so client-side queueing is not hidden. Each rate is
+bounded by --duration seconds and --max-requests requests; requests come from the run's test users
+(their histories and timestamps, raw ids). Between rates, /metrics gives the batch sizes the batcher
+formed and its compute time per batch shape.
+
+Reported per rate: offered and achieved rate, p50 / p99 latency, 503s and other failures; then the
+highest offered rate whose p99 stays within --p99-bound-ms with no failures. The load generator shares
+the host with the server (and, on a shared host, with other jobs): the figures are a floor.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from mindgr.bench import write_result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(run_dir, port: int, extra_args=(), timeout: float = 600.0, log_path=None, cwd=None):
+    """A `mindgr serve` subprocess on 127.0.0.1:port, returned once /health says ok. Its output goes to
+    log_path (default: a temporary file; proc.log_path names it), never to a pipe nobody reads."""
+    import httpx
+    cmd = [sys.executable, "-m", "mindgr", "serve", "--run", str(run_dir), "--host", "127.0.0.1",
+           "--port", str(port), *[str(a) for a in extra_args]]
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="mindgr-serve-", suffix=".log")
+        os.close(fd)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    proc.log_path = log_path
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mindgr serve exited with {proc.returncode}: {server_log(proc)[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    stop_server(proc)
+    raise RuntimeError(f"mindgr serve: not ready after {timeout:.0f} s")
+
+
+def server_log(proc) -> str:
+    with open(proc.log_path) as f:
+        return f.read()
+
+
+def stop_server(proc, timeout: float = 60.0) -> int:
+    """SIGTERM (uvicorn's graceful shutdown), then wait; kill only if it does not stop."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def user_requests(run_dir, k: int, limit: int = 2000) -> list:
+    """POST /recommend bodies from the run's test users (raw ids, the data's time unit)."""
+    import yaml
+    from mindgr.config import config_from_dict
+    from mindgr.train.data import RunData
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        cfg = config_from_dict(yaml.safe_load(f))
+    data = RunData(cfg)
+    ev, raw = data.split.test, data.store.item_raw_ids
+    bodies = []
+    for u in range(min(limit, len(ev.targets))):
+        body = {"history": [int(x) for x in raw[np.asarray(ev.histories[u])]], "k": k}
+        if ev.history_times is not None:
+            body["timestamps"] = [int(t) for t in ev.history_times[u]]
+        bodies.append(body)
+    return bodies
+
+
+async def _one_rate(url: str, bodies: list, rate: float, duration: float, max_requests: int, seed: int):
+    import httpx
+    rng = np.random.default_rng(seed)
+    n = max(1, min(max_requests, int(round(rate * duration))))
+    starts = np.cumsum(rng.exponential(1.0 / rate, n))
+    picks = rng.integers(0, len(bodies), n)
+    latencies, statuses, server_ms, lags = [], [], [], []
+    limits = httpx.Limits(max_connections=2048, max_keepalive_connections=2048)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60.0)) as client:
+        t0 = time.perf_counter()
+
+        async def fire(i):
+            delay = t0 + starts[i] - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            lags.append(time.perf_counter() - (t0 + starts[i]))  # a busy load generator sends late
+            try:
+                r = await client.post(url, json=bodies[picks[i]])
+                status = r.status_code
+                if status == 200:
+                    server_ms.append(float(r.headers.get("x-server-ms", "nan")))
+            except httpx.HTTPError:
+                status = -1
+            latencies.append(time.perf_counter() - (t0 + starts[i]))
+            statuses.append(status)
+            return time.perf_counter()
+
+        ends = await asyncio.gather(*(fire(i) for i in range(n)))
+        wall = max(ends) - t0
+    lat, st = np.array(latencies), np.array(statuses)
+    ok = lat[st == 200]
+    return {
+        "offered_rps": rate, "requests": n, "ok": int((st == 200).sum()), "status_503": int((st == 503).sum()),
+        "failed": int(((st != 200) & (st != 503)).sum()),
+        "achieved_rps": float((st == 200).sum() / wall) if wall > 0 else None,
+        "p50_ms": float(np.percentile(ok, 50) * 1e3) if len(ok) else None,
+        "p99_ms": float(np.percentile(ok, 99) * 1e3) if len(ok) else None,
+        # the part spent inside the server process (queue wait + compute + response), from x-server-ms
+        "server_p50_ms": float(np.percentile(server_ms, 50)) if server_ms else None,
+        "server_p99_ms": float(np.percentile(server_ms, 99)) if server_ms else None,
+        "send_lag_p99_ms": float(np.percentile(lags, 99) * 1e3),
+        "wall_s": wall,
+    }
+
+
+def _batch_delta(before: dict, after: dict) -> dict:
+    b, a = before["batches"], after["batches"]
+    sizes = {s: a["size_histogram"].get(s, 0) - b["size_histogram"].get(s, 0) for s in a["size_histogram"]}
+    sizes = {s: v for s, v in sizes.items() if v}
+    batches = sum(sizes.values())
+    return {"batches": batches, "mean_batch_size": (sum(int(s) * v for s, v in sizes.items()) / batches
+                                                     if batches else None),
+            "size_histogram": sizes}
+
+
+def bench_serve(run_dir, rates=(25, 50, 100, 200, 400), duration: float = 8.0, max_requests: int = 2000,
+                p99_bound_ms: float = 100.0, k: int = 10, shapes: str = "1,4,16,64", threads=None,
+                index: str = "exact", out=None) -> dict:
+    import httpx
+    from mindgr.config import ConfigError
+    if duration <= 0 or max_requests < 1 or not rates or min(rates) <= 0:
+        raise ConfigError("bench serve: --rates must be positive, --duration > 0, --max-requests >= 1")
+    bodies = user_requests(run_dir, k)
+    port = free_port()
+    args = ["--batch-shapes", shapes, "--index", index] + (["--threads", threads] if threads else [])
+    t_start = time.perf_counter()
+    proc = start_server(run_dir, port, args)
+    startup_s = time.perf_counter() - t_start
+    base = f"http://127.0.0.1:{port}"
+    rows = []
+    try:
+        health = httpx.get(f"{base}/health").json()
+        asyncio.run(_one_rate(f"{base}/recommend", bodies, 20.0, 1.0, 20, seed=99))  # warm connections
+        for i, rate in enumerate(rates):
+            before = httpx.get(f"{base}/metrics").json()
+            row = asyncio.run(_one_rate(f"{base}/recommend", bodies, rate, duration, max_requests, seed=i))
+            after = httpx.get(f"{base}/metrics").json()
+            row.update(_batch_delta(before, after))
+            rows.append(row)
+            print(_format_row(row), flush=True)
+            if row["p99_ms"] is None or row["p99_ms"] > 10 * p99_bound_ms:
+                break  # far past saturation: higher rates only queue more
+        final = httpx.get(f"{base}/metrics").json()
+    finally:
+        code = stop_server(proc)
+    within = [r for r in rows if r["p99_ms"] is not None and r["p99_ms"] <= p99_bound_ms
+              and r["failed"] == 0 and r["status_503"] == 0]
+    best = max(within, key=lambda r: r["offered_rps"]) if within else None
+    result = {"run": str(run_dir), "server": health, "startup_s": startup_s, "p99_bound_ms": p99_bound_ms,
+              "duration_s": duration, "max_requests": max_requests, "k": k, "rates": rows,
+              "best_within_bound": best, "compute_ms_per_batch": final["batches"]["compute_ms_per_batch"],
+              "batch_shape_histogram": final["batches"]["shape_histogram"], "server_exit_code": code,
+              "host": {"cpus": os.cpu_count(), "note": "load generator and server share this host"}}
+    print(f"batch compute (encode + top-k) ms per batch, by compiled rows: "
+          f"{ {s: round(v, 2) for s, v in result['compute_ms_per_batch'].items()} }")
+    if best:
+        print(f"highest offered rate with p99 <= {p99_bound_ms:g} ms and no failures: {best['offered_rps']:g} req/s "
+              f"(achieved {best['achieved_rps']:.1f}, p50 {best['p50_ms']:.1f} ms, p99 {best['p99_ms']:.1f} ms)")
+    else:
+        print(f"no rate kept p99 <= {p99_bound_ms:g} ms without failures")
+    write_result(result, out)
+    return result
+
+
+def _format_row(r: dict) -> str:
+    p50 = "-" if r["p50_ms"] is None else f"{r['p50_ms']:.1f}"
+    p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f}"
+    ach = "-" if r["achieved_rps"] is None else f"{r['achieved_rps']:.1f}"
+    mean_b = "-" if r["mean_batch_size"] is None else f"{r['mean_batch_size']:.2f}"
+    srv = "-" if r["server_p50_ms"] is None else f"{r['server_p50_ms']:.1f}/{r['server_p99_ms']:.1f}"
+    return (f"offered {r['offered_rps']:7.1f} req/s  achieved {ach:>7} req/s  p50 {p50:>8} ms  p99 {p99:>8} ms  "
+            f"in server p50/p99 {srv:>13} ms  send lag p99 {r['send_lag_p99_ms']:7.1f} ms  ok {r['ok']:5d}  503 {r['status_503']:4d}  failed {r['failed']:3d}  mean batch {mean_b:>5}  "
+            f"batches {json.dumps(r['size_histogram'])}")
+
+
+def bench_index_recall(run_dir, k: int = 10, nprobes=(1, 2, 4, 8, 16), users: int = 2000, threads=None,
+                       out=None) -> dict:
+    """recall@k of the faiss IVF index against exact top-k on the run's test users (history excluded),
+    and the search time per batch of 64 users of each (measured alternately, best of 3 rounds)."""
+    from mindgr.serve.index import ExactIndex, FaissIVFIndex, recall_at_k
+    from mindgr.serve.loading import load_run
+    from mindgr.serve.recommend import Recommender
+    run = load_run(run_dir, threads=threads)
+    rec = Recommender.from_run(run, shapes=(64,))
+    raw = rec.catalogue.raw
+    ev = run.data.split.test
+    n = min(users, len(ev.targets))
+    times = ev.history_times if ev.history_times is not None else [None] * n
+    queries = [rec.parse(raw[np.asarray(ev.histories[u])].tolist(),
+                         None if times[u] is None else np.asarray(times[u]).tolist(), k=k) for u in range(n)]
+    vecs = np.concatenate([rec.encode(queries[s:s + 64], 64) for s in range(0, n, 64)])
+    excl = [q.items for q in queries]
+    table = run.model.item_table()
+    exact = ExactIndex(table)
+    want = exact.top_k(vecs, [k] * n, excl)
+    indexes = {"exact": exact}
+    for p in nprobes:
+        indexes[f"faiss-ivf nprobe {p}"] = FaissIVFIndex(table, nprobe=p)
+    timing = {name: [] for name in indexes}
+    for _ in range(3):  # alternate the indexes, so machine noise hits them alike
+        for name, idx in indexes.items():
+            t0 = time.perf_counter()
+            for s in range(0, n, 64):
+                idx.top_k(vecs[s:s + 64], [k] * len(vecs[s:s + 64]), excl[s:s + 64])
+            timing[name].append((time.perf_counter() - t0) / ((n + 63) // 64))
+    rows = []
+    for name, idx in indexes.items():
+        got = idx.top_k(vecs, [k] * n, excl)
+        rows.append({"index": name, "recall_at_k": recall_at_k(got, want), "ms_per_64_users": min(timing[name]) * 1e3,
+                     "nlist": getattr(idx, "nlist", None)})
+        print(f"{name:22s} recall@{k} {rows[-1]['recall_at_k']:.4f}  {rows[-1]['ms_per_64_users']:.3f} ms per 64 users")
+    same = _ranks_equal_eval(run, exact, vecs, ev, n)
+    print(f"exact top-k vs mindgr eval: the target's served rank equals eval's for {same} of {n} test users")
+    result = {"run": str(run_dir), "k": k, "users": n, "items": rec.catalogue.num_items, "indexes": rows,
+              "eval_rank_equal_users": same}
+    write_result(result, out)
+    return result
+
+
+def _ranks_equal_eval(run, exact, vecs, ev, n: int) -> int:
+    """How many of the first n test users get, from the served full ranking (history items other than
+    the target removed, as eval removes them), the target rank that mindgr.train.evaluate computes."""
+    from mindgr.train.evaluate import evaluate
+    _, ranks = evaluate(run.model.encode_last, run.model.item_table(), run.data.eval["test"], ev, [10],
+                        per_user=True)
+    full = exact.top_k(vecs, [exact.table.shape[0] - 1] * n, [None] * n)
+    same = 0
+    for u, (ids, _) in enumerate(full):
+        target, hist = ev.targets[u], set(np.asarray(ev.histories[u]).tolist())
+        ranking = [i for i in ids.tolist() if i == target or i not in hist]
+        same += int(ranking.index(target) == ranks[u])
+    return same

@@ -1,0 +1,191 @@
+"""From raw item ids to ranked raw item ids: validate, encode at fixed batch shapes, top-k over the item table.
+
+Requests carry the data's raw item ids (e.g. MovieLens movie ids); the store numbers items 1..V (0 is
+padding), and the Catalogue maps between the two. A history is encoded from its last max_len items (as
+in training and `mindgr eval`); the whole history is what exclude_history removes, as eval does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_SHAPES = (1, 4, 16, 64)   # rows per compiled batch; tokens = rows * max_len
+DEFAULT_MAX_HISTORY = 4096        # longer requests are refused (only the last max_len are encoded anyway)
+
+
+class RequestError(ValueError):
+    """A request the server refuses, with a one-line reason (an HTTP 4xx)."""
+
+    def __init__(self, reason: str, status: int = 422):
+        super().__init__(reason)
+        self.status = status
+
+
+@dataclass
+class Query:
+    """One validated request in internal ids."""
+    items: np.ndarray      # int32 [L], 1..V, the whole history
+    times: np.ndarray      # int64 [L], seconds (zeros when the request had none)
+    k: int
+    exclude_history: bool
+
+
+class Catalogue:
+    """Raw item ids <-> the store's internal ids 1..V."""
+
+    def __init__(self, item_raw_ids: np.ndarray):
+        self.raw = np.asarray(item_raw_ids, np.int64)          # [V+1], raw[0] = -1 (padding)
+        self.num_items = len(self.raw) - 1
+        order = np.argsort(self.raw[1:], kind="stable")
+        self._sorted_raw, self._sorted_internal = self.raw[1:][order], (order + 1).astype(np.int32)
+
+    def to_internal(self, raw_ids) -> np.ndarray:
+        """Internal ids of raw ids; a RequestError names the first unknown one."""
+        try:
+            raw = np.asarray(raw_ids, np.int64).reshape(-1)
+        except OverflowError:
+            raise RequestError("history: an item id does not fit in 64 bits") from None
+        pos = np.minimum(np.searchsorted(self._sorted_raw, raw), self.num_items - 1)
+        known = self._sorted_raw[pos] == raw
+        if not known.all():
+            bad = int(np.flatnonzero(~known)[0])
+            raise RequestError(f"history[{bad}]: unknown item id {int(raw[bad])}")
+        return self._sorted_internal[pos]
+
+    def to_raw(self, internal_ids) -> np.ndarray:
+        return self.raw[np.asarray(internal_ids, np.int64)]
+
+
+def parse_query(cat: Catalogue, history, timestamps=None, request_time=None, k: int = 10,
+                exclude_history: bool = True, max_history: int = DEFAULT_MAX_HISTORY,
+                time_unit: str = "s") -> Query:
+    """A Query from request fields (raw ids, times in the data's unit); RequestError on anything wrong.
+
+    request_time is checked (not before the last timestamp) but does not change the ranking: the trained
+    HSTU's last position uses its own time, in training and in `mindgr eval` alike."""
+    if history is None or len(history) == 0:
+        raise RequestError("history: empty (give at least one item id)")
+    if len(history) > max_history:
+        raise RequestError(f"history: {len(history)} items, more than the limit {max_history}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= cat.num_items:
+        raise RequestError(f"k: {k!r} (expected an integer in 1..{cat.num_items})")
+    items = cat.to_internal(history)
+    if timestamps is None:
+        times = np.zeros(len(items), np.int64)
+        if request_time is not None:
+            raise RequestError("request_time: given without timestamps")
+    else:
+        if len(timestamps) != len(history):
+            raise RequestError(f"timestamps: {len(timestamps)} values for {len(history)} history items")
+        try:
+            times = np.asarray(timestamps, np.int64)
+        except OverflowError:
+            raise RequestError("timestamps: a value does not fit in 64 bits") from None
+        if (times < 0).any():
+            raise RequestError(f"timestamps[{int(np.flatnonzero(times < 0)[0])}]: negative")
+        if (np.diff(times) < 0).any():
+            raise RequestError(f"timestamps[{int(np.flatnonzero(np.diff(times) < 0)[0]) + 1}]: earlier than "
+                               "the item before it (histories are chronological)")
+        if request_time is not None and request_time < int(times[-1]):
+            raise RequestError(f"request_time: {request_time} is before the last timestamp {int(times[-1])}")
+        if time_unit == "ms":  # HSTU's time buckets are defined on seconds (as mindgr.train.data does)
+            times = times // 1000
+    if exclude_history and k > cat.num_items - len(np.unique(items)):
+        raise RequestError(f"k: {k} is more than the {cat.num_items - len(np.unique(items))} items left "
+                           "after excluding the history")
+    return Query(items.astype(np.int32), times, int(k), bool(exclude_history))
+
+
+def pack(queries, rows: int, tokens: int, max_len: int) -> dict:
+    """The encoder's fixed-shape inputs for up to `rows` queries (last max_len items of each)."""
+    if len(queries) > rows:
+        raise ValueError(f"{len(queries)} queries for a batch of {rows} rows")
+    ids = np.zeros(tokens, np.int32)
+    positions = np.zeros(tokens, np.int32)
+    times = np.zeros(tokens, np.int64)
+    offsets = np.zeros(rows + 1, np.int32)
+    at = 0
+    for r, q in enumerate(queries):
+        n = min(len(q.items), max_len)
+        if at + n > tokens:
+            raise ValueError(f"{at + n} tokens exceed the batch's {tokens}")
+        ids[at:at + n] = q.items[-n:]
+        times[at:at + n] = q.times[-n:]
+        positions[at:at + n] = np.arange(n)
+        at += n
+        offsets[r + 1] = at
+    offsets[len(queries) + 1:] = at  # unused rows are empty
+    return {"ids": ids, "positions": positions, "offsets": offsets, "timestamps": times}
+
+
+class Recommender:
+    """A loaded run's encoder at a few fixed batch shapes plus its item table and an index."""
+
+    def __init__(self, encode_last, item_table: np.ndarray, catalogue: Catalogue, max_len: int,
+                 shapes=DEFAULT_SHAPES, time_unit: str = "s", index=None, max_history: int = DEFAULT_MAX_HISTORY):
+        from mindgr.serve.index import ExactIndex
+        self.encode_last, self.catalogue, self.max_len = encode_last, catalogue, max_len
+        self.item_table = np.ascontiguousarray(item_table, np.float32)
+        self.shapes = sorted({int(r) for r in shapes})
+        if not self.shapes or self.shapes[0] < 1:
+            raise ValueError(f"batch shapes: {shapes!r} (expected positive row counts)")
+        self.time_unit, self.max_history = time_unit, max_history
+        self.index = index if index is not None else ExactIndex(self.item_table)
+
+    @classmethod
+    def from_run(cls, loaded, shapes=DEFAULT_SHAPES, index: str = "exact", max_history=DEFAULT_MAX_HISTORY,
+                 **index_options):
+        from mindgr.serve.index import build_index
+        table = loaded.model.item_table()
+        return cls(loaded.model.encode_last, table, Catalogue(loaded.data.store.item_raw_ids),
+                   loaded.cfg.data.max_len, shapes, loaded.data.store.time_unit,
+                   build_index(index, table, **index_options), max_history)
+
+    @property
+    def max_rows(self) -> int:
+        return self.shapes[-1]
+
+    def tokens(self, rows: int) -> int:
+        return rows * self.max_len
+
+    def parse(self, history, timestamps=None, request_time=None, k=10, exclude_history=True) -> Query:
+        return parse_query(self.catalogue, history, timestamps, request_time, k, exclude_history,
+                           self.max_history, self.time_unit)
+
+    def shape_for(self, n: int) -> int:
+        for rows in self.shapes:
+            if rows >= n:
+                return rows
+        raise ValueError(f"{n} queries exceed the largest batch shape {self.shapes[-1]}")
+
+    def warm_up(self):
+        """Compile the encoder once per batch shape (graph mode compiles on first call of each shape)."""
+        q = Query(np.ones(1, np.int32), np.zeros(1, np.int64), 1, False)
+        for rows in self.shapes:
+            self.encode([q], rows)
+
+    def encode(self, queries, rows: int | None = None) -> np.ndarray:
+        """User vectors [len(queries), D] at the batch shape for `rows` rows."""
+        from mindspore import Tensor
+        rows = rows or self.shape_for(len(queries))
+        a = pack(queries, rows, self.tokens(rows), self.max_len)
+        out = self.encode_last(Tensor(a["ids"]), Tensor(a["positions"]), Tensor(a["offsets"]),
+                               Tensor(a["timestamps"])).asnumpy()
+        return out[: len(queries)]
+
+    def recommend(self, queries, rows: int | None = None) -> list:
+        """[(internal item ids [k], scores [k])] per query, best first."""
+        users = self.encode(queries, rows)
+        return self.index.top_k(users, [q.k for q in queries],
+                                [q.items if q.exclude_history else None for q in queries])
+
+    def recommend_many(self, queries) -> list:
+        """Any number of queries, in chunks of the largest shape (the command line path)."""
+        out = []
+        for start in range(0, len(queries), self.max_rows):
+            out.extend(self.recommend(queries[start:start + self.max_rows]))
+        return out
+
+    def to_response(self, ids: np.ndarray, scores: np.ndarray) -> dict:
+        return {"items": [int(x) for x in self.catalogue.to_raw(ids)], "scores": [float(s) for s in scores]}
