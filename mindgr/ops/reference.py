@@ -149,3 +149,13 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
     neg = ops.where(drop, ops.full_like(neg, _MASKED), neg)
     lse = ops.logsumexp(ops.concat((pos[:, None], neg), 1), 1)
     return ops.where(targets > 0, lse, ops.zeros_like(lse))
+
+
+# The backend registry's view of this module (mindgr.ops.backend): every op, runnable anywhere.
+PROVIDES = {"hstu_attention": hstu_attention, "softmax_attention": softmax_attention,
+            "jagged_to_padded": jagged_to_padded, "padded_to_jagged": padded_to_jagged,
+            "sampled_logits": sampled_logits, "shared_pool_lse": shared_pool_lse}
+
+
+def unavailable_reason():
+    return None
