@@ -64,15 +64,11 @@ class Model:
     """Encoder, loss, optimizer and the compiled cells built from a config and the data's catalogue."""
 
     def __init__(self, cfg: Config, num_items: int):
-        from mindgr.models import SampledSoftmaxLoss, build_encoder
-        from mindgr.models.losses import SharedNegativesLoss, use_score_all
+        from mindgr.models import build_encoder
+        from mindgr.models.objectives import build_objective
         from mindgr.train.step import EncodeLast, TrainStep, build_optimizer
         self.encoder = build_encoder(cfg.model, num_items, cfg.data.max_len, cfg.run.seed)
-        if cfg.loss.negatives == "per_token":
-            self.score_all = use_score_all(num_items, cfg.loss.num_negatives)
-            self.loss_net = SampledSoftmaxLoss(self.encoder, cfg.loss.temperature, self.score_all)
-        else:  # one candidate set per batch, scored by one matmul
-            self.loss_net = SharedNegativesLoss(self.encoder, cfg.loss.temperature, cfg.loss.fp16_negatives)
+        self.loss_net = build_objective(cfg, self.encoder, num_items)
         self.optimizer = build_optimizer(self.encoder.trainable_params(), cfg.train)
         self.train_step = TrainStep(self.loss_net, self.optimizer)
         self.encode_last = EncodeLast(self.encoder)
@@ -156,6 +152,8 @@ class _StopRequested(Exception):
 class Trainer:
     def __init__(self, cfg: Config, resume: bool = False, quiet: bool = False):
         self.cfg = cfg
+        from mindgr.models import model_spec
+        model_spec(cfg.model.arch)  # an unknown model.arch is a config error before any data loads
         self.backend = setup_mindspore(cfg)
         self.run_dir = cfg.run_dir
         self.ckpts = CheckpointManager(self.run_dir, cfg.run.keep_last)
