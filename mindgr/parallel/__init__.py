@@ -11,7 +11,6 @@ carry the collectives.
     trainer   DistributedTrainer: the single-process loop with rank-aware outputs and evaluation
     watchdog  a rank that stops making progress exits (no hang)
     launch    msrun wrapper used by `mindgr train --nproc N`
-    modelarts ModelArts entry (data_url / train_url)
     sparse/   the item table sharded over node groups, semi-asynchronous cross-node exchange (docs/sparse.md)
-See docs/distributed.md.
+The ModelArts entry (data_url / train_url) is scripts/train_modelarts.py. See docs/distributed.md.
 """

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from mindgr.config import Config, ConfigError, dump_config
+from mindgr.runtime import setup_mindspore  # noqa: F401  (also imported from here by bench and tests)
 from mindgr.train.checkpoint import (CheckpointError, CheckpointManager, load_checkpoint, named_parameters,
                                      restore_parameters)
 from mindgr.train.logger import MetricsLog, format_metrics, write_json_atomic
@@ -21,20 +22,6 @@ from mindgr.train.logger import MetricsLog, format_metrics, write_json_atomic
 # Config keys a resumed run may change; anything else would change what is being trained.
 RESUMABLE_CHANGES = {"train.epochs", "train.max_steps", "run.log_every", "run.keep_last", "run.ckpt_every",
                      "eval.every_epochs", "eval.ks", "ops.backend", "data.prefetch"}
-
-
-def setup_mindspore(cfg: Config):
-    import mindspore as ms
-    ms.set_context(mode=ms.GRAPH_MODE)
-    if ms.get_context("device_target") != "Ascend":
-        from mindgr.parallel.context import current
-        if current() is None:  # a rank of a multi-process job set it before communication init
-            ms.set_device("CPU")
-    from mindgr.parallel.context import limit_threads
-    limit_threads(cfg.parallel.threads)
-    ms.set_seed(cfg.run.seed)
-    from mindgr.ops import set_backend
-    return set_backend(cfg.ops.backend)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
