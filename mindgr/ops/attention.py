@@ -7,7 +7,9 @@ jagged_hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T,
     w_ts [buckets+1] or None (no time bias); N = max_len. Tail tokens and empty rows give zeros.
 jagged_softmax_attention(q, k, v, offsets, max_len) -> [T, H, dv]: causal softmax attention (SASRec).
 """
-from mindgr.ops.backend import ACTIVE
+from mindgr.ops.backend import ACTIVE, ensure_backend
+
+ensure_backend()  # the reference until the runtime selects a backend
 
 
 def jagged_hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):

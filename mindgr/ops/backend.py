@@ -126,4 +126,8 @@ def fallbacks() -> tuple:
     return _state["fallbacks"]
 
 
-set_backend(REFERENCE)  # until the runtime selects one: the reference (importing it builds nothing)
+def ensure_backend():
+    """Select the reference if nothing is selected yet: called when a dispatch module is imported (not by
+    importing this registry, which must stay free of MindSpore for mindgr.ops.ascend's import check)."""
+    if _state["name"] is None:
+        set_backend(REFERENCE)

@@ -15,7 +15,9 @@ shared_pool_lse(x, cand, logq, cand_ids, targets, pos) -> [T]
     over K in cache-sized chunks with an online max/sum (memory O(T + K), never [T, K]) and recomputes
     the chunk logits in its backward; the reference materialises the [T, K] logits (the oracle).
 """
-from mindgr.ops.backend import ACTIVE
+from mindgr.ops.backend import ACTIVE, ensure_backend
+
+ensure_backend()  # the reference until the runtime selects a backend
 
 
 def sampled_logits(out, table, ids, score_all: bool = False):
