@@ -127,7 +127,7 @@ def sampled_logits(out, table, ids, score_all: bool = False):
 
     score_all: compute every item's score with one [T, D] x [D, V+1] matmul and pick the sampled columns;
     for a catalogue of a few thousand items that is ~2x faster than materialising [T, R, D] (measured
-    on the ML-1M config, DESIGN.md §4)."""
+    on the ML-1M config, docs/ARCHITECTURE.md "Platform facts")."""
     if score_all:
         return ops.gather_elements(ops.matmul(out, table.T), 1, ids)
     return (out[:, None, :] * ops.gather(table, ids, 0)).sum(-1)
