@@ -120,3 +120,10 @@ def test_objective_builds_the_loss_of_each_negatives_shape(negatives, cls):
     if cls is SampledSoftmaxLoss:
         assert loss.score_all          # 21 items <= 64 * 4: score the whole table
     assert objective_names() == ("sampled_softmax",)
+
+
+def test_cli_unknown_arch_is_one_line_exit_2(tmp_path):
+    from test_cli import one_line_error, run
+    p = run("train", "--config", "configs/smoke.yaml", "model.arch=gpt", f"run.out_dir={tmp_path}")
+    one_line_error(p, 2, "model.arch = 'gpt'", "hstu, sasrec")
+    assert not (tmp_path / "smoke" / "metrics.jsonl").exists()
