@@ -1,7 +1,7 @@
 """Multi-process training on MindSpore's own engine: msrun launches the ranks, mccl (CPU) / HCCL (Ascend)
 carry the collectives.
 
-    context   who am I (rank, world), MindSpore + communication init, per-process thread limits
+    context   who am I (rank, world), communication init, core binding (device, threads: mindgr.runtime)
     comm      all_reduce / all_gather / broadcast / all_to_all_v / reduce_scatter over a named group
               (native on Ascend, exact AllGather/AllReduce emulation on CPU)
     balance   cost model c(L) = c0 + a*L + b*L^2 and the cost-balanced split of a global batch

@@ -1,4 +1,5 @@
-"""Who am I in the job: msrun detection, MindSpore + communication init, per-process thread limits."""
+"""Who am I in the job: msrun detection, communication init, core binding (the device and thread limits
+are mindgr.runtime's, re-exported here)."""
 from __future__ import annotations
 
 import os
