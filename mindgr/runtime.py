@@ -18,7 +18,11 @@ def select_device() -> str:
     ms.set_context(mode=ms.GRAPH_MODE)
     if _state["device"] is None:
         if ms.get_context("device_target") != "Ascend":
-            ms.set_device("CPU")
+            try:
+                ms.set_device("CPU")
+            except RuntimeError as exc:   # kernels already ran on the default device, CPU: it stays
+                if "runtime has been initialized" not in str(exc) or ms.get_context("device_target") != "CPU":
+                    raise
         _state["device"] = ms.get_context("device_target")
     return _state["device"]
 

@@ -29,3 +29,16 @@ def test_thread_env():
     assert runtime.thread_env(0) == {}
     env = runtime.thread_env(2)
     assert env["MINDGR_CPU_THREADS"] == env["OMP_NUM_THREADS"] == "2"
+
+
+def test_device_selection_survives_kernels_that_ran_first():
+    """A process (e.g. a test session) that ran kernels before any setup keeps its CPU device."""
+    import subprocess
+    import sys
+    from conftest import REPO
+    code = ("import numpy as np, mindspore as ms; from mindgr import runtime; from mindgr.config import load_config; "
+            "print(float(ms.Tensor(np.ones(2, np.float32)).sum())); "
+            "print(runtime.setup_mindspore(load_config(None, ['ops.backend=reference'])), runtime.select_device())")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split()[-2:] == ["reference", "CPU"]

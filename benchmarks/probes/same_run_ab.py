@@ -46,8 +46,10 @@ def main(argv=None) -> int:
     ap.add_argument("b")
     ap.add_argument("--config", default="configs/smoke.yaml")
     ap.add_argument("--out", default="/tmp/mindgr-ab")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    args.overrides = argv[cut + 1:]           # passed to `mindgr train` (overrides, --nproc N)
     got = {}
     for side, repo in (("a", args.a), ("b", args.b)):
         got[side] = records(train(Path(repo).resolve(), args.config, args.overrides, Path(args.out) / side))
