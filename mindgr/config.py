@@ -74,7 +74,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    arch: str = field(default="hstu", metadata=_rng(choices=["hstu", "sasrec"]))
+    arch: str = "hstu"   # a registered model (mindgr.models.registry), checked there: config cannot import models
     dim: int = field(default=50, metadata=_rng(lo=1))         # D, item embedding width
     num_blocks: int = field(default=2, metadata=_rng(lo=1))
     num_heads: int = field(default=1, metadata=_rng(lo=1))

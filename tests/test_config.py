@@ -21,7 +21,6 @@ def test_defaults_and_overrides(tmp_path):
     ("model.dim=abc", ["model.dim", "'abc'", "expected int"]),
     ("model.dropout=1.5", ["model.dropout", "1.5", "<= 0.95"]),
     ("train.lr=0", ["train.lr", "> 0.0"]),
-    ("model.arch=gpt", ["model.arch", "'gpt'", "hstu, sasrec"]),
     ("model.time_bias=maybe", ["model.time_bias", "expected bool"]),
     ("eval.ks=[0]", ["eval.ks", ">= 1"]),
     ("model.num_heads=3", ["model.dqk", "not divisible"]),

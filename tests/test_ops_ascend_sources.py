@@ -4,7 +4,7 @@
 - scripts/build_ascend_ops.sh stops with a clear message when CANN is missing or incomplete;
 - the OpDefs (op_host/*.cpp), the kernel entry points (op_kernel/*.cpp) and the Python registration
   declare the same inputs, outputs and attributes, and the kernels only read tiling fields that exist;
-- the work split (mindgr/ops/ascend/plan.py, mirrored by WorkPlan in op_kernel/hstu_common.h) covers
+- the work split (tests/ascend_plan.py, mirrored by WorkPlan in op_kernel/hstu_common.h) covers
   every (row, head, query) exactly once and balances long-tailed batches; a scan written like the
   kernel's WorkPlan::Next gives the same assignment;
 - a numpy execution of the kernels' blocked algorithm, item by item in plan order with per-worker
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindgr.ops.ascend import plan
+import ascend_plan as plan  # noqa: E402  (tests/ is on sys.path, as for ops_fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
 ASC = REPO / "mindgr" / "ops" / "ascend"

@@ -26,9 +26,10 @@ from mindgr.bench import write_result
 from mindgr.config import load_config
 
 
-def _rank_ids(cfg, steps: int, world: int, measured_world: int = 4) -> list[list[np.ndarray]]:
+def _rank_ids(cfg, steps: int, world: int, measured_world: int = 4):
     """For each of `steps` steps, the distinct ids of each of `world` ranks (weak scaling from
-    `measured_world` ranks per global batch)."""
+    `measured_world` ranks per global batch); the table's rows; the (tokens, rows) capacities of the
+    `world`-rank job's global batch (W / measured_world global batches of the config)."""
     import copy
     from mindgr.parallel.balance import CostModel
     from mindgr.parallel.plan import RankPlanner, local_rows, rank_capacities
@@ -63,17 +64,19 @@ def _rank_ids(cfg, steps: int, world: int, measured_world: int = 4) -> list[list
                 tgt = batch_ids.targets[share.token_src]
                 ranks.append(np.unique(np.concatenate([[0], ids, tgt, neg.ravel()]).astype(np.int64)))
         out.append(ranks)
-    return out, data.num_items + 1
+    return out, data.num_items + 1, (tr.token_capacity * per_step, tr.row_capacity * per_step)
 
 
 def model_topologies(cfg, topologies, steps: int) -> list[dict]:
+    from mindgr.parallel.sparse.layout import plan_table
+    from mindgr.parallel.sparse.topology import Topology
     from mindgr.parallel.sparse.traffic import Bandwidth, model_step
     bw = Bandwidth(cfg.parallel.intra_gbps, cfg.parallel.inter_gbps)
     dim = cfg.model.dim
     rows = []
     for nodes, local in topologies:
         world = nodes * local
-        per_step, num_rows = _rank_ids(cfg, steps, world)
+        per_step, num_rows, capacity = _rank_ids(cfg, steps, world)
         acc = {}
         for ids in per_step:
             for layout, b in model_step(ids, nodes, local, dim, num_rows).items():
@@ -86,7 +89,11 @@ def model_topologies(cfg, topologies, steps: int) -> list[dict]:
                                       for n in range(nodes)]) for ids in per_step])
         step_uniq = np.mean([len(np.unique(np.concatenate(ids))) for ids in per_step])
         for layout, a in acc.items():
-            rows.append({"topology": f"{nodes}x{local}", "layout": layout, "intra_MB": a["intra"] / 1e6,
+            # the trainer's plan for this topology (rank 0's; every shard is within one row of it)
+            plan = (plan_table(Topology(nodes, local, 0), cfg, num_rows - 1, *capacity, layout)
+                    if layout != "dp" else None)
+            rows.append({"table_rows_per_rank": plan.rows if plan else num_rows,
+                         "unique_capacity": plan.unique_capacity if plan else None,"topology": f"{nodes}x{local}", "layout": layout, "intra_MB": a["intra"] / 1e6,
                          "inter_MB": a["inter"] / 1e6, "model_ms": a["seconds"] * 1e3,
                          "unique_ids_per_rank": float(uniq),
                          "unique_ids_per_node": float(node_uniq), "unique_ids_per_step": float(step_uniq), "table_rows": num_rows, "dim": dim})
@@ -121,11 +128,11 @@ def bench_sparse(config, overrides, topologies: str = "2x2,8x8", steps: int = 5,
           f"inter {cfg.parallel.inter_gbps:g} GB/s per node) [{time.perf_counter() - t0:.0f}s]")
     print("MB summed over nodes; distinct ids per rank / per node group / in the whole step")
     print(f"{'topology':>8} {'layout':>12} {'intra MB':>10} {'inter MB':>10} {'model ms':>9} {'ids/rank':>9} "
-          f"{'ids/node':>9} {'ids/step':>9}")
+          f"{'ids/node':>9} {'ids/step':>9} {'rows/rank':>10} {'U_cap':>7}")
     for r in modelled:
         print(f"{r['topology']:>8} {r['layout']:>12} {r['intra_MB']:10.2f} {r['inter_MB']:10.2f} "
               f"{r['model_ms']:9.3f} {r['unique_ids_per_rank']:9.0f} {r['unique_ids_per_node']:9.0f} "
-              f"{r['unique_ids_per_step']:9.0f}")
+              f"{r['unique_ids_per_step']:9.0f} {r['table_rows_per_rank']:10d} {r['unique_capacity']!s:>7}")
     ratios = {}
     for t in dict.fromkeys(r["topology"] for r in modelled):
         by = {r["layout"]: r for r in modelled if r["topology"] == t}

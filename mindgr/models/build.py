@@ -1,15 +1,16 @@
-"""Build the configured encoder."""
-from mindgr.models.hstu import HSTU
-from mindgr.models.sasrec import SASRec
+"""The registered models, and building the configured encoder through the registry."""
+from mindgr.models import hstu, sasrec
+from mindgr.models.registry import ModelSpec, check_encoder, model_spec, register_model
+
+# One line per model (mindgr.models.registry documents the entry and the encoder contract).
+register_model(ModelSpec("hstu", hstu.build, hstu.encoder_flops))
+register_model(ModelSpec("sasrec", sasrec.build, sasrec.encoder_flops))
 
 
 def build_encoder(model_cfg, num_items: int, max_len: int, seed: int, item_init=None):
-    """`item_init(rng, shape, std)` replaces the item table's draw (default: truncated normal)."""
-    m = model_cfg
-    extra = {} if item_init is None else {"item_init": item_init}
-    if m.arch == "hstu":
-        dqk = m.dqk or m.dim // m.num_heads
-        dv = m.dv or m.dim // m.num_heads
-        return HSTU(num_items, m.dim, m.num_blocks, m.num_heads, dqk, dv, max_len, m.dropout,
-                    m.time_bias, m.num_time_buckets, seed, **extra)
-    return SASRec(num_items, m.dim, m.num_blocks, m.num_heads, max_len, m.dropout, m.ffn_dim, seed, **extra)
+    """The `model.arch` encoder; `item_init(rng, shape, std)` replaces the item table's draw (default:
+    the model's own, a truncated normal). Unknown arch: ConfigError listing the registered models."""
+    spec = model_spec(model_cfg.arch)
+    encoder = spec.build(model_cfg, num_items, max_len, seed, item_init)
+    check_encoder(encoder, spec.name)
+    return encoder

@@ -24,8 +24,8 @@ _MASKED = -1e9
 def use_score_all(num_items: int, num_negatives: int) -> bool:
     """Score every item with one [T, D] x [D, V] matmul and pick the sampled columns, or gather [T, R, D].
 
-    Measured (DESIGN.md §4): for a catalogue of a few thousand items, scoring all items is ~4x faster than
-    materialising [T, R, D]; the gather wins once V is much larger than R.
+    Measured (docs/ARCHITECTURE.md "Platform facts"): for a catalogue of a few thousand items, scoring all
+    items is ~4x faster than materialising [T, R, D]; the gather wins once V is much larger than R.
     """
     return num_items + 1 <= 64 * num_negatives
 

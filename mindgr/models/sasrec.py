@@ -83,3 +83,21 @@ class SASRec(nn.Cell):
             for i in range(self.num_blocks):
                 x = self.blocks[i](x, offsets)
         return l2_normalize(self.ln_out(x))
+
+
+def build(model_cfg, num_items: int, max_len: int, seed: int, item_init=None):
+    """The registry's builder (mindgr.models.registry): SASRec from config `model`."""
+    m = model_cfg
+    extra = {} if item_init is None else {"item_init": item_init}
+    return SASRec(num_items, m.dim, m.num_blocks, m.num_heads, max_len, m.dropout, m.ffn_dim, seed, **extra)
+
+
+def encoder_flops(model_cfg, lengths) -> float:
+    """Forward FLOPs of the blocks (conventions: mindgr.train.flops), per block and real token: qkv
+    projection 2*D*3D, output 2*D*D, FFN 2*2*D*F; attention per row of length L: H*4*(D/H) * L*(L+1)/2."""
+    m = model_cfg
+    lengths = np.asarray(lengths, dtype=np.float64)
+    d, h, f = m.dim, m.num_heads, m.ffn_dim or m.dim
+    per_token = 2 * d * 3 * d + 2 * d * d + 4 * d * f
+    attn = h * 4 * (d // h) * float((lengths * (lengths + 1) / 2).sum())
+    return m.num_blocks * (per_token * float(lengths.sum()) + attn)

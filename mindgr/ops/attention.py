@@ -1,4 +1,5 @@
-"""Jagged attention ops, dispatched to the configured backend (see mindgr.ops.backend).
+"""Jagged attention ops, dispatched through the selected backend's table
+(mindgr.ops.backend.ACTIVE, filled by set_backend).
 
 jagged_hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, dv]
     per row and head: out_i = sum_{j<=i} SiLU(q_i.k_j + w_pos[N-1+j-i] + w_ts[bucket(t_{i+1}, t_j)]) / N * v_j
@@ -6,17 +7,15 @@ jagged_hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T,
     w_ts [buckets+1] or None (no time bias); N = max_len. Tail tokens and empty rows give zeros.
 jagged_softmax_attention(q, k, v, offsets, max_len) -> [T, H, dv]: causal softmax attention (SASRec).
 """
-from mindgr.ops import backend, reference
+from mindgr.ops.backend import ACTIVE, ensure_backend
+
+ensure_backend()  # the reference until the runtime selects a backend
 
 
 def jagged_hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
-    if backend._current == "cpu":
-        return backend._cpu.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
-    if backend._current == "ascend":
-        return backend._ascend.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
-    return reference.hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
+    return ACTIVE["hstu_attention"](q, k, v, offsets, timestamps, w_pos, w_ts, max_len)
 
 
 def jagged_softmax_attention(q, k, v, offsets, max_len: int):
-    # Only the reference exists for SASRec: it is the baseline, not an accelerated path.
-    return reference.softmax_attention(q, k, v, offsets, max_len)
+    # Only the reference provides it (SASRec is the baseline, not an accelerated path).
+    return ACTIVE["softmax_attention"](q, k, v, offsets, max_len)

@@ -127,7 +127,7 @@ def sampled_logits(out, table, ids, score_all: bool = False):
 
     score_all: compute every item's score with one [T, D] x [D, V+1] matmul and pick the sampled columns;
     for a catalogue of a few thousand items that is ~2x faster than materialising [T, R, D] (measured
-    on the ML-1M config, DESIGN.md §4)."""
+    on the ML-1M config, docs/ARCHITECTURE.md "Platform facts")."""
     if score_all:
         return ops.gather_elements(ops.matmul(out, table.T), 1, ids)
     return (out[:, None, :] * ops.gather(table, ids, 0)).sum(-1)
@@ -149,3 +149,13 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
     neg = ops.where(drop, ops.full_like(neg, _MASKED), neg)
     lse = ops.logsumexp(ops.concat((pos[:, None], neg), 1), 1)
     return ops.where(targets > 0, lse, ops.zeros_like(lse))
+
+
+# The backend registry's view of this module (mindgr.ops.backend): every op, runnable anywhere.
+PROVIDES = {"hstu_attention": hstu_attention, "softmax_attention": softmax_attention,
+            "jagged_to_padded": jagged_to_padded, "padded_to_jagged": padded_to_jagged,
+            "sampled_logits": sampled_logits, "shared_pool_lse": shared_pool_lse}
+
+
+def unavailable_reason():
+    return None

@@ -1,4 +1,5 @@
-"""Sampled scoring for the sampled-softmax loss, dispatched to the configured backend (mindgr.ops.backend).
+"""Sampled scoring for the sampled-softmax loss, dispatched through the selected
+backend's table (mindgr.ops.backend.ACTIVE).
 
 sampled_logits(out, table, ids, score_all=False) -> [T, R]
     logits[t, r] = out[t] . table[ids[t, r]]; out [T, D], table [V+1, D], ids [T, R] int32 with every
@@ -14,16 +15,14 @@ shared_pool_lse(x, cand, logq, cand_ids, targets, pos) -> [T]
     over K in cache-sized chunks with an online max/sum (memory O(T + K), never [T, K]) and recomputes
     the chunk logits in its backward; the reference materialises the [T, K] logits (the oracle).
 """
-from mindgr.ops import backend, reference
+from mindgr.ops.backend import ACTIVE, ensure_backend
+
+ensure_backend()  # the reference until the runtime selects a backend
 
 
 def sampled_logits(out, table, ids, score_all: bool = False):
-    if backend._current == "cpu":
-        return backend._cpu.sampled_logits(out, table, ids)
-    return reference.sampled_logits(out, table, ids, score_all)
+    return ACTIVE["sampled_logits"](out, table, ids, score_all)
 
 
 def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
-    if backend._current == "cpu":
-        return backend._cpu.shared_pool_lse(x, cand, logq, cand_ids, targets, pos)
-    return reference.shared_pool_lse(x, cand, logq, cand_ids, targets, pos)
+    return ACTIVE["shared_pool_lse"](x, cand, logq, cand_ids, targets, pos)

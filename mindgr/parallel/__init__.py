@@ -1,7 +1,7 @@
 """Multi-process training on MindSpore's own engine: msrun launches the ranks, mccl (CPU) / HCCL (Ascend)
 carry the collectives.
 
-    context   who am I (rank, world), MindSpore + communication init, per-process thread limits
+    context   who am I (rank, world), communication init, core binding (device, threads: mindgr.runtime)
     comm      all_reduce / all_gather / broadcast / all_to_all_v / reduce_scatter over a named group
               (native on Ascend, exact AllGather/AllReduce emulation on CPU)
     balance   cost model c(L) = c0 + a*L + b*L^2 and the cost-balanced split of a global batch
@@ -11,7 +11,6 @@ carry the collectives.
     trainer   DistributedTrainer: the single-process loop with rank-aware outputs and evaluation
     watchdog  a rank that stops making progress exits (no hang)
     launch    msrun wrapper used by `mindgr train --nproc N`
-    modelarts ModelArts entry (data_url / train_url)
     sparse/   the item table sharded over node groups, semi-asynchronous cross-node exchange (docs/sparse.md)
-See docs/distributed.md.
+The ModelArts entry (data_url / train_url) is scripts/train_modelarts.py. See docs/distributed.md.
 """

@@ -4,7 +4,7 @@ all_reduce, all_gather, broadcast, all_to_all_v, reduce_scatter and barrier, cal
 on numpy arrays or MindSpore Tensors; the result has the kind of the input.
 
 Ascend (HCCL) has every collective natively. CPU (mccl) has only AllReduce, AllGather and Broadcast
-(DESIGN.md §4), so there all_to_all_v and reduce_scatter are EMULATED exactly:
+(docs/ARCHITECTURE.md "Platform facts"), so there all_to_all_v and reduce_scatter are EMULATED exactly:
   all_to_all_v   = AllGather of the per-destination counts, AllGather of the send buffers padded to
                    the longest one, then each rank slices what the others addressed to it
                    (pure data movement: bit-identical to a native AlltoAllV, at n x the traffic);

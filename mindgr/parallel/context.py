@@ -1,9 +1,12 @@
-"""Who am I in the job: msrun detection, MindSpore + communication init, per-process thread limits."""
+"""Who am I in the job: msrun detection, communication init, core binding (the device and thread limits
+are mindgr.runtime's, re-exported here)."""
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass
+
+from mindgr.runtime import limit_threads, select_device, thread_env  # noqa: F401  (thread_env: re-export)
 
 _ctx = None
 _COLLECTIVE = re.compile(r"\b(AllReduce|AllGather|Broadcast|ReduceScatter|AlltoAll\w*)\b")
@@ -36,32 +39,6 @@ class DistContext:
 def under_msrun() -> bool:
     """True in a process started by msrun (a worker, or the scheduler that runs the same command)."""
     return os.environ.get("MS_ROLE") in ("MS_WORKER", "MS_SCHED") and "MS_WORKER_NUM" in os.environ
-
-
-def limit_threads(threads: int):
-    """At most `threads` compute threads in this process: MindSpore's CPU kernels, our C++ kernels, BLAS.
-
-    Measured (docs/distributed.md): `ms.device_context.cpu.op_tuning.threads_num(1)` runs every kernel on
-    the calling thread; the BLAS variables only act on libraries not loaded yet (the launcher exports them).
-    """
-    if threads <= 0:
-        return
-    os.environ["MINDGR_CPU_THREADS"] = str(threads)   # read by mindgr.ops.cpu at every call
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, str(threads))
-    import mindspore as ms
-    if ms.get_context("device_target") == "CPU":
-        from mindspore._c_expression import RuntimeConf
-        if not RuntimeConf.get_instance().is_op_threads_num_configured():
-            ms.device_context.cpu.op_tuning.threads_num(threads)
-
-
-def thread_env(threads: int) -> dict:
-    """Environment for child processes so that every thread pool starts at `threads`."""
-    if threads <= 0:
-        return {}
-    v = str(threads)
-    return {"OMP_NUM_THREADS": v, "OPENBLAS_NUM_THREADS": v, "MKL_NUM_THREADS": v, "MINDGR_CPU_THREADS": v}
 
 
 def core_share(cpus, local_rank: int, local_size: int) -> list[int]:
@@ -112,10 +89,7 @@ def init_distributed(threads: int = 0, bind: bool = False) -> DistContext:
     global _ctx
     if _ctx is not None:
         return _ctx
-    import mindspore as ms
-    ms.set_context(mode=ms.GRAPH_MODE)
-    if ms.get_context("device_target") != "Ascend":
-        ms.set_device("CPU")
+    select_device()
     limit_threads(threads)
     from mindspore.communication import GlobalComm, get_group_size, get_rank, init
     init()

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from mindgr.parallel.context import thread_env
+from mindgr.runtime import thread_env
 
 LAUNCH_DIR_ENV = "MINDGR_LAUNCH_DIR"
 _NOISE = re.compile(r"^\[(WARNING|INFO|DEBUG)\] ")

@@ -1,38 +1,24 @@
-"""Model FLOPs per training step, counted from shapes (one documented function), and MFU.
+"""Model FLOPs per training step, counted from shapes, and MFU.
 
-Counted (1 multiply-add = 2 FLOPs), per real token unless said otherwise:
-  HSTU block:   uvqk projection 2*D*H*(2dv+2dqk); output projection 2*H*dv*D;
-                attention per row of length L: H*(2*dqk + 2*dv) * L*(L+1)/2  (the causal half only,
-                diagonal included: q.k scores plus the weighted sum of v).
-  SASRec block: qkv projection 2*D*3D; output 2*D*D; FFN 2*2*D*F; attention as above with d = D/H.
-  Loss:         the sampled-softmax logits that the model needs: 2*D*(R+1) per token with a target
-                (whatever way the implementation computes them).
+Conventions (every model's `encoder_flops` and every objective's `flops` follow them):
+  1 multiply-add = 2 FLOPs, counted per real token (never the padded capacity).
+  Encoder:      each registered model counts its blocks (ModelSpec.encoder_flops, mindgr.models.registry;
+                e.g. HSTU in mindgr/models/hstu.py, SASRec in mindgr/models/sasrec.py); attention counts
+                the causal half of each row, diagonal included: L*(L+1)/2 pairs for a row of length L.
+  Loss:         the objective's (ObjectiveSpec.flops, mindgr.models.objectives): for the sampled softmax
+                the logits the model needs, 2*D*(R+1) per token with a target (whatever way they are computed).
   Not counted:  LayerNorm, SiLU, biases, softmax, embedding gathers, optimizer (all O(T*D)).
   Backward = 2 x forward, so a training step = 3 x forward.
 """
 from __future__ import annotations
 
-import numpy as np
+from mindgr.models import model_spec  # the package registers the built-in models
+from mindgr.models.objectives import objective_spec
 
 
 def forward_flops(model_cfg, lengths, num_targets: int, num_negatives: int) -> float:
-    m = model_cfg
-    lengths = np.asarray(lengths, dtype=np.float64)
-    tokens = float(lengths.sum())
-    pairs = float((lengths * (lengths + 1) / 2).sum())
-    d, h = m.dim, m.num_heads
-    if m.arch == "hstu":
-        dqk = m.dqk or d // h
-        dv = m.dv or d // h
-        per_token = 2 * d * h * (2 * dv + 2 * dqk) + 2 * h * dv * d
-        attn = h * (2 * dqk + 2 * dv) * pairs
-    else:
-        f = m.ffn_dim or d
-        per_token = 2 * d * 3 * d + 2 * d * d + 4 * d * f
-        attn = h * 4 * (d // h) * pairs
-    blocks = m.num_blocks * (per_token * tokens + attn)
-    loss = 2.0 * d * (num_negatives + 1) * num_targets
-    return blocks + loss
+    blocks = model_spec(model_cfg.arch).encoder_flops(model_cfg, lengths)
+    return blocks + objective_spec().flops(model_cfg, num_targets, num_negatives)
 
 
 def train_flops(model_cfg, lengths, num_targets: int, num_negatives: int) -> float:

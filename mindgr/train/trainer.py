@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from mindgr.config import Config, ConfigError, dump_config
+from mindgr.runtime import setup_mindspore  # noqa: F401  (also imported from here by bench and tests)
 from mindgr.train.checkpoint import (CheckpointError, CheckpointManager, load_checkpoint, named_parameters,
                                      restore_parameters)
 from mindgr.train.logger import MetricsLog, format_metrics, write_json_atomic
@@ -21,20 +22,6 @@ from mindgr.train.logger import MetricsLog, format_metrics, write_json_atomic
 # Config keys a resumed run may change; anything else would change what is being trained.
 RESUMABLE_CHANGES = {"train.epochs", "train.max_steps", "run.log_every", "run.keep_last", "run.ckpt_every",
                      "eval.every_epochs", "eval.ks", "ops.backend", "data.prefetch"}
-
-
-def setup_mindspore(cfg: Config):
-    import mindspore as ms
-    ms.set_context(mode=ms.GRAPH_MODE)
-    if ms.get_context("device_target") != "Ascend":
-        from mindgr.parallel.context import current
-        if current() is None:  # a rank of a multi-process job set it before communication init
-            ms.set_device("CPU")
-    from mindgr.parallel.context import limit_threads
-    limit_threads(cfg.parallel.threads)
-    ms.set_seed(cfg.run.seed)
-    from mindgr.ops import set_backend
-    return set_backend(cfg.ops.backend)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -64,15 +51,11 @@ class Model:
     """Encoder, loss, optimizer and the compiled cells built from a config and the data's catalogue."""
 
     def __init__(self, cfg: Config, num_items: int):
-        from mindgr.models import SampledSoftmaxLoss, build_encoder
-        from mindgr.models.losses import SharedNegativesLoss, use_score_all
+        from mindgr.models import build_encoder
+        from mindgr.models.objectives import build_objective
         from mindgr.train.step import EncodeLast, TrainStep, build_optimizer
         self.encoder = build_encoder(cfg.model, num_items, cfg.data.max_len, cfg.run.seed)
-        if cfg.loss.negatives == "per_token":
-            self.score_all = use_score_all(num_items, cfg.loss.num_negatives)
-            self.loss_net = SampledSoftmaxLoss(self.encoder, cfg.loss.temperature, self.score_all)
-        else:  # one candidate set per batch, scored by one matmul
-            self.loss_net = SharedNegativesLoss(self.encoder, cfg.loss.temperature, cfg.loss.fp16_negatives)
+        self.loss_net = build_objective(cfg, self.encoder, num_items)
         self.optimizer = build_optimizer(self.encoder.trainable_params(), cfg.train)
         self.train_step = TrainStep(self.loss_net, self.optimizer)
         self.encode_last = EncodeLast(self.encoder)
@@ -156,6 +139,8 @@ class _StopRequested(Exception):
 class Trainer:
     def __init__(self, cfg: Config, resume: bool = False, quiet: bool = False):
         self.cfg = cfg
+        from mindgr.models import model_spec
+        model_spec(cfg.model.arch)  # an unknown model.arch is a config error before any data loads
         self.backend = setup_mindspore(cfg)
         self.run_dir = cfg.run_dir
         self.ckpts = CheckpointManager(self.run_dir, cfg.run.keep_last)

@@ -151,3 +151,7 @@ def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
     if timestamps.dtype != ms.int64:
         timestamps = timestamps.astype(ms.int64)
     return fwd(q, k, v, offsets, timestamps, w_pos, w_ts, n)
+
+
+# The backend registry's view of this module (mindgr.ops.backend): the other ops run the reference.
+PROVIDES = {"hstu_attention": hstu_attention}

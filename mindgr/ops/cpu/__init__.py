@@ -3,7 +3,7 @@
     hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, dv]
     jagged_to_padded(values, offsets, max_len) -> [B, N, *F]
     padded_to_jagged(padded, offsets, num_tokens) -> [T, *F]
-    sampled_logits(out, table, ids) -> [T, R]
+    sampled_logits(out, table, ids, score_all=False) -> [T, R]  (score_all: ignored)
     shared_pool_lse(x, cand, logq, cand_ids, targets, pos) -> [T]
 
 Same math as `mindgr.ops.reference`; usable in PyNative and inside a GRAPH-mode Cell (static shapes
@@ -323,9 +323,10 @@ def padded_to_jagged(padded, offsets, num_tokens: int):
     return _P.p2j(padded, offsets, _zeros_carrier(num_tokens))
 
 
-def sampled_logits(out, table, ids):
+def sampled_logits(out, table, ids, score_all: bool = False):
     """logits[t, r] = out[t] . table[ids[t, r]]: out [T, D], table [V+1, D], ids [T, R] int32/int64
-    (every id in [0, V]) -> [T, R] float32, without materialising [T, V+1] or [T, R, D]. Gradients
+    (every id in [0, V]) -> [T, R] float32, without materialising [T, V+1] or [T, R, D] (so score_all,
+    the reference's choice between those two, does not apply). Gradients
     flow to out and table (deterministic, independent of the thread count); ids get zeros."""
     if ids.dtype != ms.int64:
         ids = _as(ids, ms.int32)
@@ -342,3 +343,9 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
     if cand.dtype == ms.float16:
         return _P.pool_lse_fp16(*args)
     return _P.pool_lse(args[0], _as(cand, ms.float32), *args[2:])
+
+
+# The backend registry's view of this module (mindgr.ops.backend); softmax_attention is reference-only.
+PROVIDES = {"hstu_attention": hstu_attention, "jagged_to_padded": jagged_to_padded,
+            "padded_to_jagged": padded_to_jagged, "sampled_logits": sampled_logits,
+            "shared_pool_lse": shared_pool_lse}

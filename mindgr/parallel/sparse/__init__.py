@@ -1,6 +1,7 @@
 """Sharded item embeddings for multi-process training (docs/sparse.md).
 
     topology      nodes x local_ranks: which ranks share a node group, the intra and inter groups
+    layout        TableLayout, the plan of the sharded table (plan_table: topology + config -> layout)
     init          the item table's initial rows, drawn exactly as the replicated model draws them
     table         ShardedTable: row ownership, lookup of de-duplicated ids, gradient route-back
     row_adam      AdamWeightDecay applied row by row on an owner's shard (lazy or every row)
@@ -9,4 +10,5 @@
     step          the compiled step that takes the gathered rows as an input and returns their gradient
     checkpoint    save / load the shards, resharding to another rank count
     trainer       SparseTrainer: DistributedTrainer with the item table sharded
+The msrun self-check of these pieces is tests/harness/sparse_selftest.py.
 """

@@ -24,14 +24,7 @@ from mindgr.config import ConfigError
 from mindgr.parallel import comm
 from mindgr.parallel.trainer import DistributedTrainer, _inject_fault, _step_cpu
 from mindgr.parallel.sparse import checkpoint as table_ckpt
-
-
-def unique_capacity(cfg, num_items: int, rank_tokens: int) -> int:
-    """U_cap: distinct ids a rank-step may hold (config, or every id the step could name, capped at V+1)."""
-    if cfg.parallel.unique_capacity:
-        return cfg.parallel.unique_capacity
-    bound = rank_tokens * (cfg.loss.num_negatives + 2) + 1
-    return int(min(num_items + 1, -(-bound // 8) * 8))
+from mindgr.parallel.sparse.layout import unique_capacity  # noqa: F401  (moved to the layout plan)
 
 
 def remap(uniq: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -39,9 +32,10 @@ def remap(uniq: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 class SparseModel:
-    """Encoder without its item table, the dense optimizer, the row optimizer and the sharded table."""
+    """Encoder without its item table, the dense optimizer, the row optimizer and the sharded table, laid
+    out by `layout` (a TableLayout, mindgr.parallel.sparse.layout); `group` is its shard group's handle."""
 
-    def __init__(self, cfg, num_items: int, layout, traffic, rank_tokens: int):
+    def __init__(self, cfg, num_items: int, layout, group, traffic):
         from mindgr.models import build_encoder
         from mindgr.models.losses import use_score_all
         from mindgr.parallel.dp import ReduceApply
@@ -51,17 +45,18 @@ class SparseModel:
         from mindgr.parallel.sparse.table import ShardedTable
         from mindgr.train.step import EncodeLast, build_optimizer
         self.layout = layout
-        self.num_rows = num_items + 1
-        draw = ShardDraw(owned_rows(self.num_rows, layout["shards"], layout["shard"]))
+        self.num_rows = layout.num_rows
+        self.group = group
+        draw = ShardDraw(owned_rows(self.num_rows, layout.shards, layout.shard))
         self.encoder = build_encoder(cfg.model, num_items, cfg.data.max_len, cfg.run.seed, item_init=draw)
-        self.table = ShardedTable(draw.rows, self.num_rows, layout["shards"], layout["shard"], layout["group"],
-                                  layout["members"], traffic)
+        self.table = ShardedTable(draw.rows, self.num_rows, layout.shards, layout.shard, group,
+                                  list(layout.members), traffic)
         dense = [p for p in self.encoder.trainable_params() if p.name != "item_emb"]
         self.optimizer = build_optimizer(dense, cfg.train)
         t = cfg.train
         self.row_opt = RowAdam(self.table.rows, t.lr, t.beta1, t.beta2, t.eps, t.weight_decay,
                                lazy=cfg.parallel.sparse_update == "lazy")
-        self.u_cap = unique_capacity(cfg, num_items, rank_tokens)
+        self.u_cap = layout.unique_capacity
         self.loss_net = RowsLoss(self.encoder, cfg.loss.temperature,
                                  use_score_all(self.u_cap - 1, cfg.loss.num_negatives))
         self.grads = RowsGrads(self.loss_net, self.optimizer.parameters)
@@ -73,11 +68,11 @@ class SparseModel:
     def full_table(self) -> np.ndarray:
         """The whole raw table, assembled from the shards of this rank's shard group (a collective)."""
         from mindgr.parallel.sparse.init import owned_rows
-        shards, t = self.layout["shards"], self.table
+        shards, t = self.layout.shards, self.table
         if shards == 1:
             return t.rows.copy()
         sizes = [len(owned_rows(self.num_rows, shards, k)) for k in range(shards)]
-        got = comm.all_gather(t.rows, self.layout["group"], sizes=sizes)
+        got = comm.all_gather(t.rows, self.group, sizes=sizes)
         full = np.empty((self.num_rows, t.dim), np.float32)
         lo = 0
         for k, n in enumerate(sizes):
@@ -109,8 +104,8 @@ class _SparseLocal:
 class SparseTrainer(DistributedTrainer):
     # ---- setup -----------------------------------------------------------------------------------
     def _build_model(self):
-        from mindgr.parallel.plan import rank_capacities
         from mindgr.parallel.sparse.exchange import BoundedStaleness, exchange_replicas
+        from mindgr.parallel.sparse.layout import plan_table
         from mindgr.parallel.sparse.topology import Groups, host_names, resolve
         from mindgr.parallel.sparse.traffic import Bandwidth, Traffic
         p, world, rank = self.cfg.parallel, self.ctx.world, self.ctx.rank
@@ -118,25 +113,20 @@ class SparseTrainer(DistributedTrainer):
         self.topo = resolve(p.nodes, p.local_ranks, world, rank, hosts)
         self.traffic = Traffic(self.topo.node_of(np.arange(world)), rank)
         self.bandwidth = Bandwidth(p.intra_gbps, p.inter_gbps)
-        if p.sparse == "hierarchical":
-            self.groups = Groups(self.topo)
-            layout = {"shards": self.topo.local_ranks, "shard": self.topo.local, "group": self.groups.intra,
-                      "members": self.topo.intra_ranks}
-            inter = (self.groups.inter, self.topo.inter_ranks)
-        else:                                            # flat: every rank owns a shard, no replicas
-            layout = {"shards": world, "shard": rank, "group": None, "members": list(range(world))}
-            inter = (None, [rank])
-        layout["world"] = world
-        # rank token capacity, as _setup_parallel computes it (needed for U_cap before that runs)
         tr = self.data.train
-        rank_tokens, _ = rank_capacities(tr.token_capacity, tr.row_capacity, world, p.capacity_slack)
-        model = SparseModel(self.cfg, self.data.num_items, layout, self.traffic, rank_tokens)
-        self.stale = BoundedStaleness(p.staleness if p.sparse == "hierarchical" else 0,
+        layout = plan_table(self.topo, self.cfg, self.data.num_items, tr.token_capacity, tr.row_capacity)
+        if layout.kind == "hierarchical":
+            self.groups = Groups(self.topo)
+            group, inter = self.groups.intra, (self.groups.inter, list(layout.replicas))
+        else:                                            # flat: every rank owns a shard, no replicas
+            group, inter = None, (None, list(layout.replicas))
+        model = SparseModel(self.cfg, self.data.num_items, layout, group, self.traffic)
+        self.stale = BoundedStaleness(layout.staleness,
                                       lambda s, g: exchange_replicas(s, g, inter[0], inter[1], self.traffic),
                                       model.row_opt.apply)
         self._sparse_win = {"intra": [], "inter": [], "lookup_s": [], "exchange_wait_s": [], "unique": []}
         self.log.info(f"sparse: {p.sparse} item table, {self.topo.nodes} node groups x {self.topo.local_ranks} "
-                      f"local ranks, {layout['shards']} shards of ~{len(model.table.rows)} rows x "
+                      f"local ranks, {layout.shards} shards of ~{len(model.table.rows)} rows x "
                       f"{model.table.dim}, staleness {self.stale.tau}, U_cap {model.u_cap}, row update "
                       f"{p.sparse_update}")
         return model
@@ -245,7 +235,7 @@ class SparseTrainer(DistributedTrainer):
         """DistributedTrainer's rank state plus a digest of this rank's table shard: replicas of a shard
         (same local rank, other node groups) must show the same one."""
         state = super()._shard_state(step)
-        state["table"] = {"shard": self.model.layout["shard"], "shards": self.model.layout["shards"],
+        state["table"] = {"shard": self.model.layout.shard, "shards": self.model.layout.shards,
                           "node": self.topo.node,
                           "rows_crc32": zlib.crc32(np.ascontiguousarray(self.model.table.rows).tobytes())}
         path = self.ckpts.dir / "ranks" / f"ckpt-step{step:08d}.rank{self.ctx.rank}.json"
@@ -261,16 +251,16 @@ class SparseTrainer(DistributedTrainer):
     def _save_table(self, name: str):
         m = self.model
         if self._writes_table():
-            table_ckpt.save_shard(self.ckpts.dir, name, m.layout["shard"], m.layout["shards"], m.num_rows,
+            table_ckpt.save_shard(self.ckpts.dir, name, m.layout.shard, m.layout.shards, m.num_rows,
                                   m.table.rows, m.row_opt.m, m.row_opt.v)
         comm.barrier()                         # every shard is on disk before the checkpoint is committed
         if self.writer:                        # e.g. `best` of the run this one resumed with other ranks
-            table_ckpt.drop_other_layouts(self.ckpts.dir, name, m.layout["shards"])
+            table_ckpt.drop_other_layouts(self.ckpts.dir, name, m.layout.shards)
 
     def _load_table(self, name: str):
         m = self.model
-        rows, mom1, mom2 = table_ckpt.load_shard(self.ckpts.dir, name, m.num_rows, m.layout["shards"],
-                                                 m.layout["shard"])
+        rows, mom1, mom2 = table_ckpt.load_shard(self.ckpts.dir, name, m.num_rows, m.layout.shards,
+                                                 m.layout.shard)
         m.table.rows[...], m.row_opt.m[...], m.row_opt.v[...] = rows, mom1, mom2
 
     def save(self):
@@ -295,7 +285,7 @@ class SparseTrainer(DistributedTrainer):
         meta = super()._meta()
         m = getattr(self, "model", None)
         if m is not None:
-            meta["parallel"]["table"] = {"layout": self.cfg.parallel.sparse, "shards": m.layout["shards"],
+            meta["parallel"]["table"] = {"layout": self.cfg.parallel.sparse, "shards": m.layout.shards,
                                          "rows": m.num_rows, "staleness": self.stale.tau}
         return meta
 

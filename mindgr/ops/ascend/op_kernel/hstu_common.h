@@ -1,7 +1,7 @@
 /*
  * Device-side pieces shared by the HSTU attention kernels (forward and backward):
  *   WorkPlan   - the work split over (row, head, [kind,] block) computed from `offsets` on the device;
- *                mirrored in Python by mindgr/ops/ascend/plan.py (keep the two in step);
+ *                mirrored in Python by tests/ascend_plan.py (keep the two in step);
  *   DeadTokens - the tokens whose outputs / gradients are zero (cut rows, unused tail);
  *   TimeSplit  - a row's timestamps split into 24-bit halves (int32) so the vector unit forms
  *                float32(|tq - tk|) exactly (one rounding) for |dt| < 2^47;

@@ -1,6 +1,6 @@
 """Check every collective of mindgr.parallel.comm against a numpy reference, under msrun.
 
-    msrun --worker_num 2 --local_worker_num 2 --join True python -m mindgr.parallel.selftest
+    python -m mindgr.parallel.launch --nproc 2 -- tests/harness/comm_selftest.py 2
 
 Each rank draws its inputs from a generator seeded by (seed, rank), so every rank can compute what all
 ranks hold and therefore the exact expected result. Splits are uneven and include empty ones; a
@@ -10,9 +10,12 @@ anything differs.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repository
 
 
 def _inputs(r: int, seed: int, n: int):

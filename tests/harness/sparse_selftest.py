@@ -1,6 +1,6 @@
 """Check the sharded table against an unsharded numpy table, under msrun (2 or 4 ranks).
 
-    python -m mindgr.parallel.launch --nproc 4 -- -m mindgr.parallel.sparse.selftest DIR
+    python -m mindgr.parallel.launch --nproc 4 -- tests/harness/sparse_selftest.py DIR
 
 Layout: nodes = 2 node groups of world/2 local ranks (hierarchical) and every rank a shard (flat).
 Every rank draws its ids and gradients from generators seeded by (seed, rank), so each rank knows what
@@ -10,10 +10,13 @@ difference. DIR receives the shard checkpoint of the reshard check.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the repository
 
 V, D, SEED = 41, 6, 3
 

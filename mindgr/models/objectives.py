@@ -1,0 +1,73 @@
+"""The objective registry: what the encoder is trained to predict, as a loss cell, and its FLOPs.
+
+An entry is ObjectiveSpec(name, build, flops):
+    build(cfg, encoder, num_items) -> nn.Cell, the loss network the train step differentiates; its
+        construct takes the step inputs (ids, positions, offsets, timestamps, targets, *negatives, drop)
+    flops(model_cfg, num_targets, num_candidates) -> float, forward FLOPs of the loss for one step
+`build_objective(cfg, encoder, num_items)` builds the configured one.
+
+Registered today: `sampled_softmax`, the sampled softmax on cosine similarity (mindgr.models.losses) in
+the shapes of config `loss.negatives`: per_token -> SampledSoftmaxLoss ([T, R] negatives, scored through
+the whole table when the catalogue is small: use_score_all); shared_pool / in_batch / mixed ->
+SharedNegativesLoss (one candidate set per batch, logQ-corrected).
+
+The next slot: next-token prediction over semantic IDs (mindgr.ids) registers here as its own entry,
+with a config key `loss.objective` choosing between entries (today the only entry is used).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from mindgr.config import ConfigError
+from mindgr.models.losses import SampledSoftmaxLoss, SharedNegativesLoss, use_score_all
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    name: str
+    build: Callable
+    flops: Callable
+
+
+_OBJECTIVES: dict[str, ObjectiveSpec] = {}
+DEFAULT = "sampled_softmax"
+
+
+def register_objective(spec: ObjectiveSpec) -> ObjectiveSpec:
+    if spec.name in _OBJECTIVES and _OBJECTIVES[spec.name] != spec:
+        raise ValueError(f"objective {spec.name!r} is already registered")
+    _OBJECTIVES[spec.name] = spec
+    return spec
+
+
+def objective_names() -> tuple:
+    return tuple(sorted(_OBJECTIVES))
+
+
+def objective_spec(name: str = DEFAULT) -> ObjectiveSpec:
+    spec = _OBJECTIVES.get(name)
+    if spec is None:
+        raise ConfigError(f"config: objective {name!r} is not registered (choose one of "
+                          f"{', '.join(objective_names())})")
+    return spec
+
+
+def build_objective(cfg, encoder, num_items: int):
+    """The loss cell of the configured objective over `encoder`."""
+    return objective_spec(DEFAULT).build(cfg, encoder, num_items)
+
+
+def _build_sampled_softmax(cfg, encoder, num_items: int):
+    loss = cfg.loss
+    if loss.negatives == "per_token":
+        return SampledSoftmaxLoss(encoder, loss.temperature, use_score_all(num_items, loss.num_negatives))
+    return SharedNegativesLoss(encoder, loss.temperature, loss.fp16_negatives)  # one candidate set per batch
+
+
+def _sampled_softmax_flops(model_cfg, num_targets: int, num_candidates: int) -> float:
+    """The logits the model needs: 2*D*(R+1) per token with a target, whatever way they are computed."""
+    return 2.0 * model_cfg.dim * (num_candidates + 1) * num_targets
+
+
+register_objective(ObjectiveSpec(DEFAULT, _build_sampled_softmax, _sampled_softmax_flops))
