@@ -19,9 +19,10 @@ LAYERS = {
     "ids": 3,
     "train": 4,
     "parallel": 5,
-    "serve": 6, "bench": 6,
-    "cli": 7,
-    "__main__": 8,
+    "serve": 6,
+    "bench": 7,
+    "cli": 8,
+    "__main__": 9,
 }
 
 # (importing module, imported module) -> why it stays for now.
