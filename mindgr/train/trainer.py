@@ -325,12 +325,24 @@ class Trainer:
         return FloatingPointError(f"training diverged at step {self.step} (epoch {self.epoch}): {what}; nothing "
                                   f"was saved for it; {advice}")
 
+    # A weight beyond sqrt(float32 max) overflows when multiplied by another such weight (LayerNorm's
+    # squares, dot products): with train.lr=1e30 every weight sits at ~5e30 while the loss stays finite at
+    # log(R+1), every score tied. Such weights count as non-finite.
+    WEIGHT_LIMIT = 1.8e19
+
     def ensure_finite(self):
-        """Non-finite weights or optimizer state end the run before they reach a checkpoint or `best`."""
+        """Non-finite (or overflowing) weights or optimizer state end the run before they reach a checkpoint
+        or `best`."""
         for name, value in named_parameters(self.model.train_step).items():
             v = value.asnumpy()
-            if v.dtype.kind == "f" and not np.isfinite(v).all():
+            if v.dtype.kind != "f" or v.size == 0 or name.endswith("learning_rate"):
+                continue
+            if not np.isfinite(v).all():
                 raise self._diverged(f"parameter '{name}' holds non-finite values")
+            largest = float(np.abs(v).max())
+            if largest > self.WEIGHT_LIMIT:
+                raise self._diverged(f"parameter '{name}' reached {largest:.1e} (beyond {self.WEIGHT_LIMIT:.1e}, "
+                                     "float32 products of it overflow)")
 
     def save(self):
         self.ensure_finite()
