@@ -87,6 +87,8 @@ def store_run(tmp_path_factory):
 def _copy_run(store_run, tmp_path):
     root, overrides = store_run
     shutil.copytree(root, tmp_path / "c")
+    cfg = tmp_path / "c" / "r" / "config.yaml"               # the copy trains on the copied store
+    cfg.write_text(cfg.read_text().replace(str(root), str(tmp_path / "c")))
     overrides = [o.replace(str(root), str(tmp_path / "c")) for o in overrides]
     return tmp_path / "c", overrides
 

@@ -190,13 +190,15 @@ class Trainer:
         self.run_dir = cfg.run_dir
         self.ckpts = CheckpointManager(self.run_dir, cfg.run.keep_last)
         self.lock = RunLock(self.run_dir)
-        self.resume_meta = self._check_run_dir(resume)       # only reads: a refused run writes nothing
-        self.complete = resume and _reached_end(cfg, self.resume_meta)
-        from mindgr.train.data import RunData
-        t0 = time.perf_counter()
-        self.data = RunData(cfg)                             # a failed load leaves no run dir behind
-        self._check_catalogue()
         try:
+            if self.writer and self.run_dir.is_dir():
+                self.lock.acquire()                          # first: a second writer learns who holds the run
+            self.resume_meta = self._check_run_dir(resume)   # only reads: a refused run writes nothing
+            self.complete = resume and _reached_end(cfg, self.resume_meta)
+            from mindgr.train.data import RunData
+            t0 = time.perf_counter()
+            self.data = RunData(cfg)                         # a failed load leaves no run dir behind
+            self._check_catalogue()
             self._prepare_run_dir(resume)
             self.log = self._make_log(quiet)
             tr = self.data.train
@@ -247,7 +249,8 @@ class Trainer:
         started or ended in between), check or record the data fingerprint, write config.yaml."""
         if self.writer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.lock.acquire()
+            if not self.lock.held:
+                self.lock.acquire()
             self.resume_meta = self._check_run_dir(resume)
             self.complete = resume and _reached_end(self.cfg, self.resume_meta)
         self._check_data(resume)
