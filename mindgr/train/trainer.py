@@ -215,6 +215,7 @@ class Trainer:
             self.step, self.epoch, self.next_batch = 0, 0, 0
             self.best = {"metric": -1.0, "epoch": None}
             self.history: list[dict] = []
+            self.started = None               # fit's start: time, step, tokens since, total steps
             if resume:
                 self._resume()
         except BaseException:
@@ -426,7 +427,8 @@ class Trainer:
                     self.step, self.next_batch = self.step + 1, b + 1
                     if not math.isfinite(loss):
                         raise self._diverged(f"the loss is {loss} (batch {b})")
-                    self.started["tokens"] += batch["tokens"]
+                    if self.started:           # (a benchmark may drive _epochs without fit)
+                        self.started["tokens"] += batch["tokens"]
                     window["loss"] += loss
                     window["n"] += 1
                     window["tokens"] += batch["tokens"]
@@ -503,7 +505,7 @@ class Trainer:
         rec.update(extra)
         rec["peak_flops"] = peak
         progress = ""
-        started = getattr(self, "started", None)
+        started = self.started
         if started:
             elapsed = time.perf_counter() - started["time"]
             done, total = self.step - started["step"], started["total"]
@@ -570,7 +572,7 @@ class Trainer:
             result["popularity_test"] = popularity_metrics(self.data.split.train, self.data.num_items,
                                                            self.data.split.test, self.cfg.eval.ks)
             self.log.info(f"popularity baseline, test: {format_metrics(result['popularity_test'])}")
-        started = getattr(self, "started", None)
+        started = self.started
         if started:
             wall = time.perf_counter() - started["time"]
             result["wall_s"] = wall
