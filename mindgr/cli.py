@@ -59,7 +59,7 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from mindgr.train.trainer import evaluate_run
-    result = evaluate_run(args.run, args.split, args.checkpoint)
+    result = evaluate_run(args.run, args.split, args.checkpoint, args.allow_data_change)
     print(json.dumps(result, indent=1))
     return 0
 
@@ -350,6 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--run", required=True, help="run directory (holds config.yaml and checkpoints/)")
     e.add_argument("--split", default="test", choices=["valid", "test"])
     e.add_argument("--checkpoint", default="best", choices=["best", "latest"])
+    e.add_argument("--allow-data-change", action="store_true", help="evaluate even if the run's data changed")
     e.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("compare", help="paired comparison of two runs' metrics on the same users "

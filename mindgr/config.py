@@ -178,6 +178,18 @@ class Config:
         return dataclasses.asdict(self)
 
 
+# Keys a resumed run (`train --resume`) may change: none of them changes what the weights so far were
+# trained on. train.lr may be lowered after a divergence; epochs / max_steps extend or shorten the run;
+# logging, checkpointing, evaluation, op backend and input prefetch change how, not what, is trained;
+# run.name / run.out_dir are where the run lives (a moved or copied run dir resumes). Every parallel.* key
+# may change too (how many ranks train a global batch never changes what is trained).
+RESUMABLE_CHANGES = frozenset({
+    "train.epochs", "train.max_steps", "train.lr",
+    "run.name", "run.out_dir", "run.log_every", "run.keep_last", "run.ckpt_every",
+    "eval.every_epochs", "eval.ks", "eval.batch_size",
+    "ops.backend", "data.prefetch"})
+
+
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp))
 

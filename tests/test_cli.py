@@ -58,7 +58,10 @@ def test_prepare_synthetic_then_train_on_the_store_and_eval(tmp_path, tiny_overr
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads((tmp_path / "tiny" / "eval.json").read_text())
     assert result["test"]["count"] == 120
+    # 4 steps end before the first epoch's validation: there is no best, and eval never silently takes another
     p = run("eval", "--run", str(tmp_path / "tiny"), "--split", "test")
+    assert p.returncode == 1 and "no best checkpoint" in p.stderr and "--checkpoint latest" in p.stderr
+    p = run("eval", "--run", str(tmp_path / "tiny"), "--split", "test", "--checkpoint", "latest")
     assert p.returncode == 0, p.stderr[-3000:]
     again = json.loads(p.stdout)
     assert again["hr@10"] == result["test"]["hr@10"] and again["count"] == 120
@@ -66,11 +69,12 @@ def test_prepare_synthetic_then_train_on_the_store_and_eval(tmp_path, tiny_overr
     import numpy as np
     from mindgr.train.compare import per_user_metrics
     with np.load(again["ranks_file"]) as f:
-        ranks = f["ranks"]
-    assert (ranks >= 0).all() and per_user_metrics(ranks, [10])["hr@10"].mean() == again["hr@10"]
+        ranks, ties = f["ranks"], f["ties"]
+    assert (ranks >= 0).all() and per_user_metrics(ranks, [10], ties)["hr@10"].mean() == again["hr@10"]
     # (side A given as two runs, the way several seeds of one setting are compared)
     tiny = str(tmp_path / "tiny")
-    p = run("compare", f"{tiny},{tiny}", tiny, "--samples", "200", "--out", str(tmp_path / "cmp.json"))
+    p = run("compare", f"{tiny},{tiny}", tiny, "--checkpoint", "latest", "--samples", "200",
+            "--out", str(tmp_path / "cmp.json"))
     assert p.returncode == 0, p.stderr[-3000:]
     cmp = json.loads((tmp_path / "cmp.json").read_text())
     assert cmp["users"] == 120 and cmp["runs"] == [2, 1] and cmp["metrics"]["ndcg@10"]["ci95"] == [0.0, 0.0]

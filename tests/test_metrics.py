@@ -11,10 +11,10 @@ def test_ranks_filter_history_but_not_the_target():
     scores = np.array([[9.0, 0.5, 0.9, 0.1, 0.8, 0.7],
                        [9.0, 0.5, 0.9, 0.1, 0.8, 0.7]], np.float32)
     targets = np.array([1, 1])
-    ranks = target_ranks(scores, targets, [np.array([], int), np.array([2, 4, 1])])
+    ranks, ties = target_ranks(scores, targets, [np.array([], int), np.array([2, 4, 1])])
     # user 0: items 2 (0.9), 4 (0.8), 5 (0.7) beat item 1 (0.5) -> rank 3
     # user 1: 2 and 4 are history and removed; the target 1 in its own history is kept -> only 5 beats it
-    assert ranks.tolist() == [3, 1]
+    assert ranks.tolist() == [3, 1] and ties.tolist() == [0, 0]
 
 
 def test_metrics_hand_computed():

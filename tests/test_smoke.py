@@ -22,4 +22,5 @@ def test_smoke_config_trains_and_beats_popularity(tmp_path):
     steps = [r for r in logged if "loss" in r]
     assert steps and all(0 < r["fill"] <= 1 and r["tokens_per_s"] > 0 and r["mfu"] > 0 for r in steps)
     assert steps[-1]["loss"] < steps[0]["loss"]
-    assert (tmp_path / "smoke" / "checkpoints" / "best.safetensors").is_file()
+    best = json.loads((tmp_path / "smoke" / "checkpoints" / "best.json").read_text())
+    assert (tmp_path / "smoke" / "checkpoints" / best["weights"]).is_file()

@@ -17,7 +17,7 @@ def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -
         trainer = Trainer(cfg, quiet=True)
         data = trainer.data
         plan = data.plan.batches(0)
-        peak = peak_flops()["flops_per_s"]
+        peak = peak_flops(log=print)["flops_per_s"]
         from mindgr.bench.backends import peak_rss_mb, rss_mb
         times, tokens, flops, fills = [], 0, 0.0, []
         compile_s = None

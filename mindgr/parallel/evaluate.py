@@ -32,11 +32,11 @@ def evaluate_sharded(encode_last, item_table: np.ndarray, examples, evalset, ks,
                                Tensor(batch.timestamps)).asnumpy()[: batch.num_rows]
         rows = batch.rows[: batch.num_rows]
         scores = score(user) if score is not None else user @ item_table.T
-        r = target_ranks(scores, evalset.targets[rows], [evalset.histories[i] for i in rows])
-        order.append(np.stack([np.full(len(r), k), np.arange(len(r))], 1))
-        ranks.append(r)
-    mine = np.concatenate([np.concatenate(order, 0), np.concatenate(ranks)[:, None]], 1).astype(np.int64) \
-        if ranks else np.zeros((0, 3), np.int64)
-    every = comm.all_gather(mine)                               # [examples, (batch, position, rank)]
+        g, t = target_ranks(scores, evalset.targets[rows], [evalset.histories[i] for i in rows])
+        order.append(np.stack([np.full(len(g), k), np.arange(len(g))], 1))
+        ranks.append(np.stack([g, t], 1))
+    mine = np.concatenate([np.concatenate(order, 0), np.concatenate(ranks, 0)], 1).astype(np.int64) \
+        if ranks else np.zeros((0, 4), np.int64)
+    every = comm.all_gather(mine)                               # [examples, (batch, position, greater, ties)]
     every = every[np.lexsort((every[:, 1], every[:, 0]))]
-    return ranking_metrics(every[:, 2], ks)
+    return ranking_metrics(every[:, 2], ks, every[:, 3])

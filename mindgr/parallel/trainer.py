@@ -335,9 +335,7 @@ class DistributedTrainer(Trainer):
 
     # ---- outputs ---------------------------------------------------------------------------------
     def _prepare_run_dir(self, resume: bool):
-        self._check_run_dir(resume)          # every rank: the same checks give the same error
-        if self.writer:
-            self._write_run_config()
+        super()._prepare_run_dir(resume)     # the writer takes the run dir's lock; every rank checks the data
         comm.barrier()
 
     def _meta(self) -> dict:
@@ -361,6 +359,7 @@ class DistributedTrainer(Trainer):
 
     def save(self):
         self.watchdog.beat("saving a checkpoint")
+        self.ensure_finite()                  # every rank (identical weights): all stop at the same step
         state = self._shard_state(self.step)
         crcs = comm.all_gather(np.array([state["param_crc32"]], np.int64))
         if len(set(crcs.tolist())) > 1:
@@ -376,6 +375,7 @@ class DistributedTrainer(Trainer):
 
     def _save_best(self):
         self.watchdog.beat("saving the best checkpoint")
+        self.ensure_finite()
         if self.writer:
             super()._save_best()
         comm.barrier()

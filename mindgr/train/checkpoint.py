@@ -1,9 +1,11 @@
 """Atomic checkpoints: MindSpore safetensors of every parameter of the train step (weights and optimizer
 state) plus a JSON sidecar with the step, the data position and the file's sha256.
 
-The sidecar is written last and is the commit marker: a crash mid-save leaves no sidecar for the new
-file, so resume takes the previous checkpoint. A checkpoint whose bytes do not match its sha256, or that
-does not parse, is an error, never a silent fresh start.
+The sidecar is written last and is the commit marker: it names its weights file, and a checkpoint
+saved again under the same name (`best`, or a step saved twice) writes its weights to the file the
+committed sidecar does NOT name, then replaces the sidecar in one atomic rename, then deletes the old
+weights. A crash at any point leaves the previous checkpoint (weights + sidecar) whole. A checkpoint whose
+bytes do not match its sha256, or that does not parse, is an error, never a silent fresh start.
 """
 from __future__ import annotations
 
@@ -36,12 +38,46 @@ def _atomic_write_text(path: Path, text: str):
     os.replace(tmp, path)
 
 
+SIDECAR_FIELDS = ("weights", "sha256", "bytes")
+
+
+def read_sidecar(path: Path) -> dict:
+    """The JSON sidecar of a checkpoint path, checked for the fields a checkpoint needs (one-line errors)."""
+    sidecar = Path(path).with_suffix(".json")
+    if not sidecar.is_file():
+        raise CheckpointError(f"checkpoint {sidecar}: not found")
+    try:
+        meta = json.loads(sidecar.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise CheckpointError(f"checkpoint {sidecar}: not valid JSON (truncated or corrupted)") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint {sidecar}: expected a JSON object, found {type(meta).__name__}")
+    missing = [k for k in SIDECAR_FIELDS if k not in meta]
+    if missing:
+        raise CheckpointError(f"checkpoint {sidecar}: sidecar lacks {', '.join(missing)} (not a MindGR checkpoint?)")
+    if not isinstance(meta["weights"], str) or Path(meta["weights"]).name != meta["weights"]:
+        raise CheckpointError(f"checkpoint {sidecar}: weights = {meta['weights']!r}: expected a file name")
+    return meta
+
+
+def _committed_weights(path: Path) -> str | None:
+    """The weights file name the committed sidecar of `path` names (None: no readable sidecar)."""
+    try:
+        return read_sidecar(path)["weights"]
+    except CheckpointError:
+        return None
+
+
 def save_checkpoint(path: Path, tensors: dict, meta: dict) -> Path:
-    """Write `path`.safetensors then `path`.json. `tensors` maps names to numpy arrays or Tensors."""
+    """Write the weights, then `path`.json naming them (the commit). `tensors` maps names to numpy arrays
+    or Tensors. Saving over an existing checkpoint keeps it whole until the new sidecar is in place."""
     import mindspore as ms
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    old = _committed_weights(path)
     weights = path.with_suffix(".safetensors")
+    if old == weights.name:                      # never write over the weights the committed sidecar names
+        weights = path.with_name(path.name + ".alt.safetensors")
     tmp = weights.with_name(weights.name + ".tmp.safetensors")
     items = [{"name": k, "data": v if isinstance(v, ms.Tensor) else ms.Tensor(np.asarray(v))}
              for k, v in tensors.items()]
@@ -51,7 +87,19 @@ def save_checkpoint(path: Path, tensors: dict, meta: dict) -> Path:
     os.replace(tmp, weights)
     sidecar = dict(meta, weights=weights.name, sha256=_sha256(weights), bytes=weights.stat().st_size)
     _atomic_write_text(path.with_suffix(".json"), json.dumps(sidecar, indent=1, sort_keys=True))
+    if old and old != weights.name:              # the replaced checkpoint's weights, no longer named
+        (path.parent / old).unlink(missing_ok=True)
     return weights
+
+
+def delete_checkpoint(path: Path):
+    """Remove a checkpoint: the sidecar first (uncommitting it), then the weights it named."""
+    path = Path(path)
+    names = {_committed_weights(path), path.with_suffix(".safetensors").name,
+             path.name + ".alt.safetensors"} - {None}
+    path.with_suffix(".json").unlink(missing_ok=True)
+    for name in names:
+        (path.parent / name).unlink(missing_ok=True)
 
 
 def load_checkpoint(path: Path) -> tuple[dict, dict]:
@@ -59,13 +107,8 @@ def load_checkpoint(path: Path) -> tuple[dict, dict]:
     import mindspore as ms
     path = Path(path)
     sidecar = path.with_suffix(".json")
-    weights = path.with_suffix(".safetensors")
-    if not sidecar.is_file():
-        raise CheckpointError(f"checkpoint {sidecar}: not found")
-    try:
-        meta = json.loads(sidecar.read_text())
-    except ValueError:
-        raise CheckpointError(f"checkpoint {sidecar}: not valid JSON (truncated or corrupted)") from None
+    meta = read_sidecar(path)
+    weights = path.parent / meta["weights"]
     if not weights.is_file():
         raise CheckpointError(f"checkpoint {weights}: not found (its sidecar {sidecar.name} exists)")
     size = weights.stat().st_size
@@ -117,8 +160,7 @@ class CheckpointManager:
         path = self.dir / f"ckpt-step{step:08d}"
         save_checkpoint(path, tensors, dict(meta, step=step))
         for _, old in self._step_files()[:-self.keep_last]:
-            for suffix in (".json", ".safetensors"):
-                old.with_suffix(suffix).unlink(missing_ok=True)
+            delete_checkpoint(old)
         return path
 
     def save_best(self, tensors: dict, meta: dict) -> Path:

@@ -54,21 +54,29 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, samples: int = 5000, seed: in
     return out
 
 
-def load_ranks(path) -> tuple[np.ndarray, np.ndarray]:
+def load_ranks(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ranks, ties, targets) of a RUN/ranks/*.npz file. Files written before ranks were tie-aware hold
+    no ties: they are read with ties = 0 (the strict rank they were computed with)."""
     with np.load(path) as f:
-        return f["ranks"], f["targets"]
+        ranks = f["ranks"]
+        ties = f["ties"] if "ties" in f.files else np.where(ranks >= 0, 0, -1)
+        return ranks, ties, f["targets"]
 
 
 def compare_ranks(ranks_a, targets_a, ranks_b, targets_b, ks=(1, 10, 50, 200), samples: int = 5000,
-                  seed: int = 0) -> dict:
-    """Paired comparison of two runs' per-user ranks ([U], or [S, U] for S runs of one side); every run
-    must rank the same targets of the same users. Users some run did not rank are left out."""
+                  seed: int = 0, ties_a=None, ties_b=None) -> dict:
+    """Paired comparison of two runs' per-user ranks ([U], or [S, U] for S runs of one side) and ties
+    (same shapes; None = no ties); every run must rank the same targets of the same users. Users some
+    run did not rank are left out."""
     if len(targets_a) != len(targets_b) or not np.array_equal(targets_a, targets_b):
         raise ValueError(f"the two runs were evaluated on different users or targets ({len(targets_a)} vs "
                          f"{len(targets_b)} users): compare runs of the same data and split")
     ranks_a, ranks_b = np.atleast_2d(ranks_a), np.atleast_2d(ranks_b)
+    ties_a = np.zeros_like(ranks_a) if ties_a is None else np.atleast_2d(ties_a)
+    ties_b = np.zeros_like(ranks_b) if ties_b is None else np.atleast_2d(ties_b)
     both = (ranks_a >= 0).all(0) & (ranks_b >= 0).all(0)
-    per_run = [[per_user_metrics(r[both], ks) for r in side] for side in (ranks_a, ranks_b)]
+    per_run = [[per_user_metrics(r[both], ks, t[both]) for r, t in zip(side, side_ties)]
+               for side, side_ties in ((ranks_a, ties_a), (ranks_b, ties_b))]
     metrics = {m: paired_bootstrap(np.stack([r[m] for r in per_run[0]]), np.stack([r[m] for r in per_run[1]]),
                                    samples, seed) for m in per_run[0][0]}
     return {"users": int(both.sum()), "samples": samples, "runs": [len(ranks_a), len(ranks_b)],
@@ -104,15 +112,16 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
                              "DIR1,DIR2,... without empty entries")
     evaluated = [[evaluate_run(Path(run), split, which) for run in runs] for runs in sides]
     loaded = [[load_ranks(r["ranks_file"]) for r in side] for side in evaluated]
-    targets = loaded[0][0][1]
+    targets = loaded[0][0][2]
     for runs, side in zip(sides, loaded):
-        for run, (_, other) in zip(runs, side):
+        for run, (_, _, other) in zip(runs, side):
             if not np.array_equal(other, targets):
                 raise ValueError(f"{run} was evaluated on other users or targets than {sides[0][0]}: "
                                  "compare runs of the same data and split")
     ks = sorted(int(k.split("@")[1]) for k in evaluated[0][0] if k.startswith("hr@"))
-    out = compare_ranks(np.stack([r for r, _ in loaded[0]]), targets, np.stack([r for r, _ in loaded[1]]), targets,
-                        ks, samples)
+    stacked = [[np.stack([entry[i] for entry in side]) for i in (0, 1)] for side in loaded]
+    out = compare_ranks(stacked[0][0], targets, stacked[1][0], targets, ks, samples,
+                        ties_a=stacked[0][1], ties_b=stacked[1][1])
     info = [[{"run": str(run), "checkpoint": r["checkpoint"]} for run, r in zip(runs, side)]
             for runs, side in zip(sides, evaluated)]
     out.update(split=split, a=info[0][0] if len(info[0]) == 1 else info[0],

@@ -89,3 +89,54 @@ class RunData:
         lengths = np.array([len(x) for x in inputs])
         t_cap, b_cap = auto_capacities(lengths, cfg.eval.batch_size, cfg.data.max_len)
         return Examples(inputs, times, targets, t_cap, b_cap)
+
+
+# ---- data fingerprint -----------------------------------------------------------------------------
+FINGERPRINT_FILE = "data.json"
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def data_fingerprint(data_cfg) -> dict:
+    """What the run's data is: the generator's settings (synthetic), or every source file's size and
+    sha256 (a directory source, a store included: every file under it), named relative to the source."""
+    d = data_cfg
+    if d.kind == "synthetic":
+        import dataclasses
+        return {"kind": d.kind, "synthetic": dataclasses.asdict(d.synthetic)}
+    files = []
+    for source in [d.path] + ([d.timestamps] if d.timestamps else []):
+        root = Path(source)
+        members = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for p in members:
+            if p.is_file():
+                name = str(p.relative_to(root)) if root.is_dir() else p.name
+                files.append({"file": name, "bytes": p.stat().st_size, "sha256": _sha256(p)})
+    return {"kind": d.kind, "files": files}
+
+
+def fingerprint_mismatch(saved: dict, current: dict) -> str | None:
+    """None if two fingerprints describe the same data, else what differs (a short phrase)."""
+    if saved.get("kind") != current.get("kind"):
+        return f"data.kind was {saved.get('kind')}, now {current.get('kind')}"
+    if "synthetic" in saved or "synthetic" in current:
+        return None if saved.get("synthetic") == current.get("synthetic") else "the synthetic settings differ"
+    was = {f["file"]: f for f in saved.get("files", [])}
+    now = {f["file"]: f for f in current.get("files", [])}
+    for name in sorted(set(was) | set(now)):
+        if name not in now:
+            return f"{name} is gone"
+        if name not in was:
+            return f"{name} is new"
+        if was[name]["bytes"] != now[name]["bytes"]:
+            return f"{name} has {now[name]['bytes']} bytes, was {was[name]['bytes']}"
+        if was[name]["sha256"] != now[name]["sha256"]:
+            return f"{name} has other contents (sha256 {now[name]['sha256'][:12]}, was {was[name]['sha256'][:12]})"
+    return None

@@ -263,8 +263,14 @@ class SparseTrainer(DistributedTrainer):
                                                  m.layout.shard)
         m.table.rows[...], m.row_opt.m[...], m.row_opt.v[...] = rows, mom1, mom2
 
+    def ensure_finite(self):
+        super().ensure_finite()
+        if not np.isfinite(self.model.table.rows).all():
+            raise self._diverged(f"rank {self.ctx.rank}'s item table shard holds non-finite values")
+
     def save(self):
         self.stale.flush(self.step)
+        self.ensure_finite()
         self._save_table(f"ckpt-step{self.step:08d}")
         path = super().save()
         if self.writer:
@@ -274,6 +280,7 @@ class SparseTrainer(DistributedTrainer):
 
     def _save_best(self):
         self.stale.flush(self.step)
+        self.ensure_finite()
         self._save_table("best")
         super()._save_best()
 
