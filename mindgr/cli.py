@@ -229,7 +229,7 @@ def _history_lines(args):
 
 
 def cmd_recommend(args) -> int:
-    from mindgr.serve.loading import load_run
+    from mindgr.train.trainer import load_run
     from mindgr.serve.recommend import Recommender, RequestError
     users = _history_lines(args)
     rec = Recommender.from_run(load_run(args.run, args.checkpoint), shapes=(1, 16))

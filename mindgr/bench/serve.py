@@ -215,7 +215,7 @@ def bench_index_recall(run_dir, k: int = 10, nprobes=(1, 2, 4, 8, 16), users: in
     """recall@k of the faiss IVF index against exact top-k on the run's test users (history excluded),
     and the search time per batch of 64 users of each (measured alternately, best of 3 rounds)."""
     from mindgr.serve.index import ExactIndex, FaissIVFIndex, recall_at_k
-    from mindgr.serve.loading import load_run
+    from mindgr.train.trainer import load_run
     from mindgr.serve.recommend import Recommender
     run = load_run(run_dir, threads=threads)
     rec = Recommender.from_run(run, shapes=(64,))

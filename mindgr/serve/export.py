@@ -40,7 +40,7 @@ def _data_fingerprint(run):
 def export_run(run_dir, out_dir=None, which: str = "best", shapes=DEFAULT_SHAPES) -> dict:
     """Export a run; returns the manifest. out_dir defaults to RUN/export."""
     import mindspore as ms
-    from mindgr.serve.loading import load_run
+    from mindgr.train.trainer import load_run
     run = load_run(run_dir, which)
     out = Path(out_dir) if out_dir else run.run_dir / "export"
     out.mkdir(parents=True, exist_ok=True)

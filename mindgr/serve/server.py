@@ -146,10 +146,10 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, which: str = "best
           threads: Optional[int] = None):
     """Load the run, compile its batch shapes, serve until SIGINT/SIGTERM, drain, return."""
     import uvicorn
-    from mindgr.serve.loading import load_run
+    from mindgr.train.trainer import load_run
     from mindgr.serve.recommend import DEFAULT_MAX_HISTORY, DEFAULT_SHAPES, Recommender
     options = {"nprobe": nprobe} if index == "faiss-ivf" else {}
-    run = load_run(run_dir, which, threads)
+    run = load_run(run_dir, which, threads=threads)
     rec = Recommender.from_run(run, shapes or DEFAULT_SHAPES, index, max_history or DEFAULT_MAX_HISTORY, **options)
     metrics = ServerMetrics()
     batcher = DynamicBatcher(rec, metrics, queue_size, max_wait_ms, test_delay_ms)

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -624,18 +625,35 @@ def _ranks_dir(run_dir: Path) -> tuple[Path, str | None]:
     return elsewhere, f"{wanted} cannot be written ({why.strerror or why}): ranks written to {elsewhere}"
 
 
-def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_data_change: bool = False) -> dict:
-    """Re-evaluate a saved run (`mindgr eval`): its own config, its best (or latest) checkpoint, on the data
-    it was trained on (refused if that changed, unless allow_data_change)."""
+@dataclass
+class LoadedRun:
+    """A trained run ready to score: its config, data, model (encoder in eval mode) and what was loaded."""
+    run_dir: Path
+    cfg: Config
+    data: object          # mindgr.train.data.RunData
+    model: Model
+    checkpoint: str       # file name of the checkpoint restored
+    step: int | None
+    data_note: str | None  # set when the data changed since training and that was allowed
+
+
+def load_run(run_dir, which: str = "best", allow_data_change: bool = False, threads: int | None = None) -> LoadedRun:
+    """A saved run with its best (or latest) checkpoint restored, on the data it was trained on (refused if
+    that changed, unless allow_data_change). Used by `mindgr eval` and by serving (mindgr.serve).
+    threads: CPU threads for MindSpore (default: the run's parallel.threads)."""
+    if which not in ("best", "latest"):
+        raise ValueError(f"checkpoint: {which!r} (expected best or latest)")
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)
+    if threads is not None:
+        cfg.parallel.threads = threads
     ckpts = CheckpointManager(run_dir, cfg.run.keep_last)
     path = ckpts.best() if which == "best" else ckpts.latest()
     if path is None:
         if which == "best" and ckpts.latest() is not None:
             raise CheckpointError(f"{run_dir}: no best checkpoint (no validation has run: eval.every_epochs = "
-                                  f"{cfg.eval.every_epochs}); evaluate the last one with --checkpoint latest")
-        raise CheckpointError(f"{run_dir}: no checkpoint to evaluate")
+                                  f"{cfg.eval.every_epochs}); use the last one with --checkpoint latest")
+        raise CheckpointError(f"{run_dir}: no checkpoint to load")
     from mindgr.train.data import FINGERPRINT_FILE, RunData, data_fingerprint, fingerprint_mismatch
     saved_fp = run_dir / FINGERPRINT_FILE
     data_note = None
@@ -643,9 +661,8 @@ def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_
         diff = fingerprint_mismatch(json.loads(saved_fp.read_text()), data_fingerprint(cfg.data))
         if diff and not allow_data_change:
             raise CheckpointError(f"{run_dir}: its data changed since it was trained ({diff}); pass "
-                                  "--allow-data-change to evaluate on the data as it is now")
+                                  "--allow-data-change to use the data as it is now")
         data_note = f"evaluated on changed data ({diff})" if diff else None
-    ranks_dir, ranks_note = _ranks_dir(run_dir)
     setup_mindspore(cfg)
     data = RunData(cfg)
     model = Model(cfg, data.num_items)
@@ -658,19 +675,28 @@ def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_
         encoder = {k[len("encoder."):]: v for k, v in tensors.items() if k.startswith("encoder.")}
         encoder["item_emb"] = table
         restore_parameters(model.encoder, encoder, str(path))
-    from mindgr.train.evaluate import evaluate
     model.encoder.set_train(False)
-    evalset = getattr(data.split, split)
-    metrics, ranks, ties = evaluate(model.encode_last, model.item_table(), data.eval[split], evalset, cfg.eval.ks,
-                                    per_user=True)
+    return LoadedRun(run_dir, cfg, data, model, path.name, meta.get("step"), data_note)
+
+
+def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_data_change: bool = False) -> dict:
+    """Re-evaluate a saved run (`mindgr eval`): its own config, its best (or latest) checkpoint, on the data
+    it was trained on (refused if that changed, unless allow_data_change)."""
+    run_config(run_dir)  # a cheap check that this is a run, before anything is written or loaded
+    ranks_dir, ranks_note = _ranks_dir(Path(run_dir))
+    run = load_run(run_dir, which, allow_data_change)
+    from mindgr.train.evaluate import evaluate
+    evalset = getattr(run.data.split, split)
+    metrics, ranks, ties = evaluate(run.model.encode_last, run.model.item_table(), run.data.eval[split], evalset,
+                                    run.cfg.eval.ks, per_user=True)
     # Per-user (greater, ties) pairs, for a paired comparison with another run (`mindgr compare`).
     ranks_path = ranks_dir / f"{split}-{which}.npz"
     tmp = ranks_path.with_name(ranks_path.stem + ".tmp.npz")
-    np.savez(tmp, ranks=ranks, ties=ties, targets=np.asarray(evalset.targets, np.int64), checkpoint=path.name)
+    np.savez(tmp, ranks=ranks, ties=ties, targets=np.asarray(evalset.targets, np.int64), checkpoint=run.checkpoint)
     os.replace(tmp, ranks_path)
-    out = {"run": str(run_dir), "split": split, "checkpoint": path.name, "step": meta.get("step"), **metrics,
+    out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step, **metrics,
            "ranks_file": str(ranks_path)}
-    for key, note in (("ranks_note", ranks_note), ("data_note", data_note)):
+    for key, note in (("ranks_note", ranks_note), ("data_note", run.data_note)):
         if note:
             out[key] = note
     return out
