@@ -64,7 +64,7 @@ def test_tree_loss_and_gradients_equal_copied_rows(merger, objective):
         users.append(tree_user(items, codes, dec.level_offsets, objective, merger, pages=pages))
     flat = pack_rows(rows, 400, len(rows) + 1, dec.group, dec.pad_id)
     assert len(flat) == 1
-    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, p_cap=MAX_LEN - 3, max_len=MAX_LEN)
+    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, p_cap=MAX_LEN - 3, q_cap=18, max_len=MAX_LEN)
     tree = pack_tree(users, caps, dec.num_levels, dec.group, dec.pad_id)
     assert len(tree) == 1
     assert sum(tree_tokens(u) for u in users if u is not None) < sum(r["slots"].shape[0] for r in rows)
@@ -79,22 +79,28 @@ def test_tree_loss_and_gradients_equal_copied_rows(merger, objective):
 
 
 def test_prefix_attention_equals_a_loop():
+    """Two users (a third, empty, in the capacity), unused tails in both regions."""
     rng = np.random.default_rng(3)
-    n, p_cap = 10, 6
-    k = rng.standard_normal((9, H, DQK)).astype(np.float32)
-    v = rng.standard_normal((9, H, DV)).astype(np.float32)
-    q = rng.standard_normal((5, H, DQK)).astype(np.float32)
+    n, q_cap, p_cap = 10, 4, 6
+    k = rng.standard_normal((12, H, DQK)).astype(np.float32)
+    v = rng.standard_normal((12, H, DV)).astype(np.float32)
+    q = rng.standard_normal((8, H, DQK)).astype(np.float32)
     w_pos = rng.standard_normal(2 * n - 1).astype(np.float32)
-    start = np.array([0, 0, 4, 4, 2], np.int32)
-    length = np.array([3, 3, 5, 0, 6], np.int32)
-    q_pos = length + np.array([0, 1, 2, 0, 3], np.int32)
-    got = jagged_prefix_attention(Tensor(q), Tensor(k), Tensor(v), Tensor(start), Tensor(length), Tensor(q_pos),
-                                  Tensor(w_pos), n, p_cap).asnumpy()
-    want = np.zeros((5, H, DV))
-    for s in range(5):
-        for j in range(length[s]):
-            z = (q[s] * k[start[s] + j]).sum(-1) + w_pos[n - 1 + j - q_pos[s]]
-            want[s] += (z / (1 + np.exp(-z)))[:, None] / n * v[start[s] + j]
+    q_off = np.array([0, 3, 6, 6], np.int32)            # user 0: tokens 0-2, user 1: 3-5, tail 6-7
+    k_off = np.array([0, 5, 11, 11], np.int32)          # prompts of 5 and 6 keys, tail 11
+    key_len = np.zeros((3, q_cap), np.int32)
+    key_len[0, :3] = [2, 2, 5]
+    key_len[1, :3] = [6, 0, 3]
+    q_pos = key_len + np.array([0, 1, 0, 0], np.int32)
+    got = jagged_prefix_attention(Tensor(q), Tensor(k), Tensor(v), Tensor(q_off), Tensor(k_off),
+                                  Tensor(key_len), Tensor(q_pos), Tensor(w_pos), n, q_cap, p_cap).asnumpy()
+    want = np.zeros((8, H, DV))
+    for u in range(2):
+        for i in range(q_off[u + 1] - q_off[u]):
+            s = q_off[u] + i
+            for j in range(key_len[u, i]):
+                z = (q[s] * k[k_off[u] + j]).sum(-1) + w_pos[n - 1 + j - q_pos[u, i]]
+                want[s] += (z / (1 + np.exp(-z)))[:, None] / n * v[k_off[u] + j]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -123,10 +129,10 @@ def test_tree_errors_are_one_line():
     lo = np.concatenate([[0], np.cumsum(SIZES)])
     u = tree_user(rng.integers(1, 11, 6), codes, lo, "ntp", "none")
     with pytest.raises(RowError, match="exceeds the tree capacities") as e:
-        pack_tree([u], TreeCaps(10, 60, 2, 10, 30, 40), 4, 1, int(lo[-1]))
+        pack_tree([u], TreeCaps(10, 60, 2, 10, 30, 30, 40), 4, 1, int(lo[-1]))
     assert "\n" not in str(e.value)
     with pytest.raises(RowError, match="more than the decoder's max_len 16"):
-        pack_tree([u], TreeCaps(40, 60, 2, 10, 30, 16), 4, 1, int(lo[-1]))
+        pack_tree([u], TreeCaps(40, 60, 2, 10, 30, 30, 16), 4, 1, int(lo[-1]))
     with pytest.raises(RowError, match="page_ntp needs pages"):
         tree_user([1, 2], codes, lo, "page_ntp")
     with pytest.raises(RowError, match="token_merger"):

@@ -15,7 +15,8 @@ Loss, weights and objectives are those of NTPLoss (mean over prompts of the mean
 
 Batch layout (fixed capacities, one compiled graph): tokens [tp_cap prompt region | ts_cap segment region],
 p_offsets [u_cap+1] (prompt rows), s_offsets [s_cap+1] (segment rows, relative to the segment region),
-per segment token key_start / key_len / q_pos, and per loss entry (s_cap * Lt) pos / target / level / weight.
+q_offsets [u_cap+1] (each user's segment tokens), key_len / q_pos [u_cap, q_cap] (per user and segment
+token: prompt keys seen, position in its row) and per loss entry (s_cap * Lt) pos / target / level / weight.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from mindgr.models.ntp import (OBJECTIVES, RowError, _MASKED, code_tokens, page_
 from mindgr.ops.attention import jagged_hstu_attention
 from mindgr.ops.segment import jagged_prefix_attention
 
-TREE_KEYS = ("slots", "merged", "p_offsets", "s_offsets", "key_start", "key_len", "q_pos",
+TREE_KEYS = ("slots", "merged", "p_offsets", "s_offsets", "q_offsets", "key_len", "q_pos",
              "pos", "target", "level", "weight")
 
 
@@ -74,12 +75,13 @@ def tree_tokens(user: dict) -> int:
 
 
 class TreeCaps:
-    """Fixed capacities of a tree batch: prompt tokens, segment tokens, users, targets; the longest
-    prompt a segment may see (p_cap) and the decoder's max_len (a virtual row must fit in it)."""
+    """Fixed capacities of a tree batch: prompt tokens, segment tokens, users, targets; per user the
+    longest prompt (p_cap) and the most segment tokens (q_cap); the decoder's max_len (a virtual row
+    must fit in it)."""
 
-    def __init__(self, tp_cap: int, ts_cap: int, u_cap: int, s_cap: int, p_cap: int, max_len: int):
+    def __init__(self, tp_cap: int, ts_cap: int, u_cap: int, s_cap: int, p_cap: int, q_cap: int, max_len: int):
         self.tp_cap, self.ts_cap, self.u_cap, self.s_cap = tp_cap, ts_cap, u_cap, s_cap
-        self.p_cap, self.max_len = p_cap, max_len
+        self.p_cap, self.q_cap, self.max_len = p_cap, q_cap, max_len
 
 
 def pack_tree(users: list, caps: TreeCaps, num_levels: int, group: int, pad_id: int) -> list:
@@ -91,10 +93,11 @@ def pack_tree(users: list, caps: TreeCaps, num_levels: int, group: int, pad_id: 
             continue
         p, n_t = u["prompt_slots"].shape[0], len(u["targets"])
         need = np.array([p, n_t * lseg, n_t])
-        if p > caps.p_cap or need[0] > caps.tp_cap or need[1] > caps.ts_cap or n_t > caps.s_cap:
+        if (p > caps.p_cap or need[1] > caps.q_cap or need[0] > caps.tp_cap or need[1] > caps.ts_cap
+                or n_t > caps.s_cap):
             raise RowError(f"a user with a {p}-token prompt and {n_t} targets exceeds the tree capacities "
-                           f"(prompt {caps.p_cap}, prompt tokens {caps.tp_cap}, segment tokens {caps.ts_cap}, "
-                           f"targets {caps.s_cap})")
+                           f"(per user: prompt {caps.p_cap}, segment tokens {caps.q_cap}; per batch: prompt "
+                           f"tokens {caps.tp_cap}, segment tokens {caps.ts_cap}, targets {caps.s_cap})")
         longest = max(b for b, _, _ in u["targets"]) + lseg
         if longest > caps.max_len:
             raise RowError(f"a target's row has {longest} tokens (prompt prefix + {lseg} codes), "
@@ -117,7 +120,8 @@ def _tree_batch(users, caps, lt, group, pad_id):
     merged = np.zeros(t_all, np.float32)
     p_offsets = np.zeros(caps.u_cap + 1, np.int32)
     s_offsets = np.zeros(caps.s_cap + 1, np.int32)
-    key_start, key_len, q_pos = (np.zeros(caps.ts_cap, np.int32) for _ in range(3))
+    q_offsets = np.zeros(caps.u_cap + 1, np.int32)
+    key_len, q_pos = np.zeros((caps.u_cap, caps.q_cap), np.int32), np.zeros((caps.u_cap, caps.q_cap), np.int32)
     e_cap = caps.s_cap * lt
     pos = np.zeros(e_cap, np.int32)
     target, level = np.zeros(e_cap, np.int32), np.zeros(e_cap, np.int32)
@@ -126,13 +130,14 @@ def _tree_batch(users, caps, lt, group, pad_id):
     for ui, u in enumerate(users):
         p = u["prompt_slots"].shape[0]
         slots[pp:pp + p], merged[pp:pp + p] = u["prompt_slots"], u["prompt_merged"]
+        sp_user = sp
         for boundary, gids, w in u["targets"]:
             cs, cm = code_tokens(gids[:-1], group, pad_id)
             g0 = caps.tp_cap + sp
             slots[g0:g0 + lseg], merged[g0:g0 + lseg] = cs, cm
-            key_start[sp:sp + lseg] = pp
-            key_len[sp:sp + lseg] = boundary
-            q_pos[sp:sp + lseg] = boundary + np.arange(lseg)
+            i = sp - sp_user
+            key_len[ui, i:i + lseg] = boundary
+            q_pos[ui, i:i + lseg] = boundary + np.arange(lseg)
             e = seg * lt
             pos[e] = pp + boundary - 1                      # the prompt token that predicts code 0
             pos[e + 1:e + lt] = g0 + np.arange(lseg)
@@ -142,9 +147,11 @@ def _tree_batch(users, caps, lt, group, pad_id):
             s_offsets[seg] = sp
         pp += p
         p_offsets[ui + 1] = pp
+        q_offsets[ui + 1] = sp
     p_offsets[len(users) + 1:] = pp
+    q_offsets[len(users) + 1:] = sp
     s_offsets[seg + 1:] = sp
-    return dict(slots=slots, merged=merged, p_offsets=p_offsets, s_offsets=s_offsets, key_start=key_start,
+    return dict(slots=slots, merged=merged, p_offsets=p_offsets, s_offsets=s_offsets, q_offsets=q_offsets,
                 key_len=key_len, q_pos=q_pos, pos=pos, target=target, level=level, weight=weight)
 
 
@@ -158,10 +165,10 @@ class TreeDecoder(nn.Cell):
     def __init__(self, decoder, caps: TreeCaps):
         super().__init__()
         self.decoder = decoder
-        self.tp, self.p_cap = caps.tp_cap, caps.p_cap
-        self.ts = caps.ts_cap
+        self.tp, self.ts = caps.tp_cap, caps.ts_cap
+        self.p_cap, self.q_cap = caps.p_cap, caps.q_cap
 
-    def block(self, blk, x, p_offsets, s_offsets, key_start, key_len, q_pos, drop_mask):
+    def block(self, blk, x, p_offsets, s_offsets, q_offsets, key_len, q_pos, drop_mask):
         t = x.shape[0]
         h, dv, dqk, n = blk.h, blk.dv, blk.dqk, blk.max_len
         hv, hqk = h * dv, h * dqk
@@ -175,21 +182,22 @@ class TreeDecoder(nn.Cell):
         qs, ks, vs = q[tp:], k[tp:], v[tp:]
         a_prompt = jagged_hstu_attention(qp, kp, vp, p_offsets, ops.zeros((tp,), ms.int64), blk.w_pos, blk.w_ts, n)
         a_own = jagged_hstu_attention(qs, ks, vs, s_offsets, ops.zeros((self.ts,), ms.int64), blk.w_pos, blk.w_ts, n)
-        a_pre = jagged_prefix_attention(qs, kp, vp, key_start, key_len, q_pos, blk.w_pos, n, self.p_cap)
+        a_pre = jagged_prefix_attention(qs, kp, vp, q_offsets, p_offsets, key_len, q_pos, blk.w_pos, n,
+                                        self.q_cap, self.p_cap)
         attn = ops.concat((a_prompt, a_own + a_pre), 0)
         o = u * layer_norm(attn.reshape(t, hv))
         if drop_mask is not None:
             o = apply_dropout(o, drop_mask)
         return x + ops.matmul(o, blk.w_out) + blk.b_out
 
-    def construct(self, slots, merged, p_offsets, s_offsets, key_start, key_len, q_pos, drop=None):
+    def construct(self, slots, merged, p_offsets, s_offsets, q_offsets, key_len, q_pos, drop=None):
         dec = self.decoder
         x = dec.embed(slots, merged)
         masks = ops.unstack(drop, 0) if drop is not None else None
         if masks is not None:
             x = apply_dropout(x, masks[0])
         for i in range(dec.num_blocks):
-            x = self.block(dec.blocks[i], x, p_offsets, s_offsets, key_start, key_len, q_pos,
+            x = self.block(dec.blocks[i], x, p_offsets, s_offsets, q_offsets, key_len, q_pos,
                            masks[i + 1] if masks is not None else None)
         return layer_norm(x)
 
@@ -205,9 +213,9 @@ class TreeNTPLoss(nn.Cell):
         self.num_levels = float(decoder.num_levels)
         self.col_level = Tensor(np.repeat(np.arange(decoder.num_levels), decoder.level_sizes).astype(np.int32))
 
-    def construct(self, slots, merged, p_offsets, s_offsets, key_start, key_len, q_pos, pos, target, level,
+    def construct(self, slots, merged, p_offsets, s_offsets, q_offsets, key_len, q_pos, pos, target, level,
                   weight, drop=None):
-        hidden = self.tree(slots, merged, p_offsets, s_offsets, key_start, key_len, q_pos, drop)
+        hidden = self.tree(slots, merged, p_offsets, s_offsets, q_offsets, key_len, q_pos, drop)
         logits = self.decoder.logits(ops.gather(hidden, pos, 0))                     # [E, C]
         same = ops.equal(self.col_level[None, :], level[:, None])
         masked = ops.where(same, logits, ops.full_like(logits, _MASKED))
