@@ -137,3 +137,39 @@ def test_tree_errors_are_one_line():
         tree_user([1, 2], codes, lo, "page_ntp")
     with pytest.raises(RowError, match="token_merger"):
         tree_user([1, 2], codes, lo, "ntp", "triples")
+
+
+def test_dropout_equals_copied_rows_with_the_same_masks():
+    """Each copied-row token gets the mask of the tree token it copies: same loss and gradients."""
+    rng = np.random.default_rng(8)
+    codes = random_codes(rng, 15, SIZES)
+    dec = GRDecoder(SIZES, D, NBLK, H, DQK, DV, max_len=MAX_LEN, token_merger="pairs", seed=3)
+    randomize(dec, rng)
+    rows, users = [], []
+    for items, pages in _histories(rng, 15, "page_ntp"):
+        rows += _copied_rows(items, pages, codes, dec, "page_ntp")
+        users.append(tree_user(items, codes, dec.level_offsets, "page_ntp", "pairs", pages=pages))
+    users = [u for u in users if u is not None]
+    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, p_cap=MAX_LEN - 3, q_cap=18, max_len=MAX_LEN)
+    (tree,) = pack_tree(users, caps, dec.num_levels, dec.group, dec.pad_id)
+    (flat,) = pack_rows(rows, 400, len(rows) + 1, dec.group, dec.pad_id)
+    source, seg = [], 0                       # tree token of every copied-row token, row by row
+    for ui, u in enumerate(users):
+        for boundary, _, _ in u["targets"]:
+            source += list(tree["p_offsets"][ui] + np.arange(boundary))
+            source += list(caps.tp_cap + tree["s_offsets"][seg] + np.arange(dec.num_levels - 1))
+            seg += 1
+    assert len(source) == int(flat["offsets"][-1])
+    width = max(D, H * DV)
+    drop_tree = ((rng.random((dec.dropout_sites, caps.tp_cap + caps.ts_cap, width)) > 0.3) / 0.7).astype(np.float32)
+    drop_flat = np.ones((dec.dropout_sites, 400, width), np.float32)
+    drop_flat[:, :len(source)] = drop_tree[:, source]
+    want_v, want_g = LossGrad(NTPLoss(dec))(*batch_tensors(flat), Tensor(drop_flat))
+    got_v, got_g = LossGrad(TreeNTPLoss(dec, caps))(*tree_tensors(tree), Tensor(drop_tree))
+    nodrop = float(LossGrad(TreeNTPLoss(dec, caps))(*tree_tensors(tree))[0].asnumpy())
+    want_v, got_v = float(want_v.asnumpy()), float(got_v.asnumpy())
+    assert abs(got_v - want_v) <= 1e-5 * (1 + abs(want_v))
+    assert abs(got_v - nodrop) > 1e-3                          # the masks matter
+    for w, g in zip(want_g, got_g):
+        w, g = w.asnumpy(), g.asnumpy()
+        assert np.abs(w - g).max() <= 2e-4 * np.abs(w).max() + 1e-6
