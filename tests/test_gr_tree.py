@@ -78,8 +78,19 @@ def test_tree_loss_and_gradients_equal_copied_rows(merger, objective):
         assert np.abs(w - g).max() <= 2e-4 * np.abs(w).max() + 1e-6
 
 
-def test_prefix_attention_equals_a_loop():
-    """Two users (a third, empty, in the capacity), unused tails in both regions."""
+@pytest.mark.parametrize("backend", ["reference", "fast"])
+def test_prefix_attention_equals_a_loop(backend):
+    """Two users (a third, empty, in the capacity), unused tails in both regions; on the padded reference
+    conversions and on the backend's own."""
+    if backend == "reference":
+        set_backend("reference")
+    try:
+        _prefix_attention_equals_a_loop()
+    finally:
+        fast_backend()
+
+
+def _prefix_attention_equals_a_loop():
     rng = np.random.default_rng(3)
     n, q_cap, p_cap = 10, 4, 6
     k = rng.standard_normal((12, H, DQK)).astype(np.float32)
