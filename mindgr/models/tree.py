@@ -1,0 +1,225 @@
+"""Shared-prompt ("tree") training layout for the GR decoder: each user's prompt once, not once per target.
+
+The copied-row layout of mindgr.models.ntp gives every (prompt, target) its own row
+[prompt prefix] + [codes 0..Lt-2 of the target], so with a token merger (or with page_ntp) a user's
+tokens grow quadratically with its history. Here a user is ONE prompt sequence (the tokens of every item
+before its last target group) plus, per target, a segment of its Lt-1 teacher-forced code tokens:
+- prompt tokens attend causally to the prompt (one jagged row per user);
+- a segment token attends to the prompt tokens before its target's boundary (the prompt prefix its
+  copied row holds) plus causally to its own segment: mindgr.ops.segment.jagged_prefix_attention
+  + jagged_hstu_attention over one row per segment. HSTU attention has no softmax, so the two parts add
+  exactly to the copied row's attention (relative position bias from the token's position in that row).
+- code 0 of a target is predicted by the prompt token just before its boundary (shared by every target
+  of a page), codes 1..Lt-1 by the segment's tokens: the loss gathers these positions (Lt per target).
+Loss, weights and objectives are those of NTPLoss (mean over prompts of the mean over their targets).
+
+Batch layout (fixed capacities, one compiled graph): tokens [tp_cap prompt region | ts_cap segment region],
+p_offsets [u_cap+1] (prompt rows), s_offsets [s_cap+1] (segment rows, relative to the segment region),
+q_offsets [u_cap+1] (each user's segment tokens), key_len / q_pos [u_cap, q_cap] (per user and segment
+token: prompt keys seen, position in its row) and per loss entry (s_cap * Lt) pos / target / level / weight.
+"""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindgr.models.layers import apply_dropout, layer_norm
+from mindgr.models.ntp import (OBJECTIVES, RowError, _MASKED, code_tokens, page_groups, prompt_tokens,
+                               tokens_per_prompt_item)
+from mindgr.ops.attention import jagged_hstu_attention
+from mindgr.ops.segment import jagged_prefix_attention
+
+TREE_KEYS = ("slots", "merged", "p_offsets", "s_offsets", "q_offsets", "key_len", "q_pos",
+             "pos", "target", "level", "weight")
+
+
+def tree_user(items, codes, level_offsets, objective: str = "ntp", token_merger: str = "none", pages=None,
+              pad_id: int | None = None):
+    """One user's tree layout: dict(prompt_slots [P, G], prompt_merged [P], targets [(boundary, gids [Lt],
+    weight)]) with the targets and weights of ntp.user_rows; None when the user has no target."""
+    if objective not in OBJECTIVES:
+        raise RowError(f"loss.objective = {objective!r}: expected one of {', '.join(OBJECTIVES)}")
+    if token_merger not in ("none", "item", "pairs"):
+        raise RowError(f"model.token_merger = {token_merger!r}: expected one of none, item, pairs")
+    if objective == "page_ntp" and pages is None:
+        raise RowError("loss.objective = page_ntp needs pages (a page id per item); use ntp for page-less data")
+    items = np.asarray(items, np.int64)
+    codes = np.asarray(codes)
+    lt = codes.shape[1]
+    pad_id = int(level_offsets[-1]) if pad_id is None else pad_id
+    if items.shape[0] < 2:
+        return None
+    if objective == "ntp":
+        groups = [(j, j + 1) for j in range(items.shape[0])]
+    else:
+        if np.asarray(pages).shape != items.shape:
+            raise RowError(f"pages has {np.asarray(pages).shape[0]} ids for {items.shape[0]} items")
+        groups = page_groups(pages)
+    if len(groups) < 2:
+        return None
+    item_codes = codes[items].astype(np.int64)
+    per_item = tokens_per_prompt_item(lt, token_merger)
+    slots, merged = prompt_tokens(item_codes[:groups[-1][0]], level_offsets, token_merger, pad_id)
+    targets = []
+    for start, stop in groups[1:]:
+        for j in range(start, stop):
+            gids = (item_codes[j] + np.asarray(level_offsets[:-1])).astype(np.int32)
+            targets.append((start * per_item, gids, 1.0 / (stop - start)))
+    return dict(prompt_slots=slots, prompt_merged=merged, targets=targets)
+
+
+def tree_tokens(user: dict) -> int:
+    """Tokens of a user's tree layout: its prompt plus Lt-1 per target."""
+    return user["prompt_slots"].shape[0] + sum(g.shape[0] - 1 for _, g, _ in user["targets"])
+
+
+class TreeCaps:
+    """Fixed capacities of a tree batch: prompt tokens, segment tokens, users, targets; per user the
+    longest prompt (p_cap) and the most segment tokens (q_cap); the decoder's max_len (a virtual row
+    must fit in it)."""
+
+    def __init__(self, tp_cap: int, ts_cap: int, u_cap: int, s_cap: int, p_cap: int, q_cap: int, max_len: int):
+        self.tp_cap, self.ts_cap, self.u_cap, self.s_cap = tp_cap, ts_cap, u_cap, s_cap
+        self.p_cap, self.q_cap, self.max_len = p_cap, q_cap, max_len
+
+
+def pack_tree(users: list, caps: TreeCaps, num_levels: int, group: int, pad_id: int) -> list:
+    """Greedy packing of tree users (in order, None skipped) into fixed-capacity batches of numpy arrays."""
+    batches, cur, used = [], [], np.zeros(3, np.int64)
+    lseg = num_levels - 1
+    for u in users:
+        if u is None:
+            continue
+        p, n_t = u["prompt_slots"].shape[0], len(u["targets"])
+        need = np.array([p, n_t * lseg, n_t])
+        if (p > caps.p_cap or need[1] > caps.q_cap or need[0] > caps.tp_cap or need[1] > caps.ts_cap
+                or n_t > caps.s_cap):
+            raise RowError(f"a user with a {p}-token prompt and {n_t} targets exceeds the tree capacities "
+                           f"(per user: prompt {caps.p_cap}, segment tokens {caps.q_cap}; per batch: prompt "
+                           f"tokens {caps.tp_cap}, segment tokens {caps.ts_cap}, targets {caps.s_cap})")
+        longest = max(b for b, _, _ in u["targets"]) + lseg
+        if longest > caps.max_len:
+            raise RowError(f"a target's row has {longest} tokens (prompt prefix + {lseg} codes), "
+                           f"more than the decoder's max_len {caps.max_len}")
+        full = (used + need > np.array([caps.tp_cap, caps.ts_cap, caps.s_cap])).any() or len(cur) == caps.u_cap
+        if cur and full:
+            batches.append(_tree_batch(cur, caps, num_levels, group, pad_id))
+            cur, used = [], np.zeros(3, np.int64)
+        cur.append(u)
+        used += need
+    if cur:
+        batches.append(_tree_batch(cur, caps, num_levels, group, pad_id))
+    return batches
+
+
+def _tree_batch(users, caps, lt, group, pad_id):
+    lseg = lt - 1
+    t_all = caps.tp_cap + caps.ts_cap
+    slots = np.full((t_all, group), pad_id, np.int32)
+    merged = np.zeros(t_all, np.float32)
+    p_offsets = np.zeros(caps.u_cap + 1, np.int32)
+    s_offsets = np.zeros(caps.s_cap + 1, np.int32)
+    q_offsets = np.zeros(caps.u_cap + 1, np.int32)
+    key_len, q_pos = np.zeros((caps.u_cap, caps.q_cap), np.int32), np.zeros((caps.u_cap, caps.q_cap), np.int32)
+    e_cap = caps.s_cap * lt
+    pos = np.zeros(e_cap, np.int32)
+    target, level = np.zeros(e_cap, np.int32), np.zeros(e_cap, np.int32)
+    weight = np.zeros(e_cap, np.float32)
+    pp, sp, seg = 0, 0, 0                                  # next prompt token, segment token, segment
+    for ui, u in enumerate(users):
+        p = u["prompt_slots"].shape[0]
+        slots[pp:pp + p], merged[pp:pp + p] = u["prompt_slots"], u["prompt_merged"]
+        sp_user = sp
+        for boundary, gids, w in u["targets"]:
+            cs, cm = code_tokens(gids[:-1], group, pad_id)
+            g0 = caps.tp_cap + sp
+            slots[g0:g0 + lseg], merged[g0:g0 + lseg] = cs, cm
+            i = sp - sp_user
+            key_len[ui, i:i + lseg] = boundary
+            q_pos[ui, i:i + lseg] = boundary + np.arange(lseg)
+            e = seg * lt
+            pos[e] = pp + boundary - 1                      # the prompt token that predicts code 0
+            pos[e + 1:e + lt] = g0 + np.arange(lseg)
+            target[e:e + lt], level[e:e + lt], weight[e:e + lt] = gids, np.arange(lt), w
+            sp += lseg
+            seg += 1
+            s_offsets[seg] = sp
+        pp += p
+        p_offsets[ui + 1] = pp
+        q_offsets[ui + 1] = sp
+    p_offsets[len(users) + 1:] = pp
+    q_offsets[len(users) + 1:] = sp
+    s_offsets[seg + 1:] = sp
+    return dict(slots=slots, merged=merged, p_offsets=p_offsets, s_offsets=s_offsets, q_offsets=q_offsets,
+                key_len=key_len, q_pos=q_pos, pos=pos, target=target, level=level, weight=weight)
+
+
+def tree_tensors(batch: dict) -> tuple:
+    return tuple(Tensor(batch[k]) for k in TREE_KEYS)
+
+
+class TreeDecoder(nn.Cell):
+    """The GRDecoder's forward over a tree batch -> hidden [tp_cap + ts_cap, D] (the decoder's weights)."""
+
+    def __init__(self, decoder, caps: TreeCaps):
+        super().__init__()
+        self.decoder = decoder
+        self.tp, self.ts = caps.tp_cap, caps.ts_cap
+        self.p_cap, self.q_cap = caps.p_cap, caps.q_cap
+
+    def block(self, blk, x, p_offsets, s_offsets, q_offsets, key_len, q_pos, drop_mask):
+        t = x.shape[0]
+        h, dv, dqk, n = blk.h, blk.dv, blk.dqk, blk.max_len
+        hv, hqk = h * dv, h * dqk
+        z = ops.silu(ops.matmul(layer_norm(x), blk.w_uvqk))
+        u, v, q, k = ops.split(z, [hv, hv, hqk, hqk], 1)
+        v = v.reshape(t, h, dv)
+        q = q.reshape(t, h, dqk)
+        k = k.reshape(t, h, dqk)
+        tp = self.tp
+        qp, kp, vp = q[:tp], k[:tp], v[:tp]
+        qs, ks, vs = q[tp:], k[tp:], v[tp:]
+        a_prompt = jagged_hstu_attention(qp, kp, vp, p_offsets, ops.zeros((tp,), ms.int64), blk.w_pos, blk.w_ts, n)
+        a_own = jagged_hstu_attention(qs, ks, vs, s_offsets, ops.zeros((self.ts,), ms.int64), blk.w_pos, blk.w_ts, n)
+        a_pre = jagged_prefix_attention(qs, kp, vp, q_offsets, p_offsets, key_len, q_pos, blk.w_pos, n,
+                                        self.q_cap, self.p_cap)
+        attn = ops.concat((a_prompt, a_own + a_pre), 0)
+        o = u * layer_norm(attn.reshape(t, hv))
+        if drop_mask is not None:
+            o = apply_dropout(o, drop_mask)
+        return x + ops.matmul(o, blk.w_out) + blk.b_out
+
+    def construct(self, slots, merged, p_offsets, s_offsets, q_offsets, key_len, q_pos, drop=None):
+        dec = self.decoder
+        x = dec.embed(slots, merged)
+        masks = ops.unstack(drop, 0) if drop is not None else None
+        if masks is not None:
+            x = apply_dropout(x, masks[0])
+        for i in range(dec.num_blocks):
+            x = self.block(dec.blocks[i], x, p_offsets, s_offsets, q_offsets, key_len, q_pos,
+                           masks[i + 1] if masks is not None else None)
+        return layer_norm(x)
+
+
+class TreeNTPLoss(nn.Cell):
+    """NTPLoss over a tree batch: Lt * sum(w * ce) / sum(w) over the loss entries (Lt per target), the
+    softmax of an entry over its level's codes. Equal to NTPLoss over the copied rows of the same users."""
+
+    def __init__(self, decoder, caps: TreeCaps):
+        super().__init__()
+        self.decoder = decoder
+        self.tree = TreeDecoder(decoder, caps)
+        self.num_levels = float(decoder.num_levels)
+        self.col_level = Tensor(np.repeat(np.arange(decoder.num_levels), decoder.level_sizes).astype(np.int32))
+
+    def construct(self, slots, merged, p_offsets, s_offsets, q_offsets, key_len, q_pos, pos, target, level,
+                  weight, drop=None):
+        hidden = self.tree(slots, merged, p_offsets, s_offsets, q_offsets, key_len, q_pos, drop)
+        logits = self.decoder.logits(ops.gather(hidden, pos, 0))                     # [E, C]
+        same = ops.equal(self.col_level[None, :], level[:, None])
+        masked = ops.where(same, logits, ops.full_like(logits, _MASKED))
+        picked = ops.gather_elements(logits, 1, target[:, None])[:, 0]
+        ce = ops.logsumexp(masked, 1) - picked
+        total = weight.sum()
+        return self.num_levels * (ce * weight).sum() / ops.maximum(total, ops.ones_like(total) * 1e-12)

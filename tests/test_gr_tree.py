@@ -1,0 +1,186 @@
+"""Shared-prompt (tree) training layout: its loss and gradients equal NTPLoss over the copied rows of the
+same users (random models, merger none | item | pairs, ntp and page_ntp), the prefix op equals a
+per-token loop, fewer tokens than copied rows, and one-line errors for capacities and max_len.
+
+Tolerances: both sides are float32 MindSpore over the same weights; loss |d| <= 1e-5 (1 + |ref|),
+gradients |d| <= 2e-4 max|g| + 1e-6 per parameter."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor
+
+from mindgr.models.generative import GRDecoder
+from mindgr.models.ntp import NTPLoss, RowError, batch_tensors, pack_rows, user_rows
+from mindgr.models.tree import TreeCaps, TreeNTPLoss, pack_tree, tree_tensors, tree_tokens, tree_user
+from mindgr.ops import get_backend, set_backend
+from mindgr.ops.segment import jagged_prefix_attention
+from test_gr_decoder import LossGrad, randomize
+from test_gr_trie import fast_backend, random_codes
+
+SIZES = [4, 3, 2, 3]
+D, H, DQK, DV, NBLK = 8, 2, 3, 4, 2
+MAX_LEN = 24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    previous = get_backend()
+    fast_backend()
+    yield
+    set_backend(previous)
+
+
+def _histories(rng, num_items, objective):
+    out = []
+    for n in (5, 3, 6):
+        items = rng.integers(1, num_items + 1, n)
+        pages = np.arange(n) if objective == "ntp" else np.sort(rng.integers(0, 3, n))
+        out.append((items, pages))
+    return out
+
+
+def _copied_rows(items, pages, codes, dec, objective):
+    """Every (prompt, target) its own row, also for ntp without merger (not the flat row)."""
+    if objective == "ntp" and dec.token_merger == "none":
+        # same targets as the flat row: page_ntp with one item per page builds one row per target
+        return user_rows(items, codes, dec.level_offsets, "page_ntp", "none", pages=np.arange(len(items)))
+    return user_rows(items, codes, dec.level_offsets, objective, dec.token_merger, pages=pages)
+
+
+@pytest.mark.parametrize("objective", ["ntp", "page_ntp"])
+@pytest.mark.parametrize("merger", ["none", "item", "pairs"])
+def test_tree_loss_and_gradients_equal_copied_rows(merger, objective):
+    rng = np.random.default_rng([7, len(merger), len(objective)])
+    codes = random_codes(rng, 15, SIZES)
+    dec = GRDecoder(SIZES, D, NBLK, H, DQK, DV, max_len=MAX_LEN, token_merger=merger, seed=2)
+    randomize(dec, rng)
+    hist = _histories(rng, 15, objective)
+    rows, users = [], []
+    for items, pages in hist:
+        rows += _copied_rows(items, pages, codes, dec, objective)
+        users.append(tree_user(items, codes, dec.level_offsets, objective, merger, pages=pages))
+    flat = pack_rows(rows, 400, len(rows) + 1, dec.group, dec.pad_id)
+    assert len(flat) == 1
+    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, p_cap=MAX_LEN - 3, q_cap=18, max_len=MAX_LEN)
+    tree = pack_tree(users, caps, dec.num_levels, dec.group, dec.pad_id)
+    assert len(tree) == 1
+    assert sum(tree_tokens(u) for u in users if u is not None) < sum(r["slots"].shape[0] for r in rows)
+    want_v, want_g = LossGrad(NTPLoss(dec))(*batch_tensors(flat[0]))
+    got_v, got_g = LossGrad(TreeNTPLoss(dec, caps))(*tree_tensors(tree[0]))
+    want_v, got_v = float(want_v.asnumpy()), float(got_v.asnumpy())
+    assert abs(got_v - want_v) <= 1e-5 * (1 + abs(want_v))
+    assert len(want_g) == len(got_g) > 0
+    for w, g in zip(want_g, got_g):
+        w, g = w.asnumpy(), g.asnumpy()
+        assert np.abs(w - g).max() <= 2e-4 * np.abs(w).max() + 1e-6
+
+
+@pytest.mark.parametrize("backend", ["reference", "fast"])
+def test_prefix_attention_equals_a_loop(backend):
+    """Two users (a third, empty, in the capacity), unused tails in both regions; on the padded reference
+    conversions and on the backend's own."""
+    if backend == "reference":
+        set_backend("reference")
+    try:
+        _prefix_attention_equals_a_loop()
+    finally:
+        fast_backend()
+
+
+def _prefix_attention_equals_a_loop():
+    rng = np.random.default_rng(3)
+    n, q_cap, p_cap = 10, 4, 6
+    k = rng.standard_normal((12, H, DQK)).astype(np.float32)
+    v = rng.standard_normal((12, H, DV)).astype(np.float32)
+    q = rng.standard_normal((8, H, DQK)).astype(np.float32)
+    w_pos = rng.standard_normal(2 * n - 1).astype(np.float32)
+    q_off = np.array([0, 3, 6, 6], np.int32)            # user 0: tokens 0-2, user 1: 3-5, tail 6-7
+    k_off = np.array([0, 5, 11, 11], np.int32)          # prompts of 5 and 6 keys, tail 11
+    key_len = np.zeros((3, q_cap), np.int32)
+    key_len[0, :3] = [2, 2, 5]
+    key_len[1, :3] = [6, 0, 3]
+    q_pos = key_len + np.array([0, 1, 0, 0], np.int32)
+    got = jagged_prefix_attention(Tensor(q), Tensor(k), Tensor(v), Tensor(q_off), Tensor(k_off),
+                                  Tensor(key_len), Tensor(q_pos), Tensor(w_pos), n, q_cap, p_cap).asnumpy()
+    want = np.zeros((8, H, DV))
+    for u in range(2):
+        for i in range(q_off[u + 1] - q_off[u]):
+            s = q_off[u] + i
+            for j in range(key_len[u, i]):
+                z = (q[s] * k[k_off[u] + j]).sum(-1) + w_pos[n - 1 + j - q_pos[u, i]]
+                want[s] += (z / (1 + np.exp(-z)))[:, None] / n * v[k_off[u] + j]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_tree_layout_shares_the_prompt():
+    rng = np.random.default_rng(4)
+    codes = random_codes(rng, 30, SIZES)
+    lo = np.concatenate([[0], np.cumsum(SIZES)])
+    items = rng.integers(1, 31, 20)
+    u = tree_user(items, codes, lo, "ntp", "item")
+    assert u["prompt_slots"].shape == (19, 4)                    # one merged token per item but the last
+    assert [b for b, _, _ in u["targets"]] == list(range(1, 20))
+    assert tree_tokens(u) == 19 + 19 * 3
+    copied = sum(r["slots"].shape[0] for r in user_rows(items, codes, lo, "ntp", "item"))
+    assert copied == sum(j + 3 for j in range(1, 20))
+    pages = np.array([0, 0, 1, 1, 1, 2] + [3] * 14)
+    u = tree_user(items, codes, lo, "page_ntp", "none", pages=pages)
+    assert u["prompt_slots"].shape[0] == 6 * 4                   # items of pages < the last page
+    assert [(b, w) for b, _, w in u["targets"][:4]] == [(8, 1 / 3)] * 3 + [(20, 1.0)]
+    assert tree_user(items[:1], codes, lo) is None
+    assert tree_user(items[:4], codes, lo, "page_ntp", pages=np.zeros(4)) is None
+
+
+def test_tree_errors_are_one_line():
+    rng = np.random.default_rng(5)
+    codes = random_codes(rng, 10, SIZES)
+    lo = np.concatenate([[0], np.cumsum(SIZES)])
+    u = tree_user(rng.integers(1, 11, 6), codes, lo, "ntp", "none")
+    with pytest.raises(RowError, match="exceeds the tree capacities") as e:
+        pack_tree([u], TreeCaps(10, 60, 2, 10, 30, 30, 40), 4, 1, int(lo[-1]))
+    assert "\n" not in str(e.value)
+    with pytest.raises(RowError, match="more than the decoder's max_len 16"):
+        pack_tree([u], TreeCaps(40, 60, 2, 10, 30, 30, 16), 4, 1, int(lo[-1]))
+    with pytest.raises(RowError, match="page_ntp needs pages"):
+        tree_user([1, 2], codes, lo, "page_ntp")
+    with pytest.raises(RowError, match="token_merger"):
+        tree_user([1, 2], codes, lo, "ntp", "triples")
+
+
+def test_dropout_equals_copied_rows_with_the_same_masks():
+    """Each copied-row token gets the mask of the tree token it copies: same loss and gradients."""
+    rng = np.random.default_rng(8)
+    codes = random_codes(rng, 15, SIZES)
+    dec = GRDecoder(SIZES, D, NBLK, H, DQK, DV, max_len=MAX_LEN, token_merger="pairs", seed=3)
+    randomize(dec, rng)
+    rows, users = [], []
+    for items, pages in _histories(rng, 15, "page_ntp"):
+        rows += _copied_rows(items, pages, codes, dec, "page_ntp")
+        users.append(tree_user(items, codes, dec.level_offsets, "page_ntp", "pairs", pages=pages))
+    users = [u for u in users if u is not None]
+    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, p_cap=MAX_LEN - 3, q_cap=18, max_len=MAX_LEN)
+    (tree,) = pack_tree(users, caps, dec.num_levels, dec.group, dec.pad_id)
+    (flat,) = pack_rows(rows, 400, len(rows) + 1, dec.group, dec.pad_id)
+    source, seg = [], 0                       # tree token of every copied-row token, row by row
+    for ui, u in enumerate(users):
+        for boundary, _, _ in u["targets"]:
+            source += list(tree["p_offsets"][ui] + np.arange(boundary))
+            source += list(caps.tp_cap + tree["s_offsets"][seg] + np.arange(dec.num_levels - 1))
+            seg += 1
+    assert len(source) == int(flat["offsets"][-1])
+    width = max(D, H * DV)
+    drop_tree = ((rng.random((dec.dropout_sites, caps.tp_cap + caps.ts_cap, width)) > 0.3) / 0.7).astype(np.float32)
+    drop_flat = np.ones((dec.dropout_sites, 400, width), np.float32)
+    drop_flat[:, :len(source)] = drop_tree[:, source]
+    want_v, want_g = LossGrad(NTPLoss(dec))(*batch_tensors(flat), Tensor(drop_flat))
+    got_v, got_g = LossGrad(TreeNTPLoss(dec, caps))(*tree_tensors(tree), Tensor(drop_tree))
+    nodrop = float(LossGrad(TreeNTPLoss(dec, caps))(*tree_tensors(tree))[0].asnumpy())
+    want_v, got_v = float(want_v.asnumpy()), float(got_v.asnumpy())
+    assert abs(got_v - want_v) <= 1e-5 * (1 + abs(want_v))
+    assert abs(got_v - nodrop) > 1e-3                          # the masks matter
+    for w, g in zip(want_g, got_g):
+        w, g = w.asnumpy(), g.asnumpy()
+        assert np.abs(w - g).max() <= 2e-4 * np.abs(w).max() + 1e-6
