@@ -48,7 +48,8 @@ def _builder():
 _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBwdNoTs",
             "MindgrJaggedToPadded", "MindgrPaddedToJagged",
             "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
-            "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads")
+            "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
+            "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe")
 
 _lock = threading.Lock()
 _loaded: dict = {}  # "path" -> built library path, "cdll" -> ctypes handle, "error" -> reason
@@ -87,6 +88,10 @@ def _library() -> str:
             fn.argtypes = (ctypes.c_int64, ctypes.c_int)
             fn.restype = ctypes.c_int
         cdll.mindgr_num_threads.restype = ctypes.c_int
+        cdll.mindgr_isa.restype = ctypes.c_char_p
+        cdll.mindgr_vector_lanes.restype = ctypes.c_int
+        cdll.mindgr_recip_probe.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+        cdll.mindgr_recip_probe.restype = None
         _loaded["cdll"] = cdll
         _loaded["path"] = path
         return path
@@ -109,6 +114,24 @@ def kernel_threads() -> int:
     """Threads the kernels use now (MINDGR_CPU_THREADS, default the usable cores)."""
     _library()
     return int(_loaded["cdll"].mindgr_num_threads())
+
+
+def isa() -> str:
+    """The vector ISA the loaded kernels were built for ("avx512", "avx2", "neon" or "generic") and
+    their lanes per vector, e.g. "avx2 (8 lanes)"; see build.py for how it is chosen."""
+    _library()
+    cdll = _loaded["cdll"]
+    return f"{cdll.mindgr_isa().decode()} ({int(cdll.mindgr_vector_lanes())} lanes)"
+
+
+def recip_probe(x):
+    """(1/x, x * sigmoid(x)) for a float32 numpy array, as the attention kernels compute them (tests)."""
+    import numpy as np
+    _library()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y, z = np.empty_like(x), np.empty_like(x)
+    _loaded["cdll"].mindgr_recip_probe(x.ctypes.data, y.ctypes.data, z.ctypes.data, x.size)
+    return y, z
 
 
 def time_bucket(dt: int, num_buckets: int, formula: bool = False) -> int:

@@ -404,7 +404,7 @@ void forward(const Problem& p, float* out) {
     std::vector<float> kt_own(kt_size), vp_own(vp_size);
     std::vector<int32_t> bucket(TILE * TILE);
     std::vector<int> limit(TILE), zeros(TILE, 0);
-    const vi lane = iota16();
+    const vi lane = iota();
     for (;;) {
       size_t idx = next.fetch_add(1);
       if (idx >= items.size()) break;
@@ -525,7 +525,7 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
     // q, k, dout rows of the item as contiguous zero-padded rows [L][DQP or DVP] (see forward)
     Scratch qpack(int64_t(H) * Lm * DQP), kpack(int64_t(H) * Lm * DQP), dopack(int64_t(H) * Lm * DVP);
     std::vector<int> limit(TILE), zeros(TILE, 0), first(TILE), qcount(TILE);
-    const vi lane = iota16();
+    const vi lane = iota();
 
     for (int idx : lists[tid]) {
       const Item& it = items[idx];
@@ -747,5 +747,26 @@ int mindgr_time_bucket_formula(int64_t dt, int num_buckets) {
 }
 
 int mindgr_num_threads() { return mindgr::num_threads(); }
+
+// The vector ISA this library was built for (build.py) and its lanes per vector.
+const char* mindgr_isa() { return mindgr::kIsaName; }
+int mindgr_vector_lanes() { return mindgr::VL; }
+
+// For tests: y[i] = vrecip(x[i]) and z[i] = x[i] * sigmoid(x[i]) as the attention kernels compute them.
+void mindgr_recip_probe(const float* x, float* y, float* z, int64_t n) {
+  using namespace mindgr;
+  for (int64_t i = 0; i < n; i += VL) {
+    float buf[VL] = {0}, r[VL], s[VL];
+    const int m = static_cast<int>(std::min<int64_t>(VL, n - i));
+    for (int e = 0; e < VL; ++e) buf[e] = e < m ? x[i + e] : 1.0f;
+    const vf xv = vload(buf);
+    vstore(r, vrecip(xv));
+    vstore(s, xv * vsigmoid(xv));
+    for (int e = 0; e < m; ++e) {
+      y[i + e] = r[e];
+      z[i + e] = s[e];
+    }
+  }
+}
 
 }  // extern "C"

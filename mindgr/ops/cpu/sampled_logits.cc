@@ -17,39 +17,6 @@
 namespace mindgr {
 namespace {
 
-// n (< VL) leading floats of p, the other lanes zero; never reads past p + n.
-inline vf vload_tail(const float* p, int n) {
-#if defined(__AVX512F__)
-  return (vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
-#else
-  vf r = vzero();
-  std::memcpy(&r, p, sizeof(float) * size_t(n));
-  return r;
-#endif
-}
-
-inline void vstore_tail(float* p, vf v, int n) {
-#if defined(__AVX512F__)
-  _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), (__m512)v);
-#else
-  std::memcpy(p, &v, sizeof(float) * size_t(n));
-#endif
-}
-
-// Sum of the 16 lanes in a fixed order.
-inline float vsum(vf v) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_add_ps((__m512)v);  // a fixed shuffle-and-add tree
-#endif
-  float a[VL];
-  std::memcpy(a, &v, sizeof(a));
-  float s8[8];
-  for (int i = 0; i < 8; ++i) s8[i] = a[i] + a[i + 8];
-  float s4[4];
-  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
-
 // Threads for a job of `work` multiply-adds over `items` independent items.
 inline int threads_for(int64_t work, int64_t items) {
   int nt = num_threads();
