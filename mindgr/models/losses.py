@@ -16,6 +16,7 @@ Two shapes of negatives:
 import mindspore as ms
 from mindspore import nn, ops
 
+from mindgr.ops import backend
 from mindgr.ops.scoring import sampled_logits, shared_pool_lse
 
 _MASKED = -1e9
@@ -41,13 +42,19 @@ class SampledSoftmaxLoss(nn.Cell):
         out = self.encoder(ids, positions, offsets, timestamps, drop)         # [T, D], unit rows
         table = self.encoder.item_table()                                    # [V+1, D], unit rows
         tgt = targets.astype(ms.int32)
+        valid = (tgt > 0).astype(ms.float32)
+        if backend._current == "cpu":  # read at graph-compile time, like mindgr.ops.scoring
+            # the tail fused into the C++ scoring: mask, log-sum-exp with the positive, gradients
+            x = out * self.inv_tau
+            pos_x = (x * ops.gather(table, tgt, 0)).sum(-1)                  # [T]
+            per_token = backend._cpu.sampled_lse(x, table, negatives, tgt, pos_x) - pos_x
+            return (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))
         pos = (out * ops.gather(table, tgt, 0)).sum(-1, keepdims=True)       # [T, 1]
         neg = sampled_logits(out, table, negatives, self.score_all)          # [T, R]
         hit = ops.equal(negatives, tgt[:, None])
         neg = ops.where(hit, ops.full_like(neg, _MASKED), neg * self.inv_tau)
         all_logits = ops.concat((pos * self.inv_tau, neg), 1)
         per_token = ops.logsumexp(all_logits, 1) - pos[:, 0] * self.inv_tau
-        valid = (tgt > 0).astype(ms.float32)
         return (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))
 
 

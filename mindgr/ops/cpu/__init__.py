@@ -4,6 +4,7 @@
     jagged_to_padded(values, offsets, max_len) -> [B, N, *F]
     padded_to_jagged(padded, offsets, num_tokens) -> [T, *F]
     sampled_logits(out, table, ids) -> [T, R]
+    sampled_lse(x, table, ids, targets, pos) -> [T]   (the sampled-softmax tail fused with the scoring)
     shared_pool_lse(x, cand, logq, cand_ids, targets, pos) -> [T]
 
 Same math as `mindgr.ops.reference`; usable in PyNative and inside a GRAPH-mode Cell (static shapes
@@ -21,6 +22,8 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
     MindgrSampledLogits(out, table, ids) -> logits                  (gradient: MindgrSampledLogitsBwd)
     MindgrSampledLogitsBwd(out, table, ids, dlogits) -> d_out, d_table
+    MindgrSampledLse(x, table, ids, targets, pos) -> lse               (gradient: MindgrSampledLseBwd)
+    MindgrSampledLseBwd(x, table, ids, targets, pos, lse, dlse) -> d_x, d_table, d_pos
     MindgrPoolLse(x, cand, logq, cand_ids, targets, pos) -> lse      (gradient: MindgrPoolLseBwd)
     MindgrPoolLseBwd(x, cand, logq, cand_ids, targets, pos, lse, dlse) -> d_x, d_cand, d_logq, d_pos
 
@@ -47,7 +50,7 @@ def _builder():
 
 _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBwdNoTs",
             "MindgrJaggedToPadded", "MindgrPaddedToJagged",
-            "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
+            "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrSampledLse", "MindgrSampledLseBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
             "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
             "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe")
 
@@ -280,6 +283,28 @@ class _Primitives:
                         lambda o, t, i: o, bprop)
         return self._get("sampled_logits", make)
 
+    # Sampled-softmax tail fused with the scoring: lse[t] over pos[t] and the kept negatives -----
+    @property
+    def sampled_lse_bwd(self):
+        return self._get("sampled_lse_bwd", lambda: _aot(
+            "MindgrSampledLseBwd",
+            lambda x, t, i, g, p, l, d: (x, t, p),
+            lambda x, t, i, g, p, l, d: (x, x, p)))
+
+    @property
+    def sampled_lse(self):
+        def make():
+            bwd = self.sampled_lse_bwd
+
+            def bprop(x, table, ids, tgt, pos, lse, dlse):
+                d_x, d_table, d_pos = bwd(x, table, ids, tgt, pos, lse, dlse)
+                return d_x, d_table, ops.zeros_like(ids), ops.zeros_like(tgt), d_pos
+
+            return _aot("MindgrSampledLse",
+                        lambda x, t, i, g, p: p,
+                        lambda x, t, i, g, p: p, bprop)
+        return self._get("sampled_lse", make)
+
     # Shared-pool log-sum-exp (streamed over the candidates, never [T, K]) --------------------------
     @property
     def pool_lse_bwd(self):
@@ -353,6 +378,18 @@ def sampled_logits(out, table, ids):
     if ids.dtype != ms.int64:
         ids = _as(ids, ms.int32)
     return _P.sampled_logits(_as(out, ms.float32), _as(table, ms.float32), ids)
+
+
+def sampled_lse(x, table, ids, targets, pos):
+    """lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]])) for
+    targets[t] > 0, else 0: x [T, D], table [V+1, D], ids [T, R], targets [T], pos [T] -> [T] float32.
+    The sampled-softmax loss tail (accidental-hit mask, log-sum-exp with the positive) fused with the
+    scoring: no [T, R] tensor leaves the kernel. Gradients flow to x, table and pos (deterministic,
+    independent of the thread count); the reference is sampled_logits + mask + logsumexp."""
+    if ids.dtype != ms.int64:
+        ids = _as(ids, ms.int32)
+    return _P.sampled_lse(_as(x, ms.float32), _as(table, ms.float32), ids, _as(targets, ms.int32),
+                          _as(pos, ms.float32))
 
 
 def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):

@@ -159,7 +159,16 @@ inline vf vload(const float* p) {
   return r;
 }
 inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-inline vf vbcast(float a) { return vf{} + a; }
+// (not vf{} + a: 0 + a is not an identity for a = -0, so the compiler keeps an add per broadcast)
+inline vf vbcast(float a) {
+#if defined(MINDGR_ISA_AVX512)
+  return (vf)_mm512_set1_ps(a);
+#elif defined(MINDGR_ISA_AVX2)
+  return (vf)_mm256_set1_ps(a);
+#else
+  return a - vf{};
+#endif
+}
 inline vf vzero() { return vf{}; }
 // 0, 1, ..., VL-1
 inline vi iota() {
