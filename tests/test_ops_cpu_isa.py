@@ -38,6 +38,12 @@ def test_isa_is_detected_and_reported(monkeypatch):
     assert name.endswith(f"({lanes} lanes)")
 
 
+def test_bench_train_reports_the_kernel_isa():
+    from mindgr.bench.train import _kernel_isa
+    assert _kernel_isa("reference") is None
+    assert _kernel_isa("cpu") == cpu.isa()
+
+
 def test_forced_isa_changes_the_cache_key(monkeypatch):
     native = cpu_build.native_isas()
     keys = set()
