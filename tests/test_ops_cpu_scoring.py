@@ -131,3 +131,110 @@ def test_sampled_logits_rejects_out_of_range_ids():
             cpu.sampled_logits(out, table, bad).asnumpy()
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
+
+
+# ------------------------------------------------------------------------------------------------
+# The loss tail fused with the scoring (cpu.sampled_lse) against the reference composition that
+# models/losses.py uses on the reference backend: sampled_logits, accidental-hit mask, log-sum-exp
+# with the positive logit. Compared: lse and the gradients w.r.t. x, table and pos of sum(lse * cot).
+
+_MASKED = -1e9
+
+
+def reference_lse(x, table, ids, tgt, pos):
+    neg = reference.sampled_logits(x, table, ids)
+    neg = ops.where(ops.equal(ids, tgt[:, None]), ops.full_like(neg, _MASKED), neg)
+    lse = ops.logsumexp(ops.concat((pos[:, None], neg), 1), 1)
+    return ops.where(tgt > 0, lse, ops.zeros_like(lse))
+
+
+class LseGrad(nn.Cell):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+        self.grad = ms.value_and_grad(self.loss, grad_position=(0, 1, 4))
+
+    def loss(self, x, table, ids, tgt, pos, cot):
+        return (self.fn(x, table, ids, tgt, pos) * cot).sum()
+
+    def construct(self, x, table, ids, tgt, pos, cot):
+        _, (d_x, d_table, d_pos) = self.grad(x, table, ids, tgt, pos, cot)
+        return self.fn(x, table, ids, tgt, pos), d_x, d_table, d_pos
+
+
+def make_lse_inputs(seed, T, D, R, V1):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((T, D)) * 0.7).astype(np.float32)
+    table = rng.standard_normal((V1, D)).astype(np.float32)
+    ids = rng.integers(0, V1, (T, R)).astype(np.int32)
+    tgt = rng.integers(0, V1, T).astype(np.int32)
+    tgt[::5] = 0                                      # tokens without a target
+    hits = rng.random((T, R)) < 0.1                   # accidental hits
+    ids[hits] = np.repeat(tgt[:, None], R, 1)[hits]
+    if T > 3:
+        tgt[3] = max(1, tgt[3])
+        ids[3, :] = tgt[3]                            # every negative a hit: lse = pos
+    pos = (x * table[tgt]).sum(1).astype(np.float32)
+    cot = rng.standard_normal(T).astype(np.float32)
+    return [ms.Tensor(a) for a in (x, table, ids, tgt, pos, cot)]
+
+
+LSE_CONFIGS = [  # T, D, R, V+1
+    (1, 3, 1, 2),
+    (9, 5, 7, 6),
+    (40, 50, 33, 61),
+    (300, 64, 128, 400),   # threaded
+    (50, 20, 17, 33000),   # the counting-sort d_table path
+]
+
+
+@pytest.mark.parametrize("config", LSE_CONFIGS, ids=lambda c: "T%d_D%d_R%d_V%d" % c)
+def test_sampled_lse_matches_reference_graph(config):
+    fused, ref = LseGrad(cpu.sampled_lse), LseGrad(reference_lse)
+    for seed in (0, 1):
+        args = make_lse_inputs(seed, *config)
+        got = [g.asnumpy() for g in fused(*args)]
+        for name, g, w in zip(("lse", "d_x", "d_table", "d_pos"), got, ref(*args)):
+            assert_close(g, w.asnumpy(), f"{name} {config} seed {seed}")
+        if config[0] > 3:
+            np.testing.assert_allclose(got[0][3], args[4].asnumpy()[3], rtol=1e-6)  # all hits: lse = pos
+        assert np.all(got[0][::5] == 0) and np.all(got[3][::5] == 0)  # no target: no loss, no gradient
+        again = [g.asnumpy() for g in fused(*args)]
+        for a, b in zip(got, again):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_sampled_lse_thread_count_invariant(monkeypatch):
+    x, table, ids, tgt, pos, cot = make_lse_inputs(4, 400, 50, 64, 300)
+    lse = cpu._P.sampled_lse(x, table, ids, tgt, pos)
+    runs = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("MINDGR_CPU_THREADS", threads)
+        runs.append([lse.asnumpy()] + [g.asnumpy() for g in cpu._P.sampled_lse_bwd(x, table, ids, tgt, pos, lse, cot)])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sampled_softmax_loss_cpu_backend_matches_reference(monkeypatch):
+    """models/losses.py on the cpu backend (fused tail) vs the reference backend: loss and gradients."""
+    from mindgr.models.losses import SampledSoftmaxLoss
+    from test_models_loss import TinyEncoder
+    rng = np.random.default_rng(11)
+    V, D, T, R = 40, 8, 30, 17
+    emb = rng.standard_normal((V + 1, D)).astype(np.float32)
+    w = rng.standard_normal((D, D)).astype(np.float32)
+    ids = rng.integers(1, V + 1, T).astype(np.int32)
+    targets = rng.integers(0, V + 1, T).astype(np.int32)
+    negatives = rng.integers(1, V + 1, (T, R)).astype(np.int32)
+    negatives[:, 0] = np.maximum(targets, 1)  # accidental hits
+    args = [ms.Tensor(a) for a in (ids, np.zeros(T, np.int32), np.array([0, T], np.int32), np.zeros(T, np.int64),
+                                   targets, negatives, np.ones((T, D), np.float32))]
+    results = {}
+    for name in ("reference", "cpu"):
+        monkeypatch.setattr(backend, "_current", name)
+        monkeypatch.setattr(backend, "_cpu", cpu)
+        loss = SampledSoftmaxLoss(TinyEncoder(emb, w), 0.05, score_all=False)
+        value, grads = ms.value_and_grad(loss, None, loss.trainable_params())(*args)
+        results[name] = [value.asnumpy()] + [g.asnumpy() for g in grads]
+    for label, got, want in zip(("loss", "d_emb", "d_w"), results["cpu"], results["reference"]):
+        assert_close(got, want, f"SampledSoftmaxLoss {label}")

@@ -13,7 +13,9 @@ def bench_ops(sizes=("small", "medium"), repeats: int = 3, out: str | None = Non
     from mindgr.ops.cpu.bench import bench_attention, lognormal_lengths
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    results = {}
+    from mindgr.ops import cpu
+    results = {"kernel_isa": cpu.isa()}
+    print(f"C++ kernels: {results['kernel_isa']}, {cpu.kernel_threads()} threads")
     print(f"{'size':8s} {'rows':>5s} {'tokens':>7s} {'cpu fwd+bwd ms':>15s} {'ref rows':>8s} "
           f"{'ref fwd+bwd ms':>15s} {'cpu same rows':>13s} {'speed-up':>9s}")
     for name in sizes:

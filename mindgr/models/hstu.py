@@ -27,8 +27,15 @@ class HSTUBlock(nn.Cell):
     def construct(self, x, offsets, timestamps, drop_mask=None):
         t = x.shape[0]
         hv, hqk = self.h * self.dv, self.h * self.dqk
-        z = ops.silu(ops.matmul(layer_norm(x), self.w_uvqk))
-        u, v, q, k = ops.split(z, [hv, hv, hqk, hqk], 1)
+        # u, v, q, k as four matmuls against column slices of W_uvqk (same parameter, same math as
+        # split(SiLU(LN(x) W_uvqk))): the backward then writes each slice's gradient once into
+        # W_uvqk's small [D, width] gradient instead of zero-filling four [T, width] buffers
+        xn = layer_norm(x)
+        w = self.w_uvqk
+        u = ops.silu(ops.matmul(xn, w[:, :hv]))
+        v = ops.silu(ops.matmul(xn, w[:, hv:2 * hv]))
+        q = ops.silu(ops.matmul(xn, w[:, 2 * hv:2 * hv + hqk]))
+        k = ops.silu(ops.matmul(xn, w[:, 2 * hv + hqk:]))
         v = v.reshape(t, self.h, self.dv)
         q = q.reshape(t, self.h, self.dqk)
         k = k.reshape(t, self.h, self.dqk)

@@ -16,9 +16,20 @@ Two shapes of negatives:
 import mindspore as ms
 from mindspore import nn, ops
 
-from mindgr.ops.scoring import sampled_logits, shared_pool_lse
+from mindgr.ops.scoring import sampled_lse, shared_pool_lse
 
-_MASKED = -1e9
+
+def sampled_softmax_mean(out, table, targets, negatives, inv_tau: float, score_all: bool):
+    """The per-token sampled softmax above, averaged over the positions with a target: out [T, D] and table
+    [rows, D] unit vectors, targets [T] and negatives [T, R] row indices of table (0 = no target). Also
+    the loss of the sharded layout (mindgr.parallel.sparse.step), where table holds only the batch's rows."""
+    tgt = targets.astype(ms.int32)
+    valid = (tgt > 0).astype(ms.float32)
+    x = out * inv_tau                                                        # logits = x . e
+    pos = (x * ops.gather(table, tgt, 0)).sum(-1)                            # [T]
+    # mask, log-sum-exp with the positive (fused with the scoring on the cpu backend)
+    per_token = sampled_lse(x, table, negatives, tgt, pos, score_all) - pos
+    return (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))
 
 
 def use_score_all(num_items: int, num_negatives: int) -> bool:
@@ -40,15 +51,7 @@ class SampledSoftmaxLoss(nn.Cell):
     def construct(self, ids, positions, offsets, timestamps, targets, negatives, drop):
         out = self.encoder(ids, positions, offsets, timestamps, drop)         # [T, D], unit rows
         table = self.encoder.item_table()                                    # [V+1, D], unit rows
-        tgt = targets.astype(ms.int32)
-        pos = (out * ops.gather(table, tgt, 0)).sum(-1, keepdims=True)       # [T, 1]
-        neg = sampled_logits(out, table, negatives, self.score_all)          # [T, R]
-        hit = ops.equal(negatives, tgt[:, None])
-        neg = ops.where(hit, ops.full_like(neg, _MASKED), neg * self.inv_tau)
-        all_logits = ops.concat((pos * self.inv_tau, neg), 1)
-        per_token = ops.logsumexp(all_logits, 1) - pos[:, 0] * self.inv_tau
-        valid = (tgt > 0).astype(ms.float32)
-        return (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))
+        return sampled_softmax_mean(out, table, targets, negatives, self.inv_tau, self.score_all)
 
 
 class SharedNegativesLoss(nn.Cell):

@@ -22,6 +22,7 @@ OPS = {
     "jagged_to_padded": "(values, offsets, max_len) -> [B, N, *F]",
     "padded_to_jagged": "(padded, offsets, num_tokens) -> [T, *F]",
     "sampled_logits": "(out, table, ids, score_all) -> [T, R]",
+    "sampled_lse": "(x, table, ids, targets, pos, score_all) -> [T]",
     "shared_pool_lse": "(x, cand, logq, cand_ids, targets, pos) -> [T]",
 }
 REFERENCE = "reference"

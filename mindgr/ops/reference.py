@@ -136,6 +136,16 @@ def sampled_logits(out, table, ids, score_all: bool = False):
 _MASKED = -1e9
 
 
+def sampled_lse(x, table, ids, targets, pos, score_all: bool = False):
+    """lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]])) for
+    targets[t] > 0, else 0 (the sampled-softmax tail: accidental hits masked, the positive included):
+    sampled_logits + mask + logsumexp, materialising [T, R]. The oracle of the fused CPU kernel."""
+    neg = sampled_logits(x, table, ids, score_all)                           # [T, R]
+    neg = ops.where(ops.equal(ids, targets[:, None]), ops.full_like(neg, _MASKED), neg)
+    lse = ops.logsumexp(ops.concat((pos[:, None], neg), 1), 1)
+    return ops.where(targets > 0, lse, ops.zeros_like(lse))
+
+
 def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
     """lse[t] = log(exp(pos[t]) + sum_{k: ids[k] != 0, ids[k] != targets[t]} exp(x[t] . cand[k] - logq[k]))
     for targets[t] > 0, else 0. Materialises the [T, K] logits with one matmul (in float16 when cand is
@@ -154,7 +164,7 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
 # The backend registry's view of this module (mindgr.ops.backend): every op, runnable anywhere.
 PROVIDES = {"hstu_attention": hstu_attention, "softmax_attention": softmax_attention,
             "jagged_to_padded": jagged_to_padded, "padded_to_jagged": padded_to_jagged,
-            "sampled_logits": sampled_logits, "shared_pool_lse": shared_pool_lse}
+            "sampled_logits": sampled_logits, "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse}
 
 
 def unavailable_reason():

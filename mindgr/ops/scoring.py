@@ -24,5 +24,9 @@ def sampled_logits(out, table, ids, score_all: bool = False):
     return ACTIVE["sampled_logits"](out, table, ids, score_all)
 
 
+def sampled_lse(x, table, ids, targets, pos, score_all: bool = False):
+    return ACTIVE["sampled_lse"](x, table, ids, targets, pos, score_all)
+
+
 def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
     return ACTIVE["shared_pool_lse"](x, cand, logq, cand_ids, targets, pos)

@@ -4,6 +4,7 @@
     jagged_to_padded(values, offsets, max_len) -> [B, N, *F]
     padded_to_jagged(padded, offsets, num_tokens) -> [T, *F]
     sampled_logits(out, table, ids, score_all=False) -> [T, R]  (score_all: ignored)
+    sampled_lse(x, table, ids, targets, pos) -> [T]   (the sampled-softmax tail fused with the scoring)
     shared_pool_lse(x, cand, logq, cand_ids, targets, pos) -> [T]
 
 Same math as `mindgr.ops.reference`; usable in PyNative and inside a GRAPH-mode Cell (static shapes
@@ -21,6 +22,8 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
     MindgrSampledLogits(out, table, ids) -> logits                  (gradient: MindgrSampledLogitsBwd)
     MindgrSampledLogitsBwd(out, table, ids, dlogits) -> d_out, d_table
+    MindgrSampledLse(x, table, ids, targets, pos) -> lse               (gradient: MindgrSampledLseBwd)
+    MindgrSampledLseBwd(x, table, ids, targets, pos, lse, dlse) -> d_x, d_table, d_pos
     MindgrPoolLse(x, cand, logq, cand_ids, targets, pos) -> lse      (gradient: MindgrPoolLseBwd)
     MindgrPoolLseBwd(x, cand, logq, cand_ids, targets, pos, lse, dlse) -> d_x, d_cand, d_logq, d_pos
 
@@ -47,8 +50,9 @@ def _builder():
 
 _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBwdNoTs",
             "MindgrJaggedToPadded", "MindgrPaddedToJagged",
-            "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
-            "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads")
+            "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrSampledLse", "MindgrSampledLseBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
+            "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
+            "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe")
 
 _lock = threading.Lock()
 _loaded: dict = {}  # "path" -> built library path, "cdll" -> ctypes handle, "error" -> reason
@@ -87,6 +91,10 @@ def _library() -> str:
             fn.argtypes = (ctypes.c_int64, ctypes.c_int)
             fn.restype = ctypes.c_int
         cdll.mindgr_num_threads.restype = ctypes.c_int
+        cdll.mindgr_isa.restype = ctypes.c_char_p
+        cdll.mindgr_vector_lanes.restype = ctypes.c_int
+        cdll.mindgr_recip_probe.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+        cdll.mindgr_recip_probe.restype = None
         _loaded["cdll"] = cdll
         _loaded["path"] = path
         return path
@@ -109,6 +117,24 @@ def kernel_threads() -> int:
     """Threads the kernels use now (MINDGR_CPU_THREADS, default the usable cores)."""
     _library()
     return int(_loaded["cdll"].mindgr_num_threads())
+
+
+def isa() -> str:
+    """The vector ISA the loaded kernels were built for ("avx512", "avx2", "neon" or "generic") and
+    their lanes per vector, e.g. "avx2 (8 lanes)"; see build.py for how it is chosen."""
+    _library()
+    cdll = _loaded["cdll"]
+    return f"{cdll.mindgr_isa().decode()} ({int(cdll.mindgr_vector_lanes())} lanes)"
+
+
+def recip_probe(x):
+    """(1/x, x * sigmoid(x)) for a float32 numpy array, as the attention kernels compute them (tests)."""
+    import numpy as np
+    _library()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y, z = np.empty_like(x), np.empty_like(x)
+    _loaded["cdll"].mindgr_recip_probe(x.ctypes.data, y.ctypes.data, z.ctypes.data, x.size)
+    return y, z
 
 
 def time_bucket(dt: int, num_buckets: int, formula: bool = False) -> int:
@@ -257,6 +283,28 @@ class _Primitives:
                         lambda o, t, i: o, bprop)
         return self._get("sampled_logits", make)
 
+    # Sampled-softmax tail fused with the scoring: lse[t] over pos[t] and the kept negatives -----
+    @property
+    def sampled_lse_bwd(self):
+        return self._get("sampled_lse_bwd", lambda: _aot(
+            "MindgrSampledLseBwd",
+            lambda x, t, i, g, p, l, d: (x, t, p),
+            lambda x, t, i, g, p, l, d: (x, x, p)))
+
+    @property
+    def sampled_lse(self):
+        def make():
+            bwd = self.sampled_lse_bwd
+
+            def bprop(x, table, ids, tgt, pos, lse, dlse):
+                d_x, d_table, d_pos = bwd(x, table, ids, tgt, pos, lse, dlse)
+                return d_x, d_table, ops.zeros_like(ids), ops.zeros_like(tgt), d_pos
+
+            return _aot("MindgrSampledLse",
+                        lambda x, t, i, g, p: p,
+                        lambda x, t, i, g, p: p, bprop)
+        return self._get("sampled_lse", make)
+
     # Shared-pool log-sum-exp (streamed over the candidates, never [T, K]) --------------------------
     @property
     def pool_lse_bwd(self):
@@ -333,6 +381,19 @@ def sampled_logits(out, table, ids, score_all: bool = False):
     return _P.sampled_logits(_as(out, ms.float32), _as(table, ms.float32), ids)
 
 
+def sampled_lse(x, table, ids, targets, pos, score_all: bool = False):
+    """lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]])) for
+    targets[t] > 0, else 0: x [T, D], table [V+1, D], ids [T, R], targets [T], pos [T] -> [T] float32.
+    The sampled-softmax loss tail (accidental-hit mask, log-sum-exp with the positive) fused with the
+    scoring: no [T, R] tensor leaves the kernel. Gradients flow to x, table and pos (deterministic,
+    independent of the thread count); the reference is sampled_logits + mask + logsumexp (score_all, the
+    reference's choice of how to score, does not apply)."""
+    if ids.dtype != ms.int64:
+        ids = _as(ids, ms.int32)
+    return _P.sampled_lse(_as(x, ms.float32), _as(table, ms.float32), ids, _as(targets, ms.int32),
+                          _as(pos, ms.float32))
+
+
 def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
     """lse[t] = log(exp(pos[t]) + sum_{k: ids[k] != 0, ids[k] != targets[t]} exp(x[t] . cand[k] - logq[k]))
     for targets[t] > 0, else 0: x [T, D], cand [K, D] float32 or float16, logq [K], cand_ids [K],
@@ -348,4 +409,4 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
 # The backend registry's view of this module (mindgr.ops.backend); softmax_attention is reference-only.
 PROVIDES = {"hstu_attention": hstu_attention, "jagged_to_padded": jagged_to_padded,
             "padded_to_jagged": padded_to_jagged, "sampled_logits": sampled_logits,
-            "shared_pool_lse": shared_pool_lse}
+            "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse}

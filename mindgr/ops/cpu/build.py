@@ -6,6 +6,12 @@ writable, else `$MINDGR_CPU_BUILD_DIR`, else `$XDG_CACHE_HOME/mindgr/ops` (`~/.c
 `MINDGR_CPU_BUILD_DIR` set explicitly takes precedence. Concurrent builds are safe: each process
 compiles to its own temporary file and renames it into place atomically.
 
+The vector ISA is chosen here, on the user's machine, from the compiler's predefined macros under
+-march=native: AVX-512F (16 lanes), AVX2 + FMA (8 lanes), NEON (4 lanes) or generic portable code
+(4 lanes, no -march). `MINDGR_CPU_ISA=avx512|avx2|neon|generic` forces one (a narrower one than the
+machine's, e.g. to test every path; one the machine cannot run is a BuildError); it is part of the
+cache key. `isa()` says which ISA a build would use.
+
 Run `python -m mindgr.ops.cpu.build` to prebuild (setup.py does this at install time).
 """
 from __future__ import annotations
@@ -23,9 +29,17 @@ SOURCES = ("hstu_attention.cc", "jagged.cc", "sampled_logits.cc", "shared_pool.c
 HEADERS = ("common.h",)
 LIB_PREFIX = "libmindgr_cpu_"
 CXX_FLAGS = (
-    "-O3", "-march=native", "-mprefer-vector-width=512", "-std=gnu++17", "-ffp-contract=fast",
+    "-O3", "-std=gnu++17", "-ffp-contract=fast",
     "-fno-math-errno", "-fno-tree-loop-distribute-patterns", "-fPIC", "-shared", "-pthread", "-Wall",
 )
+# Per ISA: the code-generation flags and the macro that sizes the kernels' vectors (common.h).
+ISA_FLAGS = {
+    "avx512": ("-march=native", "-mprefer-vector-width=512", "-DMINDGR_ISA_AVX512"),
+    "avx2": ("-march=native", "-mno-avx512f", "-mprefer-vector-width=256", "-DMINDGR_ISA_AVX2"),
+    "neon": ("-march=native", "-DMINDGR_ISA_NEON"),
+    "generic": ("-DMINDGR_ISA_GENERIC",),
+}
+ISA_ENV = "MINDGR_CPU_ISA"
 WAY_OUT = "set `ops.backend: reference` to run without the C++ kernels"
 
 
@@ -37,6 +51,52 @@ def compiler() -> str | None:
     """The C++ compiler to use: $CXX if set, else g++ from PATH (None if there is none)."""
     cxx = os.environ.get("CXX") or "g++"
     return shutil.which(cxx)
+
+
+_native_cache: dict = {}
+
+
+def native_isas(cxx: str | None = None) -> tuple[str, ...]:
+    """The ISAs this compiler can target on this machine under -march=native, widest first
+    ("generic" always last), from its predefined macros (-dM -E)."""
+    cxx = cxx or compiler()
+    if cxx is None:
+        return ("generic",)
+    if cxx not in _native_cache:
+        try:
+            proc = subprocess.run([cxx, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=False)
+            macros = set(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("#define "))
+        except OSError:
+            macros = set()
+        found = []
+        if "__AVX512F__" in macros:
+            found.append("avx512")
+        if "__AVX2__" in macros and "__FMA__" in macros:
+            found.append("avx2")
+        if "__ARM_NEON" in macros:
+            found.append("neon")
+        _native_cache[cxx] = tuple(found) + ("generic",)
+    return _native_cache[cxx]
+
+
+def isa(cxx: str | None = None) -> str:
+    """The ISA a build uses: $MINDGR_CPU_ISA if set (checked against the machine), else the widest."""
+    available = native_isas(cxx)
+    wanted = (os.environ.get(ISA_ENV) or "").strip().lower()
+    if not wanted or wanted == "auto":
+        return available[0]
+    if wanted not in ISA_FLAGS:
+        raise BuildError(f"{ISA_ENV}={wanted!r} is not one of auto, {', '.join(ISA_FLAGS)}")
+    if wanted not in available:
+        raise BuildError(f"{ISA_ENV}={wanted} cannot run here (this machine and compiler offer "
+                         f"{', '.join(available)}); unset it or choose one of those")
+    return wanted
+
+
+def flags(cxx: str | None = None) -> tuple[str, ...]:
+    """All compiler flags of a build for the current ISA choice."""
+    return CXX_FLAGS + ISA_FLAGS[isa(cxx)]
 
 
 def _cpu_signature() -> str:
@@ -56,7 +116,7 @@ def source_hash(cxx: str | None = None) -> str:
     for name in SOURCES + HEADERS:
         with open(os.path.join(SOURCE_DIR, name), "rb") as f:
             h.update(name.encode() + b"\0" + f.read() + b"\0")
-    h.update(" ".join(CXX_FLAGS).encode())
+    h.update(" ".join(flags(cxx)).encode())
     h.update((cxx or "").encode())
     h.update(platform.machine().encode())
     h.update(_cpu_signature().encode())
@@ -109,7 +169,7 @@ def build(verbose: bool = False) -> str:
             pass
     fd, tmp = tempfile.mkstemp(prefix=".tmp_" + os.path.basename(out) + ".", suffix=".so", dir=directory)
     os.close(fd)
-    cmd = [cxx, *CXX_FLAGS, *(os.path.join(SOURCE_DIR, s) for s in SOURCES), "-o", tmp]
+    cmd = [cxx, *flags(cxx), *(os.path.join(SOURCE_DIR, s) for s in SOURCES), "-o", tmp]
     if verbose:
         print(" ".join(cmd), file=sys.stderr)
     try:

@@ -1,18 +1,38 @@
-// Shared helpers for MindGR's CPU kernels: threads, 16-lane float vectors, a vectorisable exp,
-// and reading MindSpore custom-op (AOT) arguments.
+// Shared helpers for MindGR's CPU kernels: threads, float vectors of the build's ISA, a
+// vectorisable exp, a fast reciprocal, and reading MindSpore custom-op (AOT) arguments.
+//
+// The ISA is chosen by build.py on the user's machine and passed as one MINDGR_ISA_* macro:
+//   AVX512  16 lanes (zmm), 32 vector registers      AVX2     8 lanes (ymm, with FMA), 16 registers
+//   NEON     4 lanes (q),   32 vector registers      GENERIC  4 lanes, portable vector extensions
+// Kernels size their register tiles from VL and kVecRegs so that the accumulators fit.
 #pragma once
 
 #include <sched.h>
-#if defined(__AVX512F__)
+#if defined(MINDGR_ISA_AVX512)
+#if !defined(__AVX512F__)
+#error "MINDGR_ISA_AVX512 needs AVX-512F code generation"
+#endif
 #include <immintrin.h>
+#elif defined(MINDGR_ISA_AVX2)
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "MINDGR_ISA_AVX2 needs AVX2 and FMA code generation"
+#endif
+#include <immintrin.h>
+#elif defined(MINDGR_ISA_NEON)
+#if !defined(__ARM_NEON)
+#error "MINDGR_ISA_NEON needs NEON code generation"
+#endif
+#include <arm_neon.h>
+#elif !defined(MINDGR_ISA_GENERIC)
+#define MINDGR_ISA_GENERIC 1
 #endif
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -112,8 +132,24 @@ class Scratch {
 };
 
 // ---------------------------------------------------------------------------------------------
-// 16-lane vectors (GCC/Clang vector extensions: one zmm with AVX-512, split otherwise).
+// Vectors of VL floats (GCC/Clang vector extensions: one register of the build's ISA).
+#if defined(MINDGR_ISA_AVX512)
 constexpr int VL = 16;
+constexpr int kVecRegs = 32;
+constexpr const char* kIsaName = "avx512";
+#elif defined(MINDGR_ISA_AVX2)
+constexpr int VL = 8;
+constexpr int kVecRegs = 16;
+constexpr const char* kIsaName = "avx2";
+#elif defined(MINDGR_ISA_NEON)
+constexpr int VL = 4;
+constexpr int kVecRegs = 32;
+constexpr const char* kIsaName = "neon";
+#else
+constexpr int VL = 4;
+constexpr int kVecRegs = 16;
+constexpr const char* kIsaName = "generic";
+#endif
 typedef float vf __attribute__((vector_size(VL * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(VL * sizeof(int32_t))));
 
@@ -123,9 +159,23 @@ inline vf vload(const float* p) {
   return r;
 }
 inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
-inline vf vbcast(float a) { return vf{a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
+// (not vf{} + a: 0 + a is not an identity for a = -0, so the compiler keeps an add per broadcast)
+inline vf vbcast(float a) {
+#if defined(MINDGR_ISA_AVX512)
+  return (vf)_mm512_set1_ps(a);
+#elif defined(MINDGR_ISA_AVX2)
+  return (vf)_mm256_set1_ps(a);
+#else
+  return a - vf{};
+#endif
+}
 inline vf vzero() { return vf{}; }
-inline vi iota16() { return vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
+// 0, 1, ..., VL-1
+inline vi iota() {
+  vi r{};
+  for (int i = 0; i < VL; ++i) r[i] = i;
+  return r;
+}
 // mask ? a : 0 for an integer mask of -1/0 lanes.
 inline vf vselect(vi mask, vf a) {
   vi bits;
@@ -134,6 +184,41 @@ inline vf vselect(vi mask, vf a) {
   vf r;
   std::memcpy(&r, &bits, sizeof(r));
   return r;
+}
+
+// n (0 <= n < VL) leading floats of p, the other lanes zero; never reads past p + n.
+inline vf vload_tail(const float* p, int n) {
+#if defined(MINDGR_ISA_AVX512)
+  return (vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+#elif defined(MINDGR_ISA_AVX2)
+  const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return (vf)_mm256_maskload_ps(p, m);
+#else
+  vf r = vzero();
+  std::memcpy(&r, p, sizeof(float) * size_t(n));
+  return r;
+#endif
+}
+
+// Stores the n (0 <= n < VL) leading lanes of v; never writes past p + n.
+inline void vstore_tail(float* p, vf v, int n) {
+#if defined(MINDGR_ISA_AVX512)
+  _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), (__m512)v);
+#elif defined(MINDGR_ISA_AVX2)
+  const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  _mm256_maskstore_ps(p, m, (__m256)v);
+#else
+  std::memcpy(p, &v, sizeof(float) * size_t(n));
+#endif
+}
+
+// Sum of the VL lanes in a fixed pairwise order (a[i] + a[i + VL/2], halving).
+inline float vsum(vf v) {
+  float a[VL];
+  std::memcpy(a, &v, sizeof(a));
+  for (int w = VL / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) a[i] += a[i + w];
+  return a[0];
 }
 
 // exp(x) for every lane, about 1 ulp on [-87, 88] (inputs are clamped to that range): 2^n * p(r)
@@ -163,12 +248,24 @@ inline vf vexp(vf x) {
   return p * scale;
 }
 
-// 1 / x: with AVX-512 a 14-bit estimate refined by one Newton step (about 1 ulp, and much
-// cheaper than a division); elsewhere a plain division.
+// 1 / x without a division: the ISA's reciprocal estimate refined by Newton steps
+// r' = r (2 - x r), which square the relative error e: AVX-512 rcp14 (|e| < 2^-14, one step),
+// AVX2 rcpps (|e| < 1.5 * 2^-12, one step), NEON vrecpe (|e| < 2^-8, two steps); the refined
+// error is below 2^-22 plus the steps' own rounding (test_ops_cpu_isa.py checks |e| <= 4e-7 on
+// [1, 1e30], the range SiLU uses: 1 + exp(-x) >= 1).  GENERIC divides.
 inline vf vrecip(vf x) {
-#if defined(__AVX512F__)
+#if defined(MINDGR_ISA_AVX512)
   vf r = (vf)_mm512_rcp14_ps((__m512)x);
   return r * (2.0f - x * r);
+#elif defined(MINDGR_ISA_AVX2)
+  vf r = (vf)_mm256_rcp_ps((__m256)x);
+  return r * (2.0f - x * r);
+#elif defined(MINDGR_ISA_NEON)
+  float32x4_t xv = (float32x4_t)x;
+  float32x4_t r = vrecpeq_f32(xv);
+  r = vmulq_f32(r, vrecpsq_f32(xv, r));
+  r = vmulq_f32(r, vrecpsq_f32(xv, r));
+  return (vf)r;
 #else
   return 1.0f / x;
 #endif

@@ -4,8 +4,11 @@
 //   out_i = sum_j SiLU(s_ij) / N * v_j
 // The [L, L] score matrix is never stored: it is recomputed tile by tile (TILE x TILE) in both
 // passes, from operands packed contiguously (k transposed per tile; rows zero-padded to a multiple
-// of 16 floats).  The relative bias of a tile is built once and shared by all heads.  The
-// backward recomputes s_ij and, per tile, accumulates dq, dk, dv with rank-1 updates.
+// of VL floats).  Q K^T (and dO V^T) of a tile run as MR x NR register-tiled micro-kernels sized
+// to the build's ISA (common.h), skipping the key vectors past the causal limit of each block of
+// queries; SiLU and the masks run on the tile in registers, with the bias added inside it.  The
+// relative bias of a tile is built once and shared by all heads.  The backward recomputes s_ij
+// on the forward's tiling and, per tile, accumulates dq, dk, dv with register-blocked rank updates.
 //
 // Forward work items are (row, query tile) with every head inside; they write disjoint outputs,
 // so threads take them in order of decreasing cost from a shared counter.  Backward work items
@@ -184,34 +187,53 @@ void build_bias(const Problem& p, int64_t s, int L, int i0, int bq, int j0, floa
   }
 }
 
-// out[i][0..TILE) = sum_d a[i*lda + d] * bt[d*TILE + ..] for i < rows; bt is [d][TILE] packed.
-void tile_nt(const float* a, int64_t lda, int rows, const float* bt, int d, float* out) {
-  int i = 0;
-  for (; i + 4 <= rows; i += 4) {
-    vf acc[4][TV];
-    for (int r = 0; r < 4; ++r)
-      for (int c = 0; c < TV; ++c) acc[r][c] = vzero();
-    const float* a0 = a + i * lda;
-    for (int x = 0; x < d; ++x) {
-      vf bv[TV];
-      for (int c = 0; c < TV; ++c) bv[c] = vload(bt + x * TILE + c * VL);
-      for (int r = 0; r < 4; ++r) {
-        vf av = vbcast(a0[r * lda + x]);
-        for (int c = 0; c < TV; ++c) acc[r][c] += av * bv[c];
-      }
+// Register tile of the score micro-kernel: MR query rows x NR vectors of keys, sized so that the
+// MR * NR accumulators, the NR key vectors and one broadcast fit the ISA's vector registers
+// (AVX-512 / NEON: 32 registers, 4 x 4 = 16 + 4 + 1; AVX2 / generic: 16 registers, 4 x 2 = 8 + 2 + 1).
+constexpr int MR = 4;
+constexpr int NR = kVecRegs >= 32 ? 4 : 2;
+static_assert(TV % NR == 0, "tile columns must be whole register tiles");
+
+// One MR' x NR register tile: out[r][c0*VL + ..NR*VL) = sum_x a[r*lda + x] * bt[x*TILE + c0*VL + ..].
+template <int R>
+inline void micro_nt(const float* __restrict a, int64_t lda, const float* __restrict bt, int d, int c0,
+                     float* __restrict out) {
+  vf acc[R][NR];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NR; ++c) acc[r][c] = vzero();
+  const float* b = bt + c0 * VL;
+  for (int x = 0; x < d; ++x) {
+    vf bv[NR];
+    for (int c = 0; c < NR; ++c) bv[c] = vload(b + x * TILE + c * VL);
+    for (int r = 0; r < R; ++r) {
+      const vf av = vbcast(a[r * lda + x]);
+      for (int c = 0; c < NR; ++c) acc[r][c] += av * bv[c];
     }
-    for (int r = 0; r < 4; ++r)
-      for (int c = 0; c < TV; ++c) vstore(out + (i + r) * TILE + c * VL, acc[r][c]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NR; ++c) vstore(out + r * TILE + (c0 + c) * VL, acc[r][c]);
+}
+
+// out[i][0..TILE) = sum_x a[i*lda + x] * bt[x*TILE + ..] for i < rows; bt is [d][TILE] packed.
+// Causal at tile level: a block of rows only computes the key vectors below the largest limit of
+// its rows (limit[i] = keys query i sees; null: all); out is left unwritten past that.
+void tile_nt(const float* a, int64_t lda, int rows, const float* bt, int d, float* out, const int* limit) {
+  auto cols = [&](int last_row) {  // register tiles of columns the rows up to last_row need
+    if (limit == nullptr) return TV / NR;
+    return (limit[last_row] + NR * VL - 1) / (NR * VL);
+  };
+  int i = 0;
+  for (; i + MR <= rows; i += MR) {
+    const int nc = cols(i + MR - 1);
+    for (int c = 0; c < nc; ++c) micro_nt<MR>(a + i * lda, lda, bt, d, c * NR, out + i * TILE);
+  }
+  for (; i + 2 <= rows; i += 2) {
+    const int nc = cols(i + 1);
+    for (int c = 0; c < nc; ++c) micro_nt<2>(a + i * lda, lda, bt, d, c * NR, out + i * TILE);
   }
   for (; i < rows; ++i) {
-    vf acc[TV];
-    for (int c = 0; c < TV; ++c) acc[c] = vzero();
-    const float* a0 = a + i * lda;
-    for (int x = 0; x < d; ++x) {
-      vf av = vbcast(a0[x]);
-      for (int c = 0; c < TV; ++c) acc[c] += av * vload(bt + x * TILE + c * VL);
-    }
-    for (int c = 0; c < TV; ++c) vstore(out + i * TILE + c * VL, acc[c]);
+    const int nc = cols(i);
+    for (int c = 0; c < nc; ++c) micro_nt<1>(a + i * lda, lda, bt, d, c * NR, out + i * TILE);
   }
 }
 
@@ -258,34 +280,48 @@ void rank_update(float* __restrict dst, int64_t ldd, int rows, const float* __re
 typedef void (*RankUpdateFn)(float*, int64_t, int, const float*, int64_t, int64_t, const float*, int64_t,
                              const int*, const int*);
 
+// Widest column block one call handles, and its rows per pass: R * NC accumulators + NC x
+// vectors + 1 broadcast within the ISA's registers (32: up to 8 x 2 or 4 x 4; 16: up to 4 x 2 or 2 x 4).
+constexpr int kMaxNC = kVecRegs >= 32 ? 8 : 4;
+
 RankUpdateFn rank_update_for(int nvec) {
+  if (kVecRegs >= 32) {
+    switch (nvec) {
+      case 1: return rank_update<1, 4>;
+      case 2: return rank_update<2, 4>;
+      case 3: return rank_update<3, 4>;
+      case 4: return rank_update<4, 4>;
+      case 5: return rank_update<5, 2>;
+      case 6: return rank_update<6, 2>;
+      case 7: return rank_update<7, 2>;
+      case 8: return rank_update<8, 2>;
+      default: return nullptr;
+    }
+  }
   switch (nvec) {
     case 1: return rank_update<1, 4>;
     case 2: return rank_update<2, 4>;
-    case 3: return rank_update<3, 4>;
-    case 4: return rank_update<4, 4>;
-    case 5: return rank_update<5, 2>;
-    case 6: return rank_update<6, 2>;
-    case 7: return rank_update<7, 2>;
-    case 8: return rank_update<8, 2>;
+    case 3: return rank_update<3, 2>;
+    case 4: return rank_update<4, 2>;
     default: return nullptr;
   }
 }
 
-// Rank update over `width` columns (a multiple of VL): one call up to 8 vectors wide, else column
-// blocks of 4 vectors.
+// Rank update over `width` columns (a multiple of VL): one call up to kMaxNC vectors wide, else
+// column blocks of kMaxNC vectors (the last one narrower).
 struct RankUpdater {
   int width;
   explicit RankUpdater(int w) : width(w) {}
   void operator()(float* dst, int64_t ldd, int rows, const float* w, int64_t wr, int64_t wm, const float* x,
                   int64_t ldx, const int* lo, const int* hi) const {
     const int nvec = width / VL;
-    if (nvec <= 8) {
+    if (nvec <= kMaxNC) {
       rank_update_for(nvec)(dst, ldd, rows, w, wr, wm, x, ldx, lo, hi);
       return;
     }
-    for (int c0 = 0; c0 < nvec; c0 += 4) {
-      const int nc = std::min(4, nvec - c0);
+    const int block = kVecRegs >= 32 ? 4 : kMaxNC;
+    for (int c0 = 0; c0 < nvec; c0 += block) {
+      const int nc = std::min(block, nvec - c0);
       rank_update_for(nc)(dst + c0 * VL, ldd, rows, w, wr, wm, x + c0 * VL, ldx, lo, hi);
     }
   }
@@ -404,7 +440,7 @@ void forward(const Problem& p, float* out) {
     std::vector<float> kt_own(kt_size), vp_own(vp_size);
     std::vector<int32_t> bucket(TILE * TILE);
     std::vector<int> limit(TILE), zeros(TILE, 0);
-    const vi lane = iota16();
+    const vi lane = iota();
     for (;;) {
       size_t idx = next.fetch_add(1);
       if (idx >= items.size()) break;
@@ -429,15 +465,20 @@ void forward(const Problem& p, float* out) {
             pack_t(p.k + tok * p.qstride() + h * p.DQ, p.qstride(), p.DQ, L - j0, kt_own.data());
             pack_rows(p.v + tok * p.vstride() + h * p.DV, p.vstride(), p.DV, L - j0, DVP, vp_own.data());
           }
-          tile_nt(p.q + (s + i0) * p.qstride() + h * p.DQ, p.qstride(), bq, kt, p.DQ, S.data());
+          tile_nt(p.q + (s + i0) * p.qstride() + h * p.DQ, p.qstride(), bq, kt, p.DQ, S.data(), limit.data());
+          // SiLU on the key vectors a query sees; zeros up to the tile's last query's limit (the
+          // rank update reads a group of rows over the union of their ranges)
+          const int nv_all = (limit[bq - 1] + VL - 1) / VL;
           for (int i = 0; i < bq; ++i) {
             float* srow = S.data() + i * TILE;
             const float* brow = bias.data() + i * TILE;
-            for (int c = 0; c < TV; ++c) {
+            const int nv = (limit[i] + VL - 1) / VL;
+            for (int c = 0; c < nv; ++c) {
               vf x = vload(srow + c * VL) + vload(brow + c * VL);
               vf a = x * vsigmoid(x) * inv_n;
               vstore(srow + c * VL, vselect((lane + c * VL) < limit[i], a));
             }
+            for (int c = nv; c < nv_all; ++c) vstore(srow + c * VL, vzero());
           }
           pv(acc.data() + int64_t(h) * TILE * DVP, DVP, bq, S.data(), TILE, 1, vp, DVP, zeros.data(), limit.data());
         }
@@ -525,7 +566,7 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
     // q, k, dout rows of the item as contiguous zero-padded rows [L][DQP or DVP] (see forward)
     Scratch qpack(int64_t(H) * Lm * DQP), kpack(int64_t(H) * Lm * DQP), dopack(int64_t(H) * Lm * DVP);
     std::vector<int> limit(TILE), zeros(TILE, 0), first(TILE), qcount(TILE);
-    const vi lane = iota16();
+    const vi lane = iota();
 
     for (int idx : lists[tid]) {
       const Item& it = items[idx];
@@ -556,10 +597,20 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
           std::fill(dsum.begin(), dsum.begin() + bq * TILE, 0.0f);
           for (int hh = 0; hh < nh; ++hh) {
             const int h = it.h0 + hh;
-            tile_nt(qpack.data() + (hh * Lm + i0) * DQP, DQP, bq, kt.data() + int64_t(hh) * p.DQ * TILE, p.DQ, S.data());
-            tile_nt(dopack.data() + (hh * Lm + i0) * DVP, DVP, bq, vt.data() + int64_t(hh) * p.DV * TILE, p.DV, G.data());
+            tile_nt(qpack.data() + (hh * Lm + i0) * DQP, DQP, bq, kt.data() + int64_t(hh) * p.DQ * TILE, p.DQ, S.data(),
+                    limit.data());
+            tile_nt(dopack.data() + (hh * Lm + i0) * DVP, DVP, bq, vt.data() + int64_t(hh) * p.DV * TILE, p.DV, G.data(),
+                    limit.data());
+            // key vectors past a query's limit: P = dS = 0 up to the tile's keys (read by the
+            // transposed updates over groups of keys)
+            const int nv_keys = (bk + VL - 1) / VL;
             for (int i = 0; i < bq; ++i) {
-              for (int c = 0; c < TV; ++c) {
+              const int nv = (limit[i] + VL - 1) / VL;
+              for (int c = nv; c < nv_keys; ++c) {
+                vstore(P.data() + i * TILE + c * VL, vzero());
+                vstore(dS.data() + i * TILE + c * VL, vzero());
+              }
+              for (int c = 0; c < nv; ++c) {
                 const int o = i * TILE + c * VL;
                 vf x = vload(S.data() + o) + vload(bias.data() + o);
                 vf sg = vsigmoid(x);
@@ -747,5 +798,26 @@ int mindgr_time_bucket_formula(int64_t dt, int num_buckets) {
 }
 
 int mindgr_num_threads() { return mindgr::num_threads(); }
+
+// The vector ISA this library was built for (build.py) and its lanes per vector.
+const char* mindgr_isa() { return mindgr::kIsaName; }
+int mindgr_vector_lanes() { return mindgr::VL; }
+
+// For tests: y[i] = vrecip(x[i]) and z[i] = x[i] * sigmoid(x[i]) as the attention kernels compute them.
+void mindgr_recip_probe(const float* x, float* y, float* z, int64_t n) {
+  using namespace mindgr;
+  for (int64_t i = 0; i < n; i += VL) {
+    float buf[VL] = {0}, r[VL], s[VL];
+    const int m = static_cast<int>(std::min<int64_t>(VL, n - i));
+    for (int e = 0; e < VL; ++e) buf[e] = e < m ? x[i + e] : 1.0f;
+    const vf xv = vload(buf);
+    vstore(r, vrecip(xv));
+    vstore(s, xv * vsigmoid(xv));
+    for (int e = 0; e < m; ++e) {
+      y[i + e] = r[e];
+      z[i + e] = s[e];
+    }
+  }
+}
 
 }  // extern "C"

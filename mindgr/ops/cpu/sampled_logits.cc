@@ -4,51 +4,22 @@
 //   MindgrSampledLogitsBwd(out, table, ids, dlogits [T, R] f32) -> d_out [T, D], d_table [V1, D]
 //     d_out[t]   = sum_r dlogits[t, r] * table[ids[t, r]]                    (r ascending)
 //     d_table[v] = sum_{(t, r): ids[t, r] == v} dlogits[t, r] * out[t]       ((t, r) ascending)
-// Never materialises [T, V1] or [T, R, D]. Vectorised over D (16 lanes, masked tail), parallel over
-// t. d_table: for catalogues with 8 * (V+1) * D floats <= 64 MB, one pass adds into 8 partial
+// Never materialises [T, V1] or [T, R, D]. Forward: per token, blocks of VL gathered rows scored
+// at once (vertical accumulation over D, one transposed reduction per block, no reduction per dot);
+// backward vectorised over D (VL lanes, masked tail). Parallel over t. d_table: for catalogues with 8 * (V+1) * D floats <= 64 MB, one pass adds into 8 partial
 // [V+1, D] buffers, one per fixed t-chunk (not per thread), summed in chunk order; larger catalogues
 // use a stable counting sort of the (t, r) pairs by id, parallel over id ranges. Either way every sum
 // runs in an order fixed by the shapes: results are bitwise reproducible and independent of the
 // thread count (no atomics).
 // Return codes: 10 wrong argument count, 11 wrong ranks, 12 wrong dtypes, 13 inconsistent shapes
 // (or T * R >= 2^31), 17 an id outside [0, V1), 99 out of memory or threads unavailable.
+#include <cmath>
+#include <utility>
+
 #include "common.h"
 
 namespace mindgr {
 namespace {
-
-// n (< VL) leading floats of p, the other lanes zero; never reads past p + n.
-inline vf vload_tail(const float* p, int n) {
-#if defined(__AVX512F__)
-  return (vf)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
-#else
-  vf r = vzero();
-  std::memcpy(&r, p, sizeof(float) * size_t(n));
-  return r;
-#endif
-}
-
-inline void vstore_tail(float* p, vf v, int n) {
-#if defined(__AVX512F__)
-  _mm512_mask_storeu_ps(p, (__mmask16)((1u << n) - 1u), (__m512)v);
-#else
-  std::memcpy(p, &v, sizeof(float) * size_t(n));
-#endif
-}
-
-// Sum of the 16 lanes in a fixed order.
-inline float vsum(vf v) {
-#if defined(__AVX512F__)
-  return _mm512_reduce_add_ps((__m512)v);  // a fixed shuffle-and-add tree
-#endif
-  float a[VL];
-  std::memcpy(a, &v, sizeof(a));
-  float s8[8];
-  for (int i = 0; i < 8; ++i) s8[i] = a[i] + a[i + 8];
-  float s4[4];
-  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
-  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
-}
 
 // Threads for a job of `work` multiply-adds over `items` independent items.
 inline int threads_for(int64_t work, int64_t items) {
@@ -88,6 +59,41 @@ bool ids_ok(const I* ids, int64_t n, int64_t V1) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Lane g of the result = sum of the lanes of v[g], for VL vectors v: log2(VL) rounds of "sum of
+// adjacent lanes of two vectors, a's sums then b's" (a fixed order, no trip through memory).
+template <size_t... I>
+inline vf pair_sums(vf a, vf b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, (2 * I)...) + __builtin_shufflevector(a, b, (2 * I + 1)...);
+}
+inline vf transpose_sum(vf* v) {
+  for (int n = VL; n > 1; n /= 2)
+    for (int g = 0; g < n / 2; ++g) v[g] = pair_sums(v[2 * g], v[2 * g + 1], std::make_index_sequence<VL>());
+  return v[0];
+}
+
+// logits[t, r0 + g] for g < VL: VL gathered table rows against out[t] (op, zero padded to nvec
+// vectors), one accumulator per row summed over D vertically, then one transposed reduction for
+// all VL dots.  Rows past n (a partial block) repeat the first row and are not stored.
+template <class I>
+inline void score_block(const float* __restrict op, int64_t full, int tail, const float* __restrict table,
+                        int64_t D, const I* __restrict ids, int n, float* __restrict dst) {
+  const float* row[VL];
+  for (int g = 0; g < VL; ++g) row[g] = table + int64_t(ids[g < n ? g : 0]) * D;
+  vf acc[VL];
+  for (int g = 0; g < VL; ++g) acc[g] = vzero();
+  for (int64_t c = 0; c < full; ++c) {
+    const vf o = vload(op + c * VL);
+    for (int g = 0; g < VL; ++g) acc[g] += o * vload(row[g] + c * VL);
+  }
+  if (tail) {
+    const vf o = vload(op + full * VL);
+    for (int g = 0; g < VL; ++g) acc[g] += o * vload_tail(row[g] + full * VL, tail);
+  }
+  const vf res = transpose_sum(acc);
+  if (n == VL) vstore(dst, res);
+  else vstore_tail(dst, res, n);
+}
+
 template <class I>
 void forward(const Shape& s, const float* out, const float* table, const I* ids, float* logits) {
   const int64_t T = s.T, D = s.D, R = s.R;
@@ -101,13 +107,8 @@ void forward(const Shape& s, const float* out, const float* table, const I* ids,
       std::memcpy(op.data(), out + t * D, sizeof(float) * size_t(D));
       const I* it = ids + t * R;
       float* lt = logits + t * R;
-      for (int64_t r = 0; r < R; ++r) {
-        const float* row = table + int64_t(it[r]) * D;
-        vf acc = vzero();
-        for (int64_t c = 0; c < full; ++c) acc += vload(op.data() + c * VL) * vload(row + c * VL);
-        if (tail) acc += vload(op.data() + full * VL) * vload_tail(row + full * VL, tail);
-        lt[r] = vsum(acc);
-      }
+      for (int64_t r = 0; r < R; r += VL)
+        score_block(op.data(), full, tail, table, D, it + r, static_cast<int>(std::min<int64_t>(VL, R - r)), lt + r);
     }
   });
 }
@@ -278,6 +279,173 @@ void backward(const Shape& s, const float* out, const float* table, const I* ids
     backward_sorted(s, out, table, ids, g, d_out, d_table);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The sampled-softmax loss tail fused with the scoring (never a [T, R] tensor outside the kernel):
+//   lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]]))  (targets[t] > 0)
+//          = 0                                                                                  (otherwise)
+// Backward: w[t, r] = dlse[t] exp(l[t, r] - lse[t]) on the kept pairs (0 on accidental hits and
+// tokens without a target) from recomputed logits, then d_x, d_table as the scoring's backward with
+// w for dlogits; d_pos[t] = dlse[t] exp(pos[t] - lse[t]).
+
+// Logits of token t's R negatives into l (R rounded up to VL), accidental hits set to -inf.
+template <class I>
+inline void token_logits(const float* op, int64_t full, int tail, const float* table, int64_t D, const I* it,
+                         int64_t R, int64_t target, float* l) {
+  for (int64_t r = 0; r < R; r += VL)
+    score_block(op, full, tail, table, D, it + r, static_cast<int>(std::min<int64_t>(VL, R - r)), l + r);
+  for (int64_t r = 0; r < R; ++r)
+    if (int64_t(it[r]) == target) l[r] = -INFINITY;
+}
+
+// log(exp(pos) + sum of exp(l[r]) over the r < R with l[r] > -inf): max-shifted, vectorised.
+inline float masked_lse(const float* l, int64_t R, float pos) {
+  float m = pos;
+  for (int64_t r = 0; r < R; ++r) m = l[r] > m ? l[r] : m;
+  const vf vm = vbcast(m), ninf = vbcast(-INFINITY);
+  vf acc = vzero();
+  int64_t r = 0;
+  for (; r + VL <= R; r += VL) {
+    const vf v = vload(l + r);
+    acc += vselect(v > ninf, vexp(v - vm));
+  }
+  float sum = vsum(acc) + std::exp(pos - m);
+  for (; r < R; ++r)
+    if (l[r] > -INFINITY) sum += std::exp(l[r] - m);
+  return m + std::log(sum);
+}
+
+template <class I>
+void lse_forward(const Shape& s, const float* x, const float* table, const I* ids, const int32_t* targets,
+                 const float* pos, float* lse) {
+  const int64_t T = s.T, D = s.D, R = s.R;
+  const int64_t full = D / VL;
+  const int tail = static_cast<int>(D % VL);
+  const int nt = threads_for(T * R * D, T);
+  parallel_run(nt, [&](int tid) {
+    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
+    std::vector<float> op(static_cast<size_t>((full + 1) * VL), 0.0f);
+    std::vector<float> l(static_cast<size_t>((R + VL - 1) / VL * VL));
+    for (int64_t t = t0; t < t1; ++t) {
+      if (targets[t] <= 0) {
+        lse[t] = 0.0f;
+        continue;
+      }
+      std::memcpy(op.data(), x + t * D, sizeof(float) * size_t(D));
+      token_logits(op.data(), full, tail, table, D, ids + t * R, R, targets[t], l.data());
+      lse[t] = masked_lse(l.data(), R, pos[t]);
+    }
+  });
+}
+
+template <class I>
+void lse_backward(const Shape& s, const float* x, const float* table, const I* ids, const int32_t* targets,
+                  const float* pos, const float* lse, const float* dlse, float* d_x, float* d_table, float* d_pos) {
+  const int64_t T = s.T, D = s.D, R = s.R;
+  const int64_t full = D / VL;
+  const int tail = static_cast<int>(D % VL);
+  Scratch w_buf(static_cast<size_t>(T * R));
+  float* w = w_buf.data();
+  const int nt = threads_for(T * R * D, T);
+  parallel_run(nt, [&](int tid) {
+    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
+    std::vector<float> op(static_cast<size_t>((full + 1) * VL), 0.0f);
+    std::vector<float> l(static_cast<size_t>((R + VL - 1) / VL * VL));
+    for (int64_t t = t0; t < t1; ++t) {
+      float* wt = w + t * R;
+      if (targets[t] <= 0) {
+        std::fill(wt, wt + R, 0.0f);
+        d_pos[t] = 0.0f;
+        continue;
+      }
+      std::memcpy(op.data(), x + t * D, sizeof(float) * size_t(D));
+      token_logits(op.data(), full, tail, table, D, ids + t * R, R, targets[t], l.data());
+      const vf vl = vbcast(lse[t]), vg = vbcast(dlse[t]), ninf = vbcast(-INFINITY);
+      int64_t r = 0;
+      for (; r + VL <= R; r += VL) {
+        const vf v = vload(l.data() + r);
+        vstore(wt + r, vselect(v > ninf, vexp(v - vl) * vg));
+      }
+      for (; r < R; ++r) wt[r] = l[r] > -INFINITY ? std::exp(l[r] - lse[t]) * dlse[t] : 0.0f;
+      d_pos[t] = dlse[t] * std::exp(pos[t] - lse[t]);
+    }
+  });
+  backward(s, x, table, ids, w, d_x, d_table);
+}
+
+// The first five arguments: x [T, D], table [V1, D] f32, ids [T, R] int32|int64, targets [T] int32,
+// pos [T] f32 (the callers check the rest).
+int check_lse(int nparam, int want, int* ndims, int64_t** shapes, const char** dtypes, Shape* s) {
+  if (nparam != want) return 10;
+  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 1 || ndims[4] != 1) return 11;
+  if (!is_f32(dtypes[0]) || !is_f32(dtypes[1]) || !is_f32(dtypes[4])) return 12;
+  if (is_dtype(dtypes[2], "int64")) s->ids64 = true;
+  else if (!(is_dtype(dtypes[2], "int32") || is_dtype(dtypes[2], "int"))) return 12;
+  if (!(is_dtype(dtypes[3], "int32") || is_dtype(dtypes[3], "int"))) return 12;
+  s->T = shapes[0][0];
+  s->D = shapes[0][1];
+  s->V1 = shapes[1][0];
+  s->R = shapes[2][1];
+  if (shapes[1][1] != s->D || shapes[2][0] != s->T || shapes[3][0] != s->T || shapes[4][0] != s->T) return 13;
+  if (s->T * s->R >= (int64_t(1) << 31)) return 13;
+  return 0;
+}
+
+// lse = sampled_lse(x, table, ids, targets, pos)
+int run_lse_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
+  Shape s;
+  if (int rc = check_lse(nparam, 6, ndims, shapes, dtypes, &s)) return rc;
+  if (ndims[5] != 1 || !is_f32(dtypes[5]) || shapes[5][0] != s.T) return 13;
+  const float* x = static_cast<const float*>(params[0]);
+  const float* table = static_cast<const float*>(params[1]);
+  const int32_t* tg = static_cast<const int32_t*>(params[3]);
+  const float* pos = static_cast<const float*>(params[4]);
+  float* lse = static_cast<float*>(params[5]);
+  if (s.ids64) {
+    const int64_t* ids = static_cast<const int64_t*>(params[2]);
+    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
+    lse_forward(s, x, table, ids, tg, pos, lse);
+  } else {
+    const int32_t* ids = static_cast<const int32_t*>(params[2]);
+    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
+    lse_forward(s, x, table, ids, tg, pos, lse);
+  }
+  return 0;
+} catch (...) {
+  return 99;
+}
+
+// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, dlse)
+int run_lse_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
+  Shape s;
+  if (int rc = check_lse(nparam, 10, ndims, shapes, dtypes, &s)) return rc;
+  for (int i : {5, 6, 9})
+    if (ndims[i] != 1 || shapes[i][0] != s.T || !is_f32(dtypes[i])) return 13;
+  if (ndims[7] != 2 || shapes[7][0] != s.T || shapes[7][1] != s.D || ndims[8] != 2 || shapes[8][0] != s.V1 ||
+      shapes[8][1] != s.D || !is_f32(dtypes[7]) || !is_f32(dtypes[8]))
+    return 13;
+  const float* x = static_cast<const float*>(params[0]);
+  const float* table = static_cast<const float*>(params[1]);
+  const int32_t* tg = static_cast<const int32_t*>(params[3]);
+  const float* pos = static_cast<const float*>(params[4]);
+  const float* lse = static_cast<const float*>(params[5]);
+  const float* dlse = static_cast<const float*>(params[6]);
+  float* d_x = static_cast<float*>(params[7]);
+  float* d_table = static_cast<float*>(params[8]);
+  float* d_pos = static_cast<float*>(params[9]);
+  if (s.ids64) {
+    const int64_t* ids = static_cast<const int64_t*>(params[2]);
+    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
+    lse_backward(s, x, table, ids, tg, pos, lse, dlse, d_x, d_table, d_pos);
+  } else {
+    const int32_t* ids = static_cast<const int32_t*>(params[2]);
+    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
+    lse_backward(s, x, table, ids, tg, pos, lse, dlse, d_x, d_table, d_pos);
+  }
+  return 0;
+} catch (...) {
+  return 99;
+}
+
 int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
   if (int rc = check(nparam, 4, ndims, shapes, dtypes, &s)) return rc;
@@ -338,6 +506,18 @@ int MindgrSampledLogits(int nparam, void** params, int* ndims, int64_t** shapes,
 int MindgrSampledLogitsBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                            void* /*stream*/, void* /*extra*/) {
   return mindgr::run_backward(nparam, params, ndims, shapes, dtypes);
+}
+
+// lse = sampled_lse(x, table, ids, targets, pos)
+int MindgrSampledLse(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                     void* /*stream*/, void* /*extra*/) {
+  return mindgr::run_lse_forward(nparam, params, ndims, shapes, dtypes);
+}
+
+// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, dlse)
+int MindgrSampledLseBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                        void* /*stream*/, void* /*extra*/) {
+  return mindgr::run_lse_backward(nparam, params, ndims, shapes, dtypes);
 }
 
 }  // extern "C"

@@ -25,7 +25,7 @@ namespace mindgr {
 namespace {
 
 constexpr int TB = 4;   // tokens per micro-block (rows of the register tile)
-constexpr int KV = 32;  // candidates per micro-kernel step (two 16-lane vectors); chunks are multiples
+constexpr int KV = 2 * VL;  // candidates per micro-kernel step (two vectors); chunks are multiples
 constexpr int kMaxSlabs = 8;
 constexpr int64_t kSlabBudgetBytes = int64_t(64) << 20;  // all slabs' partial d_x together
 

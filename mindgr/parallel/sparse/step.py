@@ -11,9 +11,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from mindgr.models.layers import l2_normalize, last_positions
-from mindgr.ops.scoring import sampled_logits
-
-_MASKED = -1e9
+from mindgr.models.losses import sampled_softmax_mean
 
 
 class RowsLoss(nn.Cell):
@@ -28,16 +26,7 @@ class RowsLoss(nn.Cell):
     def construct(self, rows, ids, positions, offsets, timestamps, targets, negatives, drop, scale):
         out = self.encoder.encode(ops.gather(rows, ids, 0), positions, offsets, timestamps, drop)
         table = l2_normalize(rows)                                           # [U_cap, D]
-        tgt = targets.astype(ms.int32)
-        pos = (out * ops.gather(table, tgt, 0)).sum(-1, keepdims=True)
-        neg = sampled_logits(out, table, negatives, self.score_all)
-        hit = ops.equal(negatives, tgt[:, None])
-        neg = ops.where(hit, ops.full_like(neg, _MASKED), neg * self.inv_tau)
-        all_logits = ops.concat((pos * self.inv_tau, neg), 1)
-        per_token = ops.logsumexp(all_logits, 1) - pos[:, 0] * self.inv_tau
-        valid = (tgt > 0).astype(ms.float32)
-        loss = (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))
-        return loss * scale
+        return sampled_softmax_mean(out, table, targets, negatives, self.inv_tau, self.score_all) * scale
 
 
 class RowsGrads(nn.Cell):
