@@ -28,7 +28,8 @@ def graph_mode():
     reason = cpu.unavailable_reason()
     assert reason is None, reason
     try:  # before any kernel runs, so that a Trainer in the same process may set it again
-        ms.set_device("CPU")
+        from mindgr.runtime import select_device
+        select_device()  # CPU, once per process (set_device fails after kernels ran)
     except RuntimeError:  # the runtime was started by an earlier module without a device: CPU anyway
         pass
     mode = ms.get_context("mode")

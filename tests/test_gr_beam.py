@@ -16,7 +16,8 @@ from test_gr_trie import fast_backend, random_codes
 @pytest.fixture(scope="module", autouse=True)
 def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
+    from mindgr.runtime import select_device
+    select_device()  # CPU, once per process (set_device fails after kernels ran)
     previous = get_backend()
     fast_backend()
     yield

@@ -19,7 +19,8 @@ SIZES = [4, 4, 3, 2]
 @pytest.fixture(scope="module", autouse=True)
 def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
+    from mindgr.runtime import select_device
+    select_device()  # CPU, once per process (set_device fails after kernels ran)
     set_backend("reference")
 
 

@@ -26,7 +26,8 @@ MAX_LEN = 24
 @pytest.fixture(scope="module", autouse=True)
 def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
+    from mindgr.runtime import select_device
+    select_device()  # CPU, once per process (set_device fails after kernels ran)
     previous = get_backend()
     fast_backend()
     yield

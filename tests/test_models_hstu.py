@@ -44,7 +44,8 @@ LAYOUTS = [[0, 4, 1, 3], [2, 1, 0, 4], [4, 1, 3, 0]]
 @pytest.fixture(scope="module", autouse=True)
 def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
+    from mindgr.runtime import select_device
+    select_device()  # CPU, once per process (set_device fails after kernels ran)
     set_backend("reference")
 
 

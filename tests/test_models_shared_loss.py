@@ -20,7 +20,8 @@ from test_models_loss import TAU, D, T, V, TinyEncoder, _batch
 @pytest.fixture(scope="module", autouse=True)
 def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
+    from mindgr.runtime import select_device
+    select_device()  # CPU, once per process (set_device fails after kernels ran)
     set_backend("reference")
 
 

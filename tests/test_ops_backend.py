@@ -56,7 +56,8 @@ def test_builtin_backends_declare_known_ops_with_the_documented_signatures():
             assert got == want, f"{path}.{op}{got} != {want}"
     import mindgr.ops.ascend as ascend
     assert set(backend.OPS) - set(ascend.PROVIDES) == {"softmax_attention", "jagged_to_padded",
-                                                         "padded_to_jagged", "sampled_logits", "shared_pool_lse"}
+                                                         "padded_to_jagged", "sampled_logits", "sampled_lse",
+                                                         "shared_pool_lse"}
 
 
 def test_missing_ops_fall_back_with_one_logged_line(fake_backend, restore_backend, caplog):
