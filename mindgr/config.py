@@ -60,7 +60,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    arch: str = field(default="hstu", metadata=_rng(choices=["hstu", "sasrec"]))
+    arch: str = field(default="hstu", metadata=_rng(choices=["hstu", "sasrec", "fuxi"]))
     dim: int = field(default=50, metadata=_rng(lo=1))         # D, item embedding width
     num_blocks: int = field(default=2, metadata=_rng(lo=1))
     num_heads: int = field(default=1, metadata=_rng(lo=1))
@@ -70,6 +70,7 @@ class ModelConfig:
     time_bias: bool = True                    # HSTU relative time bias (needs timestamps)
     num_time_buckets: int = field(default=128, metadata=_rng(lo=1))
     ffn_dim: int = field(default=0, metadata=_rng(lo=0))      # SASRec FFN width; 0 = dim
+    ffn_multiply: int = field(default=1, metadata=_rng(lo=1))  # FuXi-alpha SwiGLU hidden width = dim * this
 
 
 @dataclass

@@ -4,6 +4,7 @@ Counted (1 multiply-add = 2 FLOPs), per real token unless said otherwise:
   HSTU block:   uvqk projection 2*D*H*(2dv+2dqk); output projection 2*H*dv*D;
                 attention per row of length L: H*(2*dqk + 2*dv) * L*(L+1)/2  (the causal half only,
                 diagonal included: q.k scores plus the weighted sum of v).
+  FuXi-alpha:   counted by mindgr.models.fuxi.encoder_flops (its docstring lists the terms).
   SASRec block: qkv projection 2*D*3D; output 2*D*D; FFN 2*2*D*F; attention as above with d = D/H.
   Loss:         the sampled-softmax logits that the model needs: 2*D*(R+1) per token with a target
                 (whatever way the implementation computes them).
@@ -21,6 +22,9 @@ def forward_flops(model_cfg, lengths, num_targets: int, num_negatives: int) -> f
     tokens = float(lengths.sum())
     pairs = float((lengths * (lengths + 1) / 2).sum())
     d, h = m.dim, m.num_heads
+    if m.arch == "fuxi":  # the model counts its own encoder (mindgr.models.fuxi.encoder_flops)
+        from mindgr.models import fuxi
+        return fuxi.encoder_flops(m, lengths) + 2.0 * d * (num_negatives + 1) * num_targets
     if m.arch == "hstu":
         dqk = m.dqk or d // h
         dv = m.dv or d // h
