@@ -185,3 +185,23 @@ def test_bias_attention_matches_loops():
     for fn in (cpu.bias_attention, reference.bias_attention):
         got = runner(fn, max_len, True)(a)["out"]
         assert_close(got, want, fn.__module__)
+
+
+def test_time_bucket_table_equals_the_formula_at_every_edge():
+    """The kernel's log-free bucket lookup equals its float32 formula clamp(floor(logf(gap) / 0.301f), 0, nb)
+    on every integer gap within 3 of each bucket edge, on negative gaps and at the int64 extremes."""
+    import ctypes
+    lib = ctypes.CDLL(cpu.library_path())
+    table, formula = lib.mindgr_bias_time_bucket, lib.mindgr_bias_time_bucket_formula
+    for fn_ in (table, formula):
+        fn_.argtypes, fn_.restype = (ctypes.c_int64, ctypes.c_int), ctypes.c_int
+    for nb in (1, 16, 128):
+        gaps = {0, 1, 2, 3, 2**62, 2**63 - 1}
+        for k in range(1, min(nb, 140) + 1):
+            edge = int(round(np.exp(0.301 * k)))
+            gaps.update(g for g in range(edge - 3, edge + 4) if 0 <= g < 2**63)
+        for g in sorted(gaps):
+            for dt in (g, -g):
+                assert table(dt, nb) == formula(dt, nb), (nb, dt)
+        assert table(2**63 - 1, nb) == nb and table(0, nb) == 0
+    assert [table(g, 128) for g in (1, 2, 3, 4, 5)] == [0, 2, 3, 4, 5]
