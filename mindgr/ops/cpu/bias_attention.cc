@@ -40,7 +40,7 @@ struct Buckets {
   static constexpr int kSteps = 3;
   int nb = 0;
   int base[64];
-  int64_t step[64][kSteps];  // INT64_MAX where there is no step
+  int64_t step[64][kSteps];  // the last gap before each step up; INT64_MAX where there is none
 
   explicit Buckets(int num_buckets) : nb(num_buckets) {
     base[63] = nb;  // no gap reaches 2^63
@@ -56,7 +56,7 @@ struct Buckets {
           const int64_t mid = a + (c - a) / 2;
           if (bucket_formula(mid, nb) >= want) c = mid; else a = mid + 1;
         }
-        step[e][n++] = a;
+        step[e][n++] = a - 1;
       }
       for (; n < kSteps; ++n) step[e][n] = INT64_MAX;
     }
@@ -67,7 +67,7 @@ struct Buckets {
     if (gap < 1) gap = 1;
     const int e = 63 - __builtin_clzll(static_cast<unsigned long long>(gap));
     const int64_t* st = step[e];
-    return base[e] + (gap >= st[0]) + (gap >= st[1]) + (gap >= st[2]);
+    return base[e] + (gap > st[0]) + (gap > st[1]) + (gap > st[2]);
   }
 };
 
