@@ -84,6 +84,7 @@ class ModelConfig:
     time_bias: bool = True                    # HSTU relative time bias (needs timestamps)
     num_time_buckets: int = field(default=128, metadata=_rng(lo=1))
     ffn_dim: int = field(default=0, metadata=_rng(lo=0))      # SASRec FFN width; 0 = dim
+    ffn_multiply: int = field(default=1, metadata=_rng(lo=1))  # FuXi-alpha SwiGLU hidden width = dim * this
 
 
 @dataclass

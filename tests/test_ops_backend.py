@@ -55,7 +55,7 @@ def test_builtin_backends_declare_known_ops_with_the_documented_signatures():
             got = list(inspect.signature(fn).parameters)
             assert got == want, f"{path}.{op}{got} != {want}"
     import mindgr.ops.ascend as ascend
-    assert set(backend.OPS) - set(ascend.PROVIDES) == {"softmax_attention", "jagged_to_padded",
+    assert set(backend.OPS) - set(ascend.PROVIDES) == {"bias_attention", "softmax_attention", "jagged_to_padded",
                                                          "padded_to_jagged", "sampled_logits", "sampled_lse",
                                                          "shared_pool_lse"}
 
@@ -74,7 +74,7 @@ def test_missing_ops_fall_back_with_one_logged_line(fake_backend, restore_backen
 
 
 def test_strict_backend_names_the_missing_ops(fake_backend, restore_backend):
-    with pytest.raises(backend.BackendUnavailable, match="fake does not provide hstu_attention, softmax"):
+    with pytest.raises(backend.BackendUnavailable, match="fake does not provide hstu_attention, bias_attention, softmax"):
         backend.set_backend("fake", strict=True)
 
 

@@ -74,14 +74,10 @@ def _causal_valid(offsets, max_len: int):
     return ops.logical_and(both, causal[None]).astype(ms.float32)[:, None]
 
 
-def hstu_bias(offsets, timestamps, w_pos, w_ts, max_len: int):
-    """Relative attention bias [B or 1, 1, N, N]: w_pos[N-1+j-i] (+ w_ts[bucket(t_{i+1} - t_j)])."""
+def time_bias(offsets, timestamps, w_ts, max_len: int):
+    """Bucketed-time bias [B, 1, N, N]: w_ts[bucket(t_{i+1} - t_j)] (the last position uses its own time)."""
     n = max_len
     pos = ops.arange(n, dtype=ms.int32)
-    rel = n - 1 + pos[None, :] - pos[:, None]                   # [N, N], in [0, 2N-2]
-    bias = ops.gather(w_pos, rel.reshape(-1), 0).reshape(1, 1, n, n)
-    if w_ts is None:
-        return bias
     ts = jagged_to_padded(timestamps, offsets, n)               # [B, N] int64
     lengths = (offsets[1:] - offsets[:-1]).astype(ms.int32)
     # The query at i looks at the time of the next event t_{i+1}; the last position uses its own time.
@@ -90,8 +86,23 @@ def hstu_bias(offsets, timestamps, w_pos, w_ts, max_len: int):
     tq = ops.where(has_next, nxt, ts)
     buckets = time_buckets(tq[:, :, None] - ts[:, None, :], w_ts.shape[0] - 1)
     b = buckets.shape[0]
-    tbias = ops.gather(w_ts, buckets.reshape(-1), 0).reshape(b, 1, n, n)
-    return bias + tbias
+    return ops.gather(w_ts, buckets.reshape(-1), 0).reshape(b, 1, n, n)
+
+
+def position_bias(w_pos, max_len: int):
+    """Relative position bias [1, 1, N, N]: w_pos[N-1+j-i]."""
+    n = max_len
+    pos = ops.arange(n, dtype=ms.int32)
+    rel = n - 1 + pos[None, :] - pos[:, None]                   # [N, N], in [0, 2N-2]
+    return ops.gather(w_pos, rel.reshape(-1), 0).reshape(1, 1, n, n)
+
+
+def hstu_bias(offsets, timestamps, w_pos, w_ts, max_len: int):
+    """Relative attention bias [B or 1, 1, N, N]: w_pos[N-1+j-i] (+ w_ts[bucket(t_{i+1} - t_j)])."""
+    bias = position_bias(w_pos, max_len)
+    if w_ts is None:
+        return bias
+    return bias + time_bias(offsets, timestamps, w_ts, max_len)
 
 
 def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
@@ -106,6 +117,24 @@ def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
     weights = ops.silu(scores) * (_causal(max_len) / float(max_len))
     out = ops.matmul(weights, vp).transpose(0, 2, 1, 3)               # [B, N, H, dv]
     return padded_to_jagged(out, offsets, t)
+
+
+def bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int):
+    """The bias-only attention channels of FuXi-alpha over the same v [T, H, dv] -> [T, H, C, dv]:
+    channel 0 out_i = sum_{j<=i} w_pos[N-1+j-i] v_j; channel 1 (when w_ts is given, C = 2)
+    out_i = sum_{j<=i} w_ts[bucket(t_{i+1} - t_j)] v_j. The raw biases are the weights (no SiLU, no /N),
+    shared by every head."""
+    t, h, dv = v.shape
+    vp = jagged_to_padded(v, offsets, max_len)                        # [B, N, H, dv]
+    b = vp.shape[0]
+    vp = vp.reshape(b, max_len, h * dv)
+    causal = _causal(max_len)
+    # padded keys have v = 0 and padded queries are dropped on the way back: the causal mask suffices
+    channels = [ops.matmul(position_bias(w_pos, max_len)[:, 0] * causal, vp)]   # [1, N, N] x [B, N, H*dv]
+    if w_ts is not None:
+        channels.append(ops.matmul(time_bias(offsets, timestamps, w_ts, max_len)[:, 0] * causal, vp))
+    out = ops.stack(channels, 2).reshape(b, max_len, len(channels), h, dv).transpose(0, 1, 3, 2, 4)
+    return padded_to_jagged(out, offsets, t)                          # [T, H, C, dv]
 
 
 def softmax_attention(q, k, v, offsets, max_len: int):
@@ -162,7 +191,8 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
 
 
 # The backend registry's view of this module (mindgr.ops.backend): every op, runnable anywhere.
-PROVIDES = {"hstu_attention": hstu_attention, "softmax_attention": softmax_attention,
+PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention,
+            "softmax_attention": softmax_attention,
             "jagged_to_padded": jagged_to_padded, "padded_to_jagged": padded_to_jagged,
             "sampled_logits": sampled_logits, "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse}
 

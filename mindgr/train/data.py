@@ -65,7 +65,7 @@ class RunData:
     def __init__(self, cfg):
         d = cfg.data
         self.store = load_store(d)
-        if cfg.model.arch == "hstu" and cfg.model.time_bias and not self.store.has_timestamps:
+        if cfg.model.arch in ("hstu", "fuxi") and cfg.model.time_bias and not self.store.has_timestamps:
             raise ValueError(f"model.time_bias = true, but data '{self.store.name}' has no timestamps: "
                              "set model.time_bias=false")
         self.num_items = self.store.num_items

@@ -1,6 +1,7 @@
 """CPU backend of the jagged ops: C++ kernels run as MindSpore custom AOT ops, with bprops.
 
     hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, dv]
+    bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, C, dv]   (bias_attention.cc)
     jagged_to_padded(values, offsets, max_len) -> [B, N, *F]
     padded_to_jagged(padded, offsets, num_tokens) -> [T, *F]
     sampled_logits(out, table, ids, score_all=False) -> [T, R]  (score_all: ignored)
@@ -18,6 +19,10 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrHstuFwdNoTs(q, k, v, offsets, w_pos, carrier_N) -> out
     MindgrHstuBwd(q, k, v, offsets, timestamps, w_pos, w_ts, carrier_N, dout) -> dq, dk, dv, dw_pos, dw_ts
     MindgrHstuBwdNoTs(q, k, v, offsets, w_pos, carrier_N, dout) -> dq, dk, dv, dw_pos
+    MindgrBiasAttnFwd(v, offsets, timestamps, w_pos, w_ts, carrier_N) -> out [T, H, 2, dv]
+    MindgrBiasAttnFwdNoTs(v, offsets, w_pos, carrier_N) -> out [T, H, 1, dv]
+    MindgrBiasAttnBwd(v, offsets, timestamps, w_pos, w_ts, carrier_N, dout) -> dv, dw_pos, dw_ts
+    MindgrBiasAttnBwdNoTs(v, offsets, w_pos, carrier_N, dout) -> dv, dw_pos
     MindgrJaggedToPadded(values, offsets, carrier_N) -> padded      (gradient: MindgrPaddedToJagged)
     MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
     MindgrSampledLogits(out, table, ids) -> logits                  (gradient: MindgrSampledLogitsBwd)
@@ -51,6 +56,7 @@ def _builder():
 _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBwdNoTs",
             "MindgrJaggedToPadded", "MindgrPaddedToJagged",
             "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrSampledLse", "MindgrSampledLseBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
+            "MindgrBiasAttnFwd", "MindgrBiasAttnFwdNoTs", "MindgrBiasAttnBwd", "MindgrBiasAttnBwdNoTs",
             "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
             "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe")
 
@@ -219,6 +225,49 @@ class _Primitives:
                         lambda q, k, v, o, wp, c: v, bprop)
         return self._get("hstu_fwd", make)
 
+    # FuXi-alpha bias-only channels (bias_attention.cc) ------------------------------------------
+    @property
+    def bias_bwd_ts(self):
+        return self._get("bias_bwd_ts", lambda: _aot(
+            "MindgrBiasAttnBwd",
+            lambda v, o, t, wp, wt, c, d: (v, wp, wt),
+            lambda v, o, t, wp, wt, c, d: (v, wp, wt)))
+
+    @property
+    def bias_fwd_ts(self):
+        def make():
+            bwd = self.bias_bwd_ts
+
+            def bprop(v, off, ts, wp, wt, car, out, dout):
+                dv, dwp, dwt = bwd(v, off, ts, wp, wt, car, dout)
+                return dv, ops.zeros_like(off), ops.zeros_like(ts), dwp, dwt, ops.zeros_like(car)
+
+            return _aot("MindgrBiasAttnFwd",
+                        lambda v, o, t, wp, wt, c: [v[0], v[1], 2, v[2]],
+                        lambda v, o, t, wp, wt, c: v, bprop)
+        return self._get("bias_fwd_ts", make)
+
+    @property
+    def bias_bwd(self):
+        return self._get("bias_bwd", lambda: _aot(
+            "MindgrBiasAttnBwdNoTs",
+            lambda v, o, wp, c, d: (v, wp),
+            lambda v, o, wp, c, d: (v, wp)))
+
+    @property
+    def bias_fwd(self):
+        def make():
+            bwd = self.bias_bwd
+
+            def bprop(v, off, wp, car, out, dout):
+                dv, dwp = bwd(v, off, wp, car, dout)
+                return dv, ops.zeros_like(off), dwp, ops.zeros_like(car)
+
+            return _aot("MindgrBiasAttnFwdNoTs",
+                        lambda v, o, wp, c: [v[0], v[1], 1, v[2]],
+                        lambda v, o, wp, c: v, bprop)
+        return self._get("bias_fwd", make)
+
     # Jagged <-> padded (each one's gradient is the other) -------------------------------------
     @property
     def _p2j_raw(self):
@@ -361,6 +410,18 @@ def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
     return _as(out, dtype)
 
 
+def bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int):
+    """FuXi-alpha's positional (and, with w_ts, temporal) channel: [T, H, C, dv]; see reference."""
+    dtype = v.dtype
+    v, w_pos = _as(v, ms.float32), _as(w_pos, ms.float32)
+    carrier = _zeros_carrier(max_len)
+    if w_ts is None:
+        out = _P.bias_fwd(v, offsets, w_pos, carrier)
+    else:
+        out = _P.bias_fwd_ts(v, offsets, _as(timestamps, ms.int64), w_pos, _as(w_ts, ms.float32), carrier)
+    return _as(out, dtype)
+
+
 def jagged_to_padded(values, offsets, max_len: int):
     """values [T, *F] -> [B, N, *F], zeros past each row's length (rows longer than N are cut)."""
     return _P.j2p(values, offsets, _zeros_carrier(max_len))
@@ -407,6 +468,6 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
 
 
 # The backend registry's view of this module (mindgr.ops.backend); softmax_attention is reference-only.
-PROVIDES = {"hstu_attention": hstu_attention, "jagged_to_padded": jagged_to_padded,
+PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention, "jagged_to_padded": jagged_to_padded,
             "padded_to_jagged": padded_to_jagged, "sampled_logits": sampled_logits,
             "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse}
