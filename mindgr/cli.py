@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="distributed: alternate 1- and 2-process blocks in two long-lived processes (blocks), or "
                         "separate training jobs one after another (runs)")
     b.set_defaults(func=cmd_bench)
+
+    from mindgr.ids.command import add_parser as add_ids_parser  # `mindgr ids build` (semantic IDs)
+    add_ids_parser(sub)
     return p
 
 
