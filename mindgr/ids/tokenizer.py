@@ -5,7 +5,7 @@ normalised first too (on Beauty normalising cut the largest collision bucket fro
 issue 17). Items whose L codes collide get a final digit: their rank inside the bucket, by item id, so
 every item has a unique tuple of L+1 codes.
 
-Two k-means back ends share one k-means++ initialisation (ours, seeded): numpy (small inputs, tests) and
+Two k-means back ends share one (greedy) k-means++ initialisation (ours, seeded): numpy (small inputs, tests) and
 faiss-cpu (large inputs, single thread so that a fixed seed gives the same codes).
 """
 from __future__ import annotations
@@ -43,17 +43,24 @@ def _sq_dists(x: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def kmeans_pp_init(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """k-means++ seeding: each next centre drawn with probability proportional to D(x)^2."""
+    """Greedy k-means++ seeding: each next centre is the best (lowest total D^2) of a few candidates drawn
+    with probability proportional to D(x)^2; plain k-means++ (one candidate) often puts two centres in one
+    cluster and leaves another without."""
     n = len(x)
+    trials = 2 + int(np.log(k))
     centres = np.empty((k, x.shape[1]), x.dtype)
     centres[0] = x[rng.integers(n)]
     closest = _sq_dists(x, centres[:1])[:, 0]
     for j in range(1, k):
         total = closest.sum()
-        # all points already sit on a centre (fewer distinct points than k): any point will do
-        pick = rng.integers(n) if total <= 0 else int(np.searchsorted(np.cumsum(closest), rng.random() * total))
-        centres[j] = x[min(pick, n - 1)]
-        closest = np.minimum(closest, _sq_dists(x, centres[j: j + 1])[:, 0])
+        if total <= 0:   # every point already sits on a centre (fewer distinct points than k)
+            picks = rng.integers(n, size=1)
+        else:
+            picks = np.minimum(np.searchsorted(np.cumsum(closest), rng.random(trials) * total), n - 1)
+        candidates = np.minimum(closest[None, :], _sq_dists(x, x[picks]).T)   # [trials, n]
+        best = int(candidates.sum(1).argmin())
+        centres[j] = x[picks[best]]
+        closest = candidates[best]
     return centres
 
 
