@@ -132,15 +132,47 @@ def test_ids_build_errors_are_one_line(tmp_path, capsys):
     assert not (tmp_path / "o.parquet").exists()
 
 
-def test_ids_build_from_a_trained_run(tmp_path, tiny_overrides, capsys):
+def fake_run(tmp_path, tiny_overrides, tensors_for):
+    """A run directory as the trainer leaves it (config.yaml + a best checkpoint), without training:
+    tensors_for(num_items) gives the checkpoint's tensors."""
+    import yaml
     from mindgr.config import load_config
-    from mindgr.train.trainer import Trainer
-    cfg = load_config(None, tiny_overrides + ["train.epochs=1", "eval.every_epochs=0"])
-    Trainer(cfg).fit()
+    from mindgr.train.checkpoint import CheckpointManager
+    from mindgr.train.data import load_store
+    cfg = load_config(None, tiny_overrides)
     run = tmp_path / "tiny"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    store = load_store(cfg.data, cfg.run.seed)
+    CheckpointManager(run, 1).save_best(tensors_for(store.num_items), {"step": 1})
+    return run, store
+
+
+def test_ids_build_from_a_run_reads_its_best_item_table(tmp_path, tiny_overrides, capsys):
+    rng = np.random.default_rng(4)
+    tables = {}
+
+    def tensors(v):
+        tables["item"] = rng.normal(size=(v + 1, 6)).astype(np.float32)
+        return {"loss_net.encoder.item_emb": tables["item"], "optimizer.adam_m.encoder.item_emb": tables["item"] * 0,
+                "loss_net.encoder.pos_emb": np.ones((3, 6), np.float32)}
+
+    run, store = fake_run(tmp_path, tiny_overrides, tensors)
     assert main(["ids", "build", "--run", str(run), "--codes", "4", "--levels", "2"]) == 0
     assert "distinct tuples before the digit" in capsys.readouterr().out
     codes, sizes, raw = load_codes(run / "ids" / "codes.parquet")
-    vectors, run_raw = run_item_vectors(run)
-    assert codes.shape == (len(vectors) + 1, 3) and np.array_equal(raw, run_raw)
-    assert np.array_equal(codes, tokenize(vectors, levels=2, codes=4).codes)   # the table of the best checkpoint
+    assert np.array_equal(raw, store.item_raw_ids) and codes.shape == (store.num_items + 1, 3)
+    assert np.array_equal(codes, tokenize(tables["item"][1:], levels=2, codes=4).codes)   # rows 1..V
+
+
+def test_a_run_without_one_item_table_is_a_one_line_error(tmp_path, tiny_overrides, capsys):
+    run, _ = fake_run(tmp_path, tiny_overrides, lambda v: {"loss_net.encoder.pos_emb": np.ones((3, 6), np.float32)})
+    one_line_error(capsys, ["ids", "build", "--run", str(run)], 1, "0 item tables")
+    (run / "checkpoints" / "best.json").unlink()
+    one_line_error(capsys, ["ids", "build", "--run", str(run)], 1, "no checkpoint")
+
+
+def test_a_run_whose_table_does_not_fit_its_data_is_a_one_line_error(tmp_path, tiny_overrides, capsys):
+    run, _ = fake_run(tmp_path, tiny_overrides,
+                      lambda v: {"loss_net.encoder.item_emb": np.ones((v + 3, 4), np.float32)})
+    one_line_error(capsys, ["ids", "build", "--run", str(run)], 1, "was the data changed?")
