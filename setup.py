@@ -9,6 +9,7 @@ setup(
     package_data={"mindgr.ops": ["cpu/*.cc", "cpu/*.h", "ascend/**/*"]},
     python_requires=">=3.9",
     install_requires=["mindspore==2.10.0", "numpy<2", "pyarrow>=12,<23", "pyyaml", "tqdm"],
-    extras_require={"test": ["pytest"]},
+    extras_require={"test": ["pytest", "faiss-cpu"],
+                    "ids": ["faiss-cpu"]},   # k-means of large catalogues (`mindgr ids build`); numpy otherwise
     entry_points={"console_scripts": ["mindgr=mindgr.cli:main"]},
 )

@@ -36,9 +36,10 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(norms, 1e-12)   # a zero row stays zero
 
 
-def _sq_dists(x: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """[n, k] squared euclidean distances (clipped at 0 against round-off)."""
-    d = (x * x).sum(1)[:, None] - 2.0 * (x @ c.T) + (c * c).sum(1)[None, :]
+def _sq_dists(x: np.ndarray, c: np.ndarray, xx: np.ndarray | None = None) -> np.ndarray:
+    """[n, k] squared euclidean distances (clipped at 0 against round-off); xx: the rows' squared norms."""
+    xx = (x * x).sum(1) if xx is None else xx
+    d = xx[:, None] - 2.0 * (x @ c.T) + (c * c).sum(1)[None, :]
     return np.maximum(d, 0.0)
 
 
@@ -50,14 +51,15 @@ def kmeans_pp_init(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarra
     trials = 2 + int(np.log(k))
     centres = np.empty((k, x.shape[1]), x.dtype)
     centres[0] = x[rng.integers(n)]
-    closest = _sq_dists(x, centres[:1])[:, 0]
+    xx = (x * x).sum(1)
+    closest = _sq_dists(x, centres[:1], xx)[:, 0]
     for j in range(1, k):
         total = closest.sum()
         if total <= 0:   # every point already sits on a centre (fewer distinct points than k)
             picks = rng.integers(n, size=1)
         else:
             picks = np.minimum(np.searchsorted(np.cumsum(closest), rng.random(trials) * total), n - 1)
-        candidates = np.minimum(closest[None, :], _sq_dists(x, x[picks]).T)   # [trials, n]
+        candidates = np.minimum(closest[None, :], _sq_dists(x, x[picks], xx).T)   # [trials, n]
         best = int(candidates.sum(1).argmin())
         centres[j] = x[picks[best]]
         closest = candidates[best]
@@ -69,14 +71,15 @@ def lloyd_numpy(x: np.ndarray, centres: np.ndarray, iters: int) -> np.ndarray:
     centres = centres.copy()
     k = len(centres)
     assign = None
+    xx = (x * x).sum(1)
     for _ in range(iters):
-        new = _sq_dists(x, centres).argmin(1)
+        new = _sq_dists(x, centres, xx).argmin(1)
         if assign is not None and np.array_equal(new, assign):
             break
         assign = new
         counts = np.bincount(assign, minlength=k)
-        sums = np.zeros_like(centres)
-        np.add.at(sums, assign, x)
+        # per-dimension bincounts: much faster than np.add.at, no [n, k] one-hot
+        sums = np.stack([np.bincount(assign, weights=x[:, d], minlength=k) for d in range(x.shape[1])], 1)
         filled = counts > 0
         centres[filled] = sums[filled] / counts[filled, None]
     return centres
@@ -94,13 +97,31 @@ def lloyd_faiss(x: np.ndarray, centres: np.ndarray, iters: int, seed: int) -> np
     return np.asarray(km.centroids, np.float64)
 
 
+def _have_faiss() -> bool:
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(backend: str, num_points: int) -> str:
+    """auto: faiss-cpu from FAISS_MIN_POINTS vectors on when it is installed (same seeding, same Lloyd
+    steps: the codes agree with numpy's on Beauty), numpy otherwise."""
+    if backend not in ("auto", "numpy", "faiss"):
+        raise TokenizerError(f"ids: k-means backend {backend!r}: expected auto, numpy or faiss")
+    if backend == "auto":
+        return "faiss" if num_points >= FAISS_MIN_POINTS and _have_faiss() else "numpy"
+    if backend == "faiss" and not _have_faiss():
+        raise TokenizerError("ids: k-means backend faiss: faiss-cpu is not installed (pip install faiss-cpu, "
+                             "or use --backend numpy)")
+    return backend
+
+
 def kmeans(x: np.ndarray, k: int, seed, iters: int = 25, backend: str = "auto") -> np.ndarray:
     """[k, d] centres of `x` [n, d]: k-means++ seeded by `seed` (an int or a tuple of ints), then Lloyd
     on the chosen back end."""
-    if backend == "auto":
-        backend = "faiss" if len(x) >= FAISS_MIN_POINTS else "numpy"
-    if backend not in ("numpy", "faiss"):
-        raise TokenizerError(f"ids: k-means backend {backend!r}: expected auto, numpy or faiss")
+    backend = resolve_backend(backend, len(x))
     x = np.asarray(x, np.float64)
     rng = np.random.default_rng(seed)
     init = kmeans_pp_init(x, k, rng)
@@ -153,6 +174,7 @@ def tokenize(vectors: np.ndarray, levels: int = 3, codes: int = 256, seed: int =
     if dedup_range < 0:
         raise TokenizerError(f"ids: de-duplication range {dedup_range}: must be >= 1, or 0 (from the data)")
     x = check_vectors(vectors, codes)
+    backend = resolve_backend(backend, len(x))
     started = time.perf_counter()
     prefix = np.empty((len(x), levels), np.int64)
     usage, errors = [], []
@@ -177,8 +199,7 @@ def tokenize(vectors: np.ndarray, levels: int = 3, codes: int = 256, seed: int =
     table[1:, levels] = digit
     stats = {
         "items": int(len(x)), "dim": int(x.shape[1]), "levels": levels, "codes": codes, "seed": seed,
-        "normalize": normalize, "backend": backend if backend != "auto" else
-        ("faiss" if len(x) >= FAISS_MIN_POINTS else "numpy"), "iters": iters,
+        "normalize": normalize, "backend": backend, "iters": iters,
         "distinct_tuples": distinct,                 # distinct L-code tuples before the digit
         "largest_bucket": largest,                   # the most items sharing one L-code tuple
         "dedup_range": int(size),
