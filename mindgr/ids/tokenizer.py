@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-FAISS_MIN_POINTS = 20_000   # "auto" uses faiss from this many vectors on (numpy is fast enough below)
+FAISS_MIN_POINTS = 5_000   # "auto" uses faiss from this many vectors on (3-4x faster than numpy at 12k)
 
 
 class TokenizerError(ValueError):
