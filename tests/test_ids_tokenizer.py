@@ -118,3 +118,12 @@ def test_bad_settings_are_one_line_errors():
         tokenize(x, levels=0, codes=2)
     with pytest.raises(TokenizerError, match="backend 'gpu'"):
         kmeans(x, 2, 0, backend="gpu")
+
+
+def test_normalising_makes_codes_independent_of_vector_lengths():
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(300, 8))
+    scaled = x * rng.uniform(0.1, 10.0, size=(300, 1))
+    assert np.array_equal(tokenize(x, levels=2, codes=6).codes, tokenize(scaled, levels=2, codes=6).codes)
+    raw = tokenize(scaled, levels=2, codes=6, normalize=False)
+    assert not np.array_equal(raw.codes, tokenize(x, levels=2, codes=6).codes) and raw.stats["normalize"] is False
