@@ -169,8 +169,8 @@ def tokenize(vectors: np.ndarray, levels: int = 3, codes: int = 256, seed: int =
     dedup_range: the de-duplication digit's range; 0 sizes it from the data (the largest collision bucket).
     normalize: L2-normalise the vectors and every level's residual before clustering it.
     """
-    if levels < 1 or codes < 1:
-        raise TokenizerError(f"ids: levels = {levels}, codes = {codes}: both must be >= 1")
+    if levels < 1 or codes < 1 or iters < 1:
+        raise TokenizerError(f"ids: levels = {levels}, codes = {codes}, iters = {iters}: each must be >= 1")
     if dedup_range < 0:
         raise TokenizerError(f"ids: de-duplication range {dedup_range}: must be >= 1, or 0 (from the data)")
     x = check_vectors(vectors, codes)
