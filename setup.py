@@ -15,6 +15,8 @@ setup(
     python_requires=">=3.9",
     install_requires=["mindspore==2.10.0", "numpy<2", "pyarrow>=12,<23", "pyyaml", "tqdm"],
     extras_require={
+        # k-means of large catalogues (`mindgr ids build`); numpy otherwise
+        "ids": ["faiss-cpu>=1.7"],
         # `mindgr report` draws its plots with matplotlib
         "report": ["matplotlib>=3.5"],
         # mindgr serve / bench serve: HTTP server, load generator, optional ANN index (--index faiss-ivf)
