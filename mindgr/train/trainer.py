@@ -682,9 +682,8 @@ def load_run(run_dir, which: str = "best", allow_data_change: bool = False, thre
 def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_data_change: bool = False) -> dict:
     """Re-evaluate a saved run (`mindgr eval`): its own config, its best (or latest) checkpoint, on the data
     it was trained on (refused if that changed, unless allow_data_change)."""
-    run_config(run_dir)  # a cheap check that this is a run, before anything is written or loaded
-    ranks_dir, ranks_note = _ranks_dir(Path(run_dir))
     run = load_run(run_dir, which, allow_data_change)
+    ranks_dir, ranks_note = _ranks_dir(run.run_dir)   # before the ranking, the long part
     from mindgr.train.evaluate import evaluate
     evalset = getattr(run.data.split, split)
     metrics, ranks, ties = evaluate(run.model.encode_last, run.model.item_table(), run.data.eval[split], evalset,
