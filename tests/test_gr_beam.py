@@ -3,25 +3,14 @@ every prefix (fp32 scores within 1e-5 absolute: sums of Lt float32 log-probs), a
 import numpy as np
 import pytest
 
-import mindspore as ms
 from mindspore import Tensor
 
 from mindgr.ids.beam import BeamError, beam_ranks, beam_search, topk_items
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder, RecomputeScorer, item_log_probs
-from mindgr.ops import get_backend, set_backend
-from test_gr_trie import fast_backend, random_codes
+from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindgr.runtime import select_device
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    previous = get_backend()
-    fast_backend()
-    yield
-    set_backend(previous)
 
 
 class HashScorer:

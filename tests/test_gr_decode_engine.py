@@ -10,26 +10,16 @@ log-probs). Memory: the engine's own tensors hold layers x H x (dqk + dv) x 4 by
 import numpy as np
 import pytest
 
-import mindspore as ms
 from mindspore import Tensor
 
 from mindgr.ids.beam import select_full_sort
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder
-from mindgr.ops import get_backend, set_backend
+from mindgr.ops import set_backend
 from mindgr.serve.decode import DecodingEngine, select_partial
-from test_gr_trie import fast_backend, random_codes
+from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindgr.runtime import select_device
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    previous = get_backend()
-    fast_backend()
-    yield
-    set_backend(previous)
 
 
 def case(seed, merger, sizes, num_items, users, dim=8, blocks=2):

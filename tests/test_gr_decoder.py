@@ -24,22 +24,13 @@ import hstu_numpy as hn  # noqa: E402
 from mindgr.models.generative import GRDecoder  # noqa: E402
 from mindgr.models.ntp import (NTPLoss, _row, batch_tensors, pack_rows, prompt_tokens,  # noqa: E402
                                user_rows)
-from mindgr.ops import get_backend, set_backend  # noqa: E402
-from test_gr_trie import fast_backend, random_codes  # noqa: E402
+from mindgr.ops import set_backend  # noqa: E402
+from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: E402,F401
 
 SIZES = [4, 3, 2]
 D, H, DQK, DV, NBLK = 8, 2, 3, 4, 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindgr.runtime import select_device
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    previous = get_backend()
-    fast_backend()
-    yield
-    set_backend(previous)
 
 
 class LossGrad(nn.Cell):

@@ -11,7 +11,7 @@ from mindspore import Tensor
 from mindgr.models.generative import GRDecoder, group_width
 from mindgr.models.ntp import prompt_tokens, tokens_per_prompt_item, user_rows
 from mindgr.ops import set_backend
-from test_gr_trie import random_codes
+from gr_fixtures import random_codes
 
 SIZES = [4, 4, 3, 2]
 

@@ -9,26 +9,15 @@ Tolerance: 1e-5 relative (float32 sums of a few log-probs).
 import numpy as np
 import pytest
 
-import mindspore as ms
 from mindspore import Tensor
 
 from mindgr.models.generative import GRDecoder, item_log_probs
 from mindgr.models.ntp import NTPLoss, RowError, batch_tensors, pack_rows, user_rows
-from mindgr.ops import get_backend, set_backend
-from test_gr_trie import fast_backend, random_codes
+from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
 
 SIZES = [3, 3, 2]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindgr.runtime import select_device
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    previous = get_backend()
-    fast_backend()
-    yield
-    set_backend(previous)
 
 
 def test_page_ntp_equals_hand_computed():

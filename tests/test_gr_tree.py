@@ -7,31 +7,21 @@ gradients |d| <= 2e-4 max|g| + 1e-6 per parameter."""
 import numpy as np
 import pytest
 
-import mindspore as ms
 from mindspore import Tensor
 
 from mindgr.models.generative import GRDecoder
 from mindgr.models.ntp import NTPLoss, RowError, batch_tensors, pack_rows, user_rows
 from mindgr.models.tree import TreeCaps, TreeNTPLoss, pack_tree, tree_tensors, tree_tokens, tree_user
-from mindgr.ops import get_backend, set_backend
+from mindgr.ops import set_backend
 from mindgr.ops.segment import jagged_prefix_attention
 from test_gr_decoder import LossGrad, randomize
-from test_gr_trie import fast_backend, random_codes
+from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
 
 SIZES = [4, 3, 2, 3]
 D, H, DQK, DV, NBLK = 8, 2, 3, 4, 2
 MAX_LEN = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindgr.runtime import select_device
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    previous = get_backend()
-    fast_backend()
-    yield
-    set_backend(previous)
 
 
 def _histories(rng, num_items, objective):

@@ -2,35 +2,8 @@
 import numpy as np
 import pytest
 
+from gr_fixtures import random_codes
 from mindgr.ids.trie import PrefixTrie, TrieError, prefix_keys
-
-
-def fast_backend():
-    """The fused C++ kernels where they build (their graphs compile ~5x faster than the padded
-    reference's), else the reference: the GR tests check GR logic, the kernels have their own tests."""
-    from mindgr.ops import set_backend
-    from mindgr.ops.backend import BackendUnavailable
-    try:
-        return set_backend("cpu")
-    except BackendUnavailable:
-        return set_backend("reference")
-
-
-def random_codes(rng, num_items, level_sizes):
-    """A random code table [V+1, Lt] of unique tuples (row 0 = padding, zeros), clustered so that
-    prefixes are shared (as residual k-means makes them)."""
-    sizes = np.asarray(level_sizes)
-    space = int(np.prod(sizes))
-    assert num_items <= space
-    # draw the first levels from a few hot values so prefixes collide, then make tuples unique
-    seen, rows = set(), []
-    while len(rows) < num_items:
-        t = tuple(int(min(rng.geometric(0.4) - 1, s - 1)) if rng.random() < 0.7 else int(rng.integers(s))
-                  for s in sizes)
-        if t not in seen:
-            seen.add(t)
-            rows.append(t)
-    return np.concatenate([np.zeros((1, len(sizes)), np.int32), np.asarray(rows, np.int32)])
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -28,7 +28,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from mindgr.models.layers import apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
+from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
 from mindgr.ops.attention import jagged_bias_attention, jagged_hstu_attention
 
 
@@ -87,34 +87,24 @@ class FuXiBlock(nn.Cell):
         return h + ops.matmul(gate, self.w_3) + self.b_3
 
 
-class FuXiAlpha(nn.Cell):
+class FuXiAlpha(ItemSequenceEncoder):
     """Jagged FuXi-alpha encoder. construct(ids, positions, offsets, timestamps, drop) -> [T, D] unit vectors."""
 
     def __init__(self, num_items, dim, num_blocks, num_heads, dqk, dv, max_len, dropout=0.2, time_bias=True,
                  num_time_buckets=128, ffn_multiply=1, seed=0, item_init=trunc_normal):
-        super().__init__()
         rng = np.random.default_rng([seed, 1])
-        self.dim, self.max_len, self.dropout = dim, max_len, dropout
-        self.item_emb = param(item_init(rng, (num_items + 1, dim), 0.02), "item_emb")
-        self.pos_emb = param(trunc_normal(rng, (max_len, dim), float(np.sqrt(1.0 / dim))), "pos_emb")
+        super().__init__(rng, num_items, dim, max_len, dropout, item_init)
         self.blocks = nn.CellList([
             FuXiBlock(rng, dim, num_heads, dqk, dv, max_len, num_time_buckets, time_bias, dim * ffn_multiply,
                       f"blocks.{i}") for i in range(num_blocks)])
         self.num_blocks = num_blocks
-        self.scale = float(np.sqrt(dim))
         # Host-drawn dropout masks: the input, then per block the gated attention output and the FFN input.
         self.dropout_sites = 1 + 2 * num_blocks
         self.dropout_width = max(dim, (3 if time_bias else 2) * num_heads * dv)
 
-    def item_table(self):
-        return l2_normalize(self.item_emb)
-
-    def construct(self, ids, positions, offsets, timestamps, drop=None):
-        return self.encode(ops.gather(self.item_emb, ids, 0), positions, offsets, timestamps, drop)
-
     def encode(self, item_vectors, positions, offsets, timestamps, drop=None):
         """The encoder from the tokens' item embeddings [T, D] (gathered here, or by a sharded table)."""
-        x = item_vectors * self.scale + ops.gather(self.pos_emb, positions, 0)
+        x = self.embed(item_vectors, positions)
         masks = ops.unstack(drop, 0) if drop is not None else None
         if masks is not None:
             x = apply_dropout(x, masks[0])

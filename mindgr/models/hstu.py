@@ -9,7 +9,8 @@ Input: item_emb * sqrt(D) + pos_emb, dropout; output L2-normalised. N is the con
 import numpy as np
 from mindspore import nn, ops
 
-from mindgr.models.layers import apply_dropout, l2_normalize, layer_norm, param, trunc_normal, xavier_uniform
+from mindgr.models.layers import (ItemSequenceEncoder, apply_dropout, l2_normalize, layer_norm, param, trunc_normal,
+                                  xavier_uniform)
 from mindgr.ops.attention import jagged_hstu_attention
 
 
@@ -46,35 +47,24 @@ class HSTUBlock(nn.Cell):
         return x + ops.matmul(o, self.w_out) + self.b_out
 
 
-class HSTU(nn.Cell):
+class HSTU(ItemSequenceEncoder):
     """Jagged HSTU encoder. construct(ids, positions, offsets, timestamps, drop) -> [T, D] unit vectors."""
 
     def __init__(self, num_items, dim, num_blocks, num_heads, dqk, dv, max_len, dropout=0.2,
                  time_bias=True, num_time_buckets=128, seed=0, item_init=trunc_normal):
-        super().__init__()
         rng = np.random.default_rng([seed, 1])
-        self.dim, self.max_len, self.dropout = dim, max_len, dropout
-        # item_init(rng, shape, std) draws the table; a sharded table keeps only its rows (mindgr.parallel.sparse)
-        self.item_emb = param(item_init(rng, (num_items + 1, dim), 0.02), "item_emb")
-        self.pos_emb = param(trunc_normal(rng, (max_len, dim), float(np.sqrt(1.0 / dim))), "pos_emb")
+        super().__init__(rng, num_items, dim, max_len, dropout, item_init)
         self.blocks = nn.CellList([
             HSTUBlock(rng, dim, num_heads, dqk, dv, max_len, num_time_buckets, time_bias, f"blocks.{i}")
             for i in range(num_blocks)])
         self.num_blocks = num_blocks
-        self.scale = float(np.sqrt(dim))
         # Host-drawn dropout masks: one for the input and one per block, each [T, width].
         self.dropout_sites = 1 + num_blocks
         self.dropout_width = max(dim, num_heads * dv)
 
-    def item_table(self):
-        return l2_normalize(self.item_emb)
-
-    def construct(self, ids, positions, offsets, timestamps, drop=None):
-        return self.encode(ops.gather(self.item_emb, ids, 0), positions, offsets, timestamps, drop)
-
     def encode(self, item_vectors, positions, offsets, timestamps, drop=None):
         """The encoder from the tokens' item embeddings [T, D] (gathered here, or by a sharded table)."""
-        x = item_vectors * self.scale + ops.gather(self.pos_emb, positions, 0)
+        x = self.embed(item_vectors, positions)
         masks = ops.unstack(drop, 0) if drop is not None else None
         if masks is not None:
             x = apply_dropout(x, masks[0])

@@ -1,7 +1,7 @@
 """Small pieces shared by the encoders: parameter init, affine-free LayerNorm, L2 norm, dropout by mask."""
 import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, ops
+from mindspore import Parameter, Tensor, nn, ops
 
 
 def trunc_normal(rng: np.random.Generator, shape, std: float) -> np.ndarray:
@@ -49,3 +49,28 @@ def last_positions(outputs, offsets):
     idx = ops.maximum(ends - 1, ops.zeros_like(ends))
     last = ops.gather(outputs, idx, 0)
     return last * nonempty.astype(outputs.dtype)[:, None]
+
+
+class ItemSequenceEncoder(nn.Cell):
+    """What every encoder shares (the contract in mindgr.models.registry): the item table `item_emb`
+    [V+1, D] and position table `pos_emb` [N, D], drawn in that order from `rng` (`item_init(rng, shape,
+    std)` draws the item table: a sharded table keeps only its rows, mindgr.parallel.sparse); the input
+    `item_emb * sqrt(D) + pos_emb`; scores against the unit rows of the item table. A subclass builds its
+    blocks and writes `encode(item_vectors, positions, offsets, timestamps, drop)`."""
+
+    def __init__(self, rng, num_items: int, dim: int, max_len: int, dropout: float, item_init=trunc_normal):
+        super().__init__()
+        self.dim, self.max_len, self.dropout = dim, max_len, dropout
+        self.item_emb = param(item_init(rng, (num_items + 1, dim), 0.02), "item_emb")
+        self.pos_emb = param(trunc_normal(rng, (max_len, dim), float(np.sqrt(1.0 / dim))), "pos_emb")
+        self.scale = float(np.sqrt(dim))
+
+    def item_table(self):
+        return l2_normalize(self.item_emb)
+
+    def construct(self, ids, positions, offsets, timestamps, drop=None):
+        return self.encode(ops.gather(self.item_emb, ids, 0), positions, offsets, timestamps, drop)
+
+    def embed(self, item_vectors, positions):
+        """The blocks' input from the tokens' item embeddings [T, D] (gathered here, or by a sharded table)."""
+        return item_vectors * self.scale + ops.gather(self.pos_emb, positions, 0)

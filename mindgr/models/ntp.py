@@ -100,15 +100,20 @@ def page_groups(pages) -> list:
     return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger: str = "none", pages=None,
-              pad_id: int | None = None) -> list:
-    """Training rows of one user's history `items` [n] (item ids into `codes` [V+1, Lt])."""
+def check_row_options(objective: str, token_merger: str, pages):
+    """One-line RowErrors for an unknown objective or merger, and page_ntp without pages."""
     if objective not in OBJECTIVES:
         raise RowError(f"loss.objective = {objective!r}: expected one of {', '.join(OBJECTIVES)}")
     if token_merger not in ("none", "item", "pairs"):
         raise RowError(f"model.token_merger = {token_merger!r}: expected one of none, item, pairs")
     if objective == "page_ntp" and pages is None:
         raise RowError("loss.objective = page_ntp needs pages (a page id per item); use ntp for page-less data")
+
+
+def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger: str = "none", pages=None,
+              pad_id: int | None = None) -> list:
+    """Training rows of one user's history `items` [n] (item ids into `codes` [V+1, Lt])."""
+    check_row_options(objective, token_merger, pages)
     items = np.asarray(items, np.int64)
     codes = np.asarray(codes)
     lt = codes.shape[1]

@@ -7,7 +7,7 @@ the same sampled-softmax-on-cosine loss as HSTU.
 import numpy as np
 from mindspore import nn, ops
 
-from mindgr.models.layers import apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
+from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
 from mindgr.ops.attention import jagged_softmax_attention
 
 
@@ -47,33 +47,23 @@ class SASRecBlock(nn.Cell):
         return x + f
 
 
-class SASRec(nn.Cell):
+class SASRec(ItemSequenceEncoder):
     def __init__(self, num_items, dim, num_blocks, num_heads, max_len, dropout=0.2, ffn_dim=0, seed=0,
                  item_init=trunc_normal):
-        super().__init__()
         rng = np.random.default_rng([seed, 2])
+        super().__init__(rng, num_items, dim, max_len, dropout, item_init)
         ffn_dim = ffn_dim or dim
-        self.dim, self.max_len, self.dropout = dim, max_len, dropout
-        self.item_emb = param(item_init(rng, (num_items + 1, dim), 0.02), "item_emb")
-        self.pos_emb = param(trunc_normal(rng, (max_len, dim), float(np.sqrt(1.0 / dim))), "pos_emb")
         self.blocks = nn.CellList([SASRecBlock(rng, dim, num_heads, ffn_dim, max_len, f"blocks.{i}")
                                    for i in range(num_blocks)])
         self.ln_out = nn.LayerNorm((dim,), epsilon=1e-8)
         self.ln_out.gamma.name, self.ln_out.beta.name = "ln_out.gamma", "ln_out.beta"
         self.num_blocks = num_blocks
-        self.scale = float(np.sqrt(dim))
         self.dropout_sites = 1 + 3 * num_blocks
         self.dropout_width = max(dim, ffn_dim)
 
-    def item_table(self):
-        return l2_normalize(self.item_emb)
-
-    def construct(self, ids, positions, offsets, timestamps, drop=None):
-        return self.encode(ops.gather(self.item_emb, ids, 0), positions, offsets, timestamps, drop)
-
     def encode(self, item_vectors, positions, offsets, timestamps, drop=None):
         """The encoder from the tokens' item embeddings [T, D] (gathered here, or by a sharded table)."""
-        x = item_vectors * self.scale + ops.gather(self.pos_emb, positions, 0)
+        x = self.embed(item_vectors, positions)
         if drop is not None:
             masks = ops.unstack(drop, 0)
             x = apply_dropout(x, masks[0])

@@ -25,7 +25,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgr.models.layers import apply_dropout, layer_norm
-from mindgr.models.ntp import (OBJECTIVES, RowError, _MASKED, code_tokens, page_groups, prompt_tokens,
+from mindgr.models.ntp import (_MASKED, RowError, check_row_options, code_tokens, page_groups, prompt_tokens,
                                tokens_per_prompt_item)
 from mindgr.ops.attention import jagged_hstu_attention
 from mindgr.ops.segment import jagged_prefix_attention
@@ -38,12 +38,7 @@ def tree_user(items, codes, level_offsets, objective: str = "ntp", token_merger:
               pad_id: int | None = None):
     """One user's tree layout: dict(prompt_slots [P, G], prompt_merged [P], targets [(boundary, gids [Lt],
     weight)]) with the targets and weights of ntp.user_rows; None when the user has no target."""
-    if objective not in OBJECTIVES:
-        raise RowError(f"loss.objective = {objective!r}: expected one of {', '.join(OBJECTIVES)}")
-    if token_merger not in ("none", "item", "pairs"):
-        raise RowError(f"model.token_merger = {token_merger!r}: expected one of none, item, pairs")
-    if objective == "page_ntp" and pages is None:
-        raise RowError("loss.objective = page_ntp needs pages (a page id per item); use ntp for page-less data")
+    check_row_options(objective, token_merger, pages)
     items = np.asarray(items, np.int64)
     codes = np.asarray(codes)
     lt = codes.shape[1]
