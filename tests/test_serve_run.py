@@ -254,13 +254,25 @@ def test_overload_gets_503_and_the_server_recovers(slow_server, users):
     assert httpx.get(f"{slow_server.url}/metrics").json()["requests"]["by_status"]["503"] == codes.count(503)
 
 
-def test_shutdown_drains_in_flight_requests(slow_server, users):
-    proc = _SERVERS.pop("slow")
+@pytest.fixture
+def draining_server(tiny_run):
+    """One row per batch, 300 ms each, a queue with room for every request the drain test sends."""
+    return _server("drain", tiny_run, "--batch-shapes", "1", "--queue-size", 8, "--max-wait-ms", 0,
+                   "--test-batch-delay-ms", 300)
+
+
+def test_shutdown_drains_in_flight_requests(draining_server, users):
+    proc = _SERVERS.pop("drain")
 
     async def in_flight():
         async with httpx.AsyncClient(timeout=60) as c:
             tasks = [asyncio.create_task(c.post(f"{proc.url}/recommend", json=b)) for b in users[:3]]
-            await asyncio.sleep(0.2)      # all three accepted: one computing, two queued
+            # SIGTERM only once all three are accepted (one computing, two queued): on a busy host a
+            # fixed sleep could signal before the last one arrived, and the draining server refuses it
+            for _ in range(200):
+                if (await c.get(f"{proc.url}/health")).json()["queue_depth"] >= 2:
+                    break
+                await asyncio.sleep(0.02)
             proc.terminate()              # SIGTERM: uvicorn's graceful shutdown
             return await asyncio.gather(*tasks)
 
