@@ -65,6 +65,7 @@ def test_resume_replays_identical_losses(tmp_path, tiny_overrides):
         assert a[step] == b[step], (step, a[step], b[step])
 
 
+@pytest.mark.slow  # several short runs (~10 s)
 def test_resume_refusals(tmp_path, tiny_overrides):
     from mindgr.config import ConfigError
     from mindgr.train.trainer import Trainer

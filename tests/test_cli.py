@@ -34,6 +34,7 @@ def test_config_errors_are_one_line():
     one_line_error(run("train", "model.blocks=2"), 2, "unknown key 'model.blocks'")
 
 
+@pytest.mark.slow  # every malformed-data case through the CLI (~20 s)
 def test_data_errors_are_one_line(tmp_path):
     one_line_error(run("data", "prepare", "movielens-100k", "--src", str(tmp_path / "none"), "--out",
                        str(tmp_path / "o")), 1, "none")

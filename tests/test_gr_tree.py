@@ -17,6 +17,8 @@ from mindgr.ops.segment import jagged_prefix_attention
 from test_gr_decoder import LossGrad, randomize
 from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
 
+pytestmark = pytest.mark.slow  # one graph compile per layout equality case (~40 s in all)
+
 SIZES = [4, 3, 2, 3]
 D, H, DQK, DV, NBLK = 8, 2, 3, 4, 2
 MAX_LEN = 24

@@ -18,7 +18,7 @@ import pytest
 
 from ops_fixtures import needs_compiler
 
-pytestmark = needs_compiler
+pytestmark = [needs_compiler, pytest.mark.slow]  # a kernel build per forced ISA (~100 s)
 
 from mindgr.ops import cpu  # noqa: E402
 from mindgr.ops.cpu import build as cpu_build  # noqa: E402

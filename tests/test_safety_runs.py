@@ -15,6 +15,8 @@ from mindgr.cli import main as cli
 from mindgr.config import ConfigError, load_config
 from mindgr.train.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, save_checkpoint
 
+pytestmark = pytest.mark.slow  # complete small training runs per case (~2 min in all)
+
 
 def _rows(run_dir, name="metrics.jsonl"):
     return [json.loads(l) for l in (run_dir / name).read_text().splitlines()]

@@ -18,6 +18,8 @@ from serve_fixtures import tiny_run  # noqa: E402,F401
 
 from mindgr.bench.serve import free_port, server_log, start_server, stop_server, user_requests  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a trained run, real servers and an export (~1 min in all)
+
 _SERVERS = {}
 
 
