@@ -30,6 +30,7 @@ it, so the jagged layout is the padded cache layout and needs no gather.
 """
 from __future__ import annotations
 
+import abc
 import time
 
 import numpy as np
@@ -120,19 +121,22 @@ class DecodeStepCell(nn.Cell):
         return dec.logits(layer_norm(x)), ops.stack(new_k), ops.stack(new_v)
 
 
-class StateBackend:
+class StateBackend(abc.ABC):
     """What the engine needs from a decoder's serving state: prefill the prompts once, then one step per
     level given each beam's parent. KVCacheBackend is today's; a recurrent state for linear-attention
     decoders would keep a per-beam state and fork it by parent index the same way."""
 
+    @abc.abstractmethod
     def prefill(self, prompts) -> np.ndarray:           # -> level-0 logits [U, C]
-        raise NotImplementedError
+        """Encode the prompts once."""
 
+    @abc.abstractmethod
     def step(self, level: int, codes: np.ndarray, parents: list) -> np.ndarray:   # -> logits [U, Bm, C]
-        raise NotImplementedError
+        """One decode step: each beam's new code, forked from its parent beam."""
 
+    @abc.abstractmethod
     def nbytes(self) -> dict:
-        raise NotImplementedError
+        """Bytes held, by part (shared prompt, per-beam records)."""
 
 
 class KVCacheBackend(StateBackend):

@@ -21,7 +21,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated, corrupted or does not fit the model (one-line message)."""
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -85,7 +85,7 @@ def save_checkpoint(path: Path, tensors: dict, meta: dict) -> Path:
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, weights)
-    sidecar = dict(meta, weights=weights.name, sha256=_sha256(weights), bytes=weights.stat().st_size)
+    sidecar = dict(meta, weights=weights.name, sha256=file_sha256(weights), bytes=weights.stat().st_size)
     _atomic_write_text(path.with_suffix(".json"), json.dumps(sidecar, indent=1, sort_keys=True))
     if old and old != weights.name:              # the replaced checkpoint's weights, no longer named
         (path.parent / old).unlink(missing_ok=True)
@@ -114,7 +114,7 @@ def load_checkpoint(path: Path) -> tuple[dict, dict]:
     size = weights.stat().st_size
     if size != meta.get("bytes"):
         raise CheckpointError(f"checkpoint {weights}: {size} bytes, expected {meta.get('bytes')} (truncated?)")
-    if _sha256(weights) != meta.get("sha256"):
+    if file_sha256(weights) != meta.get("sha256"):
         raise CheckpointError(f"checkpoint {weights}: sha256 does not match its sidecar (corrupted)")
     try:
         loaded = ms.load_checkpoint(str(weights), format="safetensors")

@@ -8,6 +8,7 @@ import numpy as np
 
 from mindgr.datasets import (EpochPlan, auto_capacities, build_batch, eval_examples, leave_one_out,
                              plan_batches, read_any, read_store, training_examples)
+from mindgr.train.checkpoint import file_sha256
 
 
 def load_store(data_cfg, seed: int = 0):
@@ -95,15 +96,6 @@ class RunData:
 FINGERPRINT_FILE = "data.json"
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def data_fingerprint(data_cfg) -> dict:
     """What the run's data is: the generator's settings (synthetic), or every source file's size and
     sha256 (a directory source, a store included: every file under it), named relative to the source."""
@@ -118,7 +110,7 @@ def data_fingerprint(data_cfg) -> dict:
         for p in members:
             if p.is_file():
                 name = str(p.relative_to(root)) if root.is_dir() else p.name
-                files.append({"file": name, "bytes": p.stat().st_size, "sha256": _sha256(p)})
+                files.append({"file": name, "bytes": p.stat().st_size, "sha256": file_sha256(p)})
     return {"kind": d.kind, "files": files}
 
 
