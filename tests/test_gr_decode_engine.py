@@ -16,7 +16,7 @@ from mindgr.ids.beam import select_full_sort
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder
 from mindgr.ops import set_backend
-from mindgr.serve.decode import DecodingEngine, select_partial
+from mindgr.ids.decode import DecodingEngine, select_partial
 from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
 
 pytestmark = pytest.mark.slow  # engine vs naive over several models and beam widths (~20 s)

@@ -5,7 +5,7 @@ What was chosen, and why:
   `mindgr.models.hstu.HSTUBlock`: MindGR's fused jagged attention is the fast path we have on every
   backend, and HSTU's pointwise SiLU attention has no softmax normaliser, so the attention of a decoded
   token is exactly (its part over the prompt) + (its part over its own beam's tokens): that is what lets
-  the decoding engine (mindgr.serve.decode) keep the prompt's K/V once and each beam's few tokens apart.
+  the decoding engine (mindgr.ids.decode) keep the prompt's K/V once and each beam's few tokens apart.
   No time bias (semantic-ID tokens of one item share a timestamp); relative position bias only.
 - Token input: a code embedding per (level, code) plus a level embedding, times sqrt(D) as in HSTU.
   Codes are numbered globally: gid = level_offsets[level] + code, level_offsets = cumsum(level_sizes).

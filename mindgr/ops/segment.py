@@ -12,7 +12,7 @@ jagged_prefix_attention(q, k, v, q_offsets, k_offsets, key_len, q_pos, w_pos, ma
 
 HSTU attention is pointwise (no softmax normaliser), so a segment token's attention over its virtual row
 (prompt prefix + its own segment) is exactly this prefix part + the causal attention inside its segment
-(jagged_hstu_attention with one row per segment). The decoding engine (mindgr.serve.decode) relies on
+(jagged_hstu_attention with one row per segment). The decoding engine (mindgr.ids.decode) relies on
 the same identity.
 
 Only a pure-MindSpore implementation exists (every backend runs it; the jagged <-> padded conversions

@@ -1,6 +1,6 @@
 """Per-step decode time, engine vs naive baseline, for a random-weight GR decoder of a Beauty-like shape.
 
-python -m mindgr.serve.decode_bench [--beams 16 64] [--prompts 50 200] [--users 2] [--repeats 3]
+python -m mindgr.bench.decode [--beams 16 64] [--prompts 50 200] [--users 2] [--repeats 3]
 
 Per configuration both searches run on the same users, alternating, `repeats` times after a warm-up
 (compiles); figures are medians per decode step (the Lt-1 steps after the prefill):
@@ -47,7 +47,7 @@ def build(args):
 
 
 def run(args):
-    from mindgr.serve.decode import DecodeStepCell, DecodingEngine
+    from mindgr.ids.decode import DecodeStepCell, DecodingEngine
     dec, trie, codes, backend, rng = build(args)
     steps = dec.num_levels - 1
     results = []

@@ -202,7 +202,7 @@ class KVCacheBackend(StateBackend):
         flat = (r[None, None, :] * u + np.arange(u)[:, None, None]) * b + anc
         args = (Tensor(slots), self.kp, self.vp, Tensor(pidx), Tensor(pmask), self.kr, self.vr, Tensor(onehot),
                 Tensor(flat.reshape(-1).astype(np.int32)), Tensor(ridx), Tensor(rmask))
-        self.last_step_inputs = args            # kept for timing the attention parts (decode_bench)
+        self.last_step_inputs = args            # kept for timing the attention parts (mindgr.bench.decode)
         t0 = time.perf_counter()
         logits, self.kr, self.vr = self.step_net(*args)
         logits = logits.asnumpy()
