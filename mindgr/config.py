@@ -82,6 +82,10 @@ class ModelConfig:
     dv: int = field(default=0, metadata=_rng(lo=0))           # per-head v width; 0 = dim / heads
     dropout: float = field(default=0.2, metadata=_rng(lo=0.0, hi=0.95))
     time_bias: bool = True                    # HSTU relative time bias (needs timestamps)
+    # The last position's time bias uses the row's request time (the target's time; the published HSTU
+    # convention) instead of its own time. False (the default) is how every run before this key was
+    # trained: a saved config.yaml without the key evaluates and resumes as it was trained.
+    request_time: bool = False
     num_time_buckets: int = field(default=128, metadata=_rng(lo=1))
     ffn_dim: int = field(default=0, metadata=_rng(lo=0))      # SASRec FFN width; 0 = dim
     ffn_multiply: int = field(default=1, metadata=_rng(lo=1))  # FuXi-alpha SwiGLU hidden width = dim * this

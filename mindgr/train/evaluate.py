@@ -17,7 +17,7 @@ def evaluate(encode_last, item_table: np.ndarray, examples, evalset, ks, per_use
     greater, ties, rows_seen = [], [], []
     for batch in examples.in_order():
         user = encode_last(Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets),
-                           Tensor(batch.timestamps)).asnumpy()[: batch.num_rows]
+                           Tensor(batch.timestamps), Tensor(batch.request_times)).asnumpy()[: batch.num_rows]
         check_finite(user, "user embeddings")
         rows = batch.rows[: batch.num_rows]
         scores = user @ item_table.T

@@ -457,7 +457,8 @@ class Trainer:
         batch = self.data.train.batch(indices)
         negatives, drop = self.sampler.draw(epoch, b, batch.targets)
         negatives = negatives if isinstance(negatives, tuple) else (negatives,)
-        inputs = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.targets, *negatives, drop)
+        inputs = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.request_times, batch.targets,
+                  *negatives, drop)
         return inputs, {"tokens": batch.num_tokens, "fill": batch.fill,
                         "lengths": np.diff(batch.offsets[: batch.num_rows + 1]),
                         "targets": int((batch.targets > 0).sum())}
