@@ -54,7 +54,7 @@ class _NoEncode(nn.Cell):
     def item_table(self):
         return self.item_emb
 
-    def construct(self, ids, positions, offsets, timestamps, drop=None):
+    def construct(self, ids, positions, offsets, timestamps, drop=None, request_times=None):
         return self.item_emb[ids]
 
 
