@@ -64,8 +64,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from mindgr.train.trainer import evaluate_run
-    result = evaluate_run(args.run, args.split, args.checkpoint, args.allow_data_change,
+    from mindgr.train.run_eval import evaluate_any_run
+    result = evaluate_any_run(args.run, args.split, args.checkpoint, args.allow_data_change,
                           _filter_history(args))
     print(json.dumps(result, indent=1))
     return 0

@@ -107,13 +107,13 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
     a side is one run directory or a list of them (seeds of one setting). filter_history: None = each run's
     eval.filter_history. The metrics compared are the K every run evaluated (a generative run's list is
     only eval.beam long)."""
-    from mindgr.train.trainer import evaluate_run
+    from mindgr.train.run_eval import evaluate_any_run
     sides = [[runs] if isinstance(runs, (str, Path)) else list(runs) for runs in (runs_a, runs_b)]
     for runs in sides:                  # checked for both sides before any (slow) evaluation
         if not runs or any(not str(run) for run in runs):
             raise ValueError(f"a side of the comparison names an empty run directory ({runs}): give DIR or "
                              "DIR1,DIR2,... without empty entries")
-    evaluated = [[evaluate_run(Path(run), split, which, filter_history=filter_history) for run in runs]
+    evaluated = [[evaluate_any_run(Path(run), split, which, filter_history=filter_history) for run in runs]
                  for runs in sides]
     loaded = [[load_ranks(r["ranks_file"]) for r in side] for side in evaluated]
     targets = loaded[0][0][2]

@@ -692,10 +692,7 @@ def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_
                  filter_history: bool | None = None) -> dict:
     """Re-evaluate a saved run (`mindgr eval`): its own config, its best (or latest) checkpoint, on the data
     it was trained on (refused if that changed, unless allow_data_change). filter_history: None = the run's
-    eval.filter_history. A generative run (model.arch gr) is decoded (mindgr.train.generative)."""
-    from mindgr.train.generative import evaluate_generative_run, is_generative_config
-    if is_generative_config(run_config(Path(run_dir))):
-        return evaluate_generative_run(run_dir, split, which, allow_data_change, filter_history)
+    eval.filter_history. Item-encoder runs; mindgr.train.run_eval.evaluate_any_run dispatches GR runs."""
     run = load_run(run_dir, which, allow_data_change)
     if filter_history is None:
         filter_history = run.cfg.eval.filter_history
