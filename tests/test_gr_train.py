@@ -109,6 +109,15 @@ def test_compare_with_an_hstu_run(gr_setup, capsys):
     assert main(["compare", str(out / "hstu"), str(gr_setup["run"]), "--samples", "200"]) == 0
     text = capsys.readouterr().out
     assert "paired comparison over" in text and "hr@10" in text and "hr@50" not in text  # K both evaluated
+    # ids.from_run: the HSTU run's item table tokenised at start, catalogue-checked
+    from mindgr.train.data import load_store
+    from mindgr.train.generative import check_codes_catalogue, resolve_codes
+    cfg = load_config(None, gr_overrides(out, "fr", gr_setup["codes"], "ids.codes=", f"ids.from_run={out / 'hstu'}",
+                                         "ids.levels=2", "ids.codes_per_level=4"))
+    table = resolve_codes(cfg)
+    check_codes_catalogue(table, load_store(cfg.data))
+    assert table.codes.shape == (gr_setup["num_items"] + 1, 3) and table.level_sizes[:2] == [4, 4]
+    assert len({tuple(c) for c in table.codes[1:]}) == gr_setup["num_items"]
 
 
 @pytest.mark.parametrize("extra, message", [
