@@ -66,7 +66,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from mindgr.train.run_eval import evaluate_any_run
     result = evaluate_any_run(args.run, args.split, args.checkpoint, args.allow_data_change,
-                          _filter_history(args))
+                              _filter_history(args), args.max_users)
     print(json.dumps(result, indent=1))
     return 0
 
@@ -415,6 +415,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--allow-data-change", action="store_true", help="evaluate even if the run's data changed")
     e.add_argument("--filter-history", choices=["true", "false"],
                    help="remove the user's history items from the ranking (default: the run's eval.filter_history)")
+    e.add_argument("--max-users", type=int, default=0,
+                   help="generative runs: decode a fixed sample of this many users (default 0 = all)")
     e.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("compare", help="paired comparison of two runs' metrics on the same users "

@@ -298,11 +298,29 @@ def load_generative_run(run_dir, which: str = "best", allow_data_change: bool = 
                                path.name, meta.get("step"), data_note)
 
 
+def _saved_ranks(path: Path, checkpoint_sha: str, users: int, max_users: int):
+    """(ranks, ties) of an earlier decode of the same checkpoint and users (None if there is none)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as f:
+            if str(f["checkpoint_sha256"]) != checkpoint_sha or int(f["max_users"]) != max_users \
+                    or len(f["ranks"]) != users:
+                return None
+            return f["ranks"], f["ties"]
+    except (KeyError, ValueError, OSError):
+        return None
+
+
 def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", allow_data_change: bool = False,
-                            filter_history: bool | None = None) -> dict:
-    """`mindgr eval` of a GR run: decode every user of the split, write RUN/ranks/ like the encoders' eval."""
+                            filter_history: bool | None = None, max_users: int = 0) -> dict:
+    """`mindgr eval` of a GR run: decode the split's users (all, or a fixed seeded sample of max_users) and
+    write RUN/ranks/ like the encoders' eval. One decode gives both rankings (history filtered and not),
+    so both ranks files are written; a later eval or `mindgr compare` of the same checkpoint reuses them
+    (the file records the checkpoint's sha256) instead of decoding again."""
     from mindgr.train.data import RunData
     from mindgr.train.gr_eval import generative_metrics
+    from mindgr.train.metrics import ranking_metrics
     run = load_generative_run(run_dir, which, allow_data_change)
     cfg = run.cfg
     if filter_history is None:
@@ -311,15 +329,30 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
     ranks_dir, ranks_note = _ranks_dir(run.run_dir)
     data = RunData(cfg)
     evalset = getattr(data.split, split)
-    metrics, ranks, ties = generative_metrics(run.decoder, run.trie, run.codes, evalset, cfg.eval.ks,
-                                              run.max_history, beam, cfg.eval.batch_size, data.num_items,
-                                              filter_history, per_user=True)
-    ranks_path = ranks_dir / ranks_file_name(split, which, filter_history)
-    tmp = ranks_path.with_name(ranks_path.stem + ".tmp.npz")
-    np.savez(tmp, ranks=ranks, ties=ties, targets=np.asarray(evalset.targets, np.int64), checkpoint=run.checkpoint)
-    os.replace(tmp, ranks_path)
+    targets = np.asarray(evalset.targets, np.int64)
+    ckpt = CheckpointManager(run.run_dir, cfg.run.keep_last)
+    ckpt_path = ckpt.best() if which == "best" else ckpt.latest()
+    sha = file_sha256(ckpt_path.with_suffix(".json"))   # the sidecar names the committed weights file
+    paths = {f: ranks_dir / ranks_file_name(split, which, f) for f in (True, False)}
+    saved = _saved_ranks(paths[filter_history], sha, len(targets), max_users)
+    if saved is not None:
+        ranks, ties = saved
+        seen = ranks >= 0
+        metrics = ranking_metrics(ranks[seen], cfg.eval.ks, ties[seen])
+        metrics["decode"] = {"reused": str(paths[filter_history])}
+    else:
+        metrics, both = generative_metrics(run.decoder, run.trie, run.codes, evalset, cfg.eval.ks, run.max_history,
+                                           beam, cfg.eval.batch_size, data.num_items, filter_history,
+                                           max_users, cfg.run.seed, per_user=True)
+        for f, (_, r, t) in both.items():
+            tmp = paths[f].with_name(paths[f].stem + ".tmp.npz")
+            np.savez(tmp, ranks=r, ties=t, targets=targets, checkpoint=run.checkpoint, checkpoint_sha256=sha,
+                     max_users=max_users, filter_history=f)
+            os.replace(tmp, paths[f])
     out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
-           "filter_history": filter_history, **metrics, "ranks_file": str(ranks_path)}
+           "filter_history": filter_history, **metrics, "ranks_file": str(paths[filter_history])}
+    if max_users:
+        out["note"] = f"a fixed sample of {metrics['count']} of {len(targets)} users (--max-users)"
     for key, note in (("ranks_note", ranks_note), ("data_note", run.data_note)):
         if note:
             out[key] = note

@@ -7,9 +7,13 @@ from pathlib import Path
 
 
 def evaluate_any_run(run_dir, split: str = "test", which: str = "best", allow_data_change: bool = False,
-                     filter_history: bool | None = None) -> dict:
+                     filter_history: bool | None = None, max_users: int = 0) -> dict:
+    """max_users: a generative run decodes a fixed seeded sample of that many users (0 = all); the other
+    users' ranks are -1 (left out by `mindgr compare`)."""
     from mindgr.train.generative import evaluate_generative_run, is_generative_config
     from mindgr.train.trainer import evaluate_run, run_config
     if is_generative_config(run_config(Path(run_dir))):
-        return evaluate_generative_run(run_dir, split, which, allow_data_change, filter_history)
+        return evaluate_generative_run(run_dir, split, which, allow_data_change, filter_history, max_users)
+    if max_users:
+        raise ValueError("eval: --max-users applies to generative runs (model.arch gr) only")
     return evaluate_run(run_dir, split, which, allow_data_change, filter_history)
