@@ -306,9 +306,13 @@ def cmd_serve(args) -> int:
         from mindgr.serve.server import serve
     except ImportError as e:
         raise ValueError(f"mindgr serve needs the serve extra (pip install 'mindgr[serve]'): {e}") from None
-    return serve(args.run, args.host, args.port, args.checkpoint, _batch_shapes(args.batch_shapes),
+    if (args.run is None) == (args.random_gr is None):
+        raise ValueError("serve: give exactly one of --run RUN and --random-gr SPEC")
+    return serve(args.run, args.host, args.port, args.checkpoint,
+                 _batch_shapes(args.batch_shapes) if args.batch_shapes else None,
                  args.queue_size, args.max_wait_ms, args.index, args.nprobe, args.max_history,
-                 args.graceful_timeout, args.test_batch_delay_ms, args.threads)
+                 args.graceful_timeout, args.test_batch_delay_ms, args.threads, args.decode, args.beam,
+                 args.overlap == "on", args.random_gr)
 
 
 def _bench_serve(args) -> int:
@@ -343,11 +347,19 @@ def _add_serve_commands(sub):
     r.set_defaults(func=cmd_recommend)
 
     s = sub.add_parser("serve", help="HTTP server: POST /recommend, GET /health, GET /metrics")
-    s.add_argument("--run", required=True, help="run directory")
+    s.add_argument("--run", help="run directory (HSTU-family or generative)")
+    s.add_argument("--random-gr", metavar="SPEC", help="instead of a run: a random-weight GR decoder, e.g. "
+                   "items=12101,prompt=200,dim=128,blocks=4,heads=2,seed=0 (tests and `bench serve --gr`)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--checkpoint", default="best", choices=["best", "latest"])
-    s.add_argument("--batch-shapes", default="1,4,16,64", help="rows of each compiled batch shape")
+    s.add_argument("--batch-shapes", help="rows (HSTU, default 1,4,16,64) or users (GR, default 1,2,4) of each "
+                   "compiled batch shape")
+    s.add_argument("--decode", default="engine", choices=["engine", "naive"],
+                   help="GR: the decoding engine's fast path or the naive baseline (recompute, full sort, masks rebuilt)")
+    s.add_argument("--beam", type=int, default=16, help="GR: beam width (k <= beam)")
+    s.add_argument("--overlap", default="off", choices=["on", "off"],
+                   help="GR: overlap one batch's host-side selection with the next batch's model compute")
     s.add_argument("--queue-size", type=int, default=256, help="requests waiting beyond this get 503")
     s.add_argument("--max-wait-ms", type=float, default=2.0, help="longest wait for a batch to fill")
     s.add_argument("--index", default="exact", choices=["exact", "faiss-ivf"], help="top-k over the item table")
