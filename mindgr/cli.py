@@ -317,6 +317,17 @@ def cmd_serve(args) -> int:
 
 def _bench_serve(args) -> int:
     from mindgr.bench.serve import bench_serve
+    if args.gr:
+        from mindgr.bench.serve import bench_serve_gr
+        ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+        bench_serve_gr(beams=ints(args.beams), prompts=ints(args.prompts), items=args.items, dim=args.dim,
+                       blocks=args.blocks, k=args.k, duration=args.duration, max_requests=args.max_requests,
+                       min_requests=args.min_requests, bound_factor=args.bound_factor,
+                       p99_bound_ms=args.gr_p99_bound_ms, cell_budget_s=args.cell_budget,
+                       shapes=args.gr_batch_shapes, big_shapes=args.gr_big_batch_shapes, threads=args.threads,
+                       sides=("overlap-on", "overlap-off") if args.overlap_ab else ("engine", "naive"),
+                       multiples=[float(x) for x in args.rate_multiples.split(",")], out=args.out)
+        return 0
     if not args.run:
         raise ValueError("bench serve: --run RUN is required")
     if args.index_recall:
@@ -381,6 +392,24 @@ def _add_bench_serve_args(b):
     b.add_argument("--batch-shapes", default="1,4,16,64", help="serve: the server's batch shapes")
     b.add_argument("--threads", type=int, help="serve: the server's MindSpore threads")
     b.add_argument("--index", default="exact", choices=["exact", "faiss-ivf"], help="serve: the server's index")
+    b.add_argument("--gr", action="store_true", help="serve: a random-weight GR model of Beauty's shape, the "
+                   "decoding engine vs the naive baseline side by side (no --run)")
+    b.add_argument("--beams", default="16,64,256", help="serve --gr: beam widths")
+    b.add_argument("--prompts", default="50,200,1000", help="serve --gr: prompt lengths (tokens)")
+    b.add_argument("--items", type=int, default=12101, help="serve --gr: catalogue size")
+    b.add_argument("--dim", type=int, default=128, help="serve --gr: decoder width")
+    b.add_argument("--blocks", type=int, default=4, help="serve --gr: decoder blocks")
+    b.add_argument("--min-requests", type=int, default=6, help="serve --gr: at least this many requests per rate")
+    b.add_argument("--bound-factor", type=float, default=3.0,
+                   help="serve --gr: p99 bound = this x the slower side's unloaded p50 (unless --gr-p99-bound-ms)")
+    b.add_argument("--gr-p99-bound-ms", type=float, help="serve --gr: one fixed p99 bound for every cell")
+    b.add_argument("--cell-budget", type=float, default=240.0, help="serve --gr: seconds of load per cell")
+    b.add_argument("--rate-multiples", default="0.5,1,1.5,2,3,4,6,8,12,16",
+                   help="serve --gr: rates as multiples of each side's 1 / unloaded latency")
+    b.add_argument("--gr-batch-shapes", default="1,2,4", help="serve --gr: user-batch shapes of both servers")
+    b.add_argument("--gr-big-batch-shapes", default="1,2", help="serve --gr: shapes where beam x prompt >= 256 x 1000")
+    b.add_argument("--overlap-ab", action="store_true",
+                   help="serve --gr: engine with overlap on vs off, instead of engine vs naive")
     b.add_argument("--index-recall", action="store_true",
                    help="serve: instead of the load test, recall@k of faiss-ivf vs exact on the test users")
 

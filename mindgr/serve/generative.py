@@ -99,12 +99,19 @@ def random_bundle(num_items: int = 12101, prompt_tokens: int = 200, dim: int = 1
 
 
 def parse_random_spec(text: str) -> dict:
-    """`items=12101,prompt=200,dim=128,blocks=4,heads=2,seed=0` -> random_bundle keyword arguments."""
+    """`items=12101,prompt=200,dim=128,blocks=4,heads=2,seed=0,levels=256x256x256x32` -> random_bundle's
+    keyword arguments (any subset; the rest keep their defaults)."""
     names = {"items": "num_items", "prompt": "prompt_tokens", "dim": "dim", "blocks": "blocks",
              "heads": "heads", "seed": "seed"}
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = part.partition("=")
+        if key == "levels":
+            try:
+                out["level_sizes"] = [int(x) for x in value.split("x")]
+            except ValueError:
+                raise ValueError(f"--random-gr: {part!r} (expected levels=K0xK1x...)") from None
+            continue
         if key not in names or not value.lstrip("-").isdigit():
             raise ValueError(f"--random-gr: {part!r} (expected KEY=INT with KEY one of {', '.join(names)})")
         out[names[key]] = int(value)
