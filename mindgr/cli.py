@@ -254,9 +254,32 @@ def _batch_shapes(text):
 
 def cmd_export(args) -> int:
     from mindgr.serve.export import export_run
-    m = export_run(args.run, args.out, args.checkpoint, _batch_shapes(args.batch_shapes))
+    from mindgr.serve.generative import is_generative_run
+    if (args.run is None) == (args.random_gr is None):
+        raise ValueError("export: give exactly one of --run RUN and --random-gr SPEC")
+    if args.random_gr is not None or is_generative_run(args.run):
+        return _export_generative(args)
+    m = export_run(args.run, args.out, args.checkpoint, _batch_shapes(args.batch_shapes or "1,4,16,64"))
     print(json.dumps({"run": m["run"], "checkpoint": m["checkpoint"], "out": str(args.out or f"{args.run}/export"),
                       "encoders": [e["file"] for e in m["encoders"].values()], "items": m["data"]["num_items"]}))
+    return 0
+
+
+def _export_generative(args) -> int:
+    from mindgr.serve import export as ex
+    shapes = _batch_shapes(args.batch_shapes or "1,2,4")
+    if args.random_gr is not None:
+        from mindgr.serve.generative import parse_random_spec, random_bundle
+        from mindgr.serve.server import _setup_random
+        if not args.out:
+            raise ValueError("export --random-gr: --out DIR is required")
+        _setup_random(args.threads)
+        m = ex.export_generative(random_bundle(**parse_random_spec(args.random_gr)), args.out, args.beam, shapes)
+    else:
+        m = ex.export_generative_run(args.run, args.out, args.checkpoint, args.beam, shapes)
+    print(json.dumps({"run": m["run"], "checkpoint": m["checkpoint"], "out": str(args.out or f"{args.run}/export"),
+                      "graphs": [g[p]["file"] for g in m["graphs"].values() for p in ("prefill", "step")],
+                      "beam": m["beam"], "prompt_tokens": m["prompt_tokens"]}))
     return 0
 
 
@@ -342,10 +365,14 @@ def _bench_serve(args) -> int:
 
 def _add_serve_commands(sub):
     x = sub.add_parser("export", help="export a run's user encoder (MindIR per batch shape), item table, manifest")
-    x.add_argument("--run", required=True, help="run directory")
+    x.add_argument("--run", help="run directory (HSTU-family or generative)")
+    x.add_argument("--random-gr", metavar="SPEC", help="instead of a run: a random-weight GR decoder (as mindgr serve)")
     x.add_argument("--out", help="output directory (default RUN/export)")
     x.add_argument("--checkpoint", default="best", choices=["best", "latest"])
-    x.add_argument("--batch-shapes", default="1,4,16,64", help="rows of each exported encoder (as mindgr serve)")
+    x.add_argument("--batch-shapes", help="rows of each exported encoder (HSTU, default 1,4,16,64) or users of "
+                   "each prefill / decode-step graph (GR, default 1,2,4), as mindgr serve")
+    x.add_argument("--beam", type=int, default=16, help="GR: the beam width the decode-step graphs are built for")
+    x.add_argument("--threads", type=int, help="GR --random-gr: MindSpore CPU threads")
     x.set_defaults(func=cmd_export)
 
     r = sub.add_parser("recommend", help="top-k items for one user's history or a file of histories (raw ids)")

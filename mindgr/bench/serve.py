@@ -331,9 +331,9 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                     args = ["--random-gr", spec, "--beam", beam, "--decode", decode, "--overlap", ov,
                             "--batch-shapes", cell_shapes, "--queue-size", 64, "--max-wait-ms", 2] + \
                         (["--threads", threads] if threads else [])
-                    servers[side] = _start_async(ports[side], args)
+                    servers[side] = launch_server(ports[side], args)
                 for side in sides:
-                    _wait_ready(servers[side], ports[side])
+                    wait_ready(servers[side], ports[side])
                 startup = time.perf_counter() - t_start
                 urls = {s: f"http://127.0.0.1:{ports[s]}" for s in sides}
                 health = httpx.get(f"{urls[sides[0]]}/health").json()
@@ -398,18 +398,19 @@ def _decode_delta(before: dict, after: dict) -> dict:
             for key in a["ms_per_batch"]}
 
 
-def _start_async(port: int, args):
-    """A `mindgr serve` subprocess (not waited for): see _wait_ready."""
+def launch_server(port: int, args, cwd=None):
+    """A `mindgr serve` subprocess (not waited for: start several, then wait_ready each, so their compiles
+    overlap)."""
     cmd = [sys.executable, "-m", "mindgr", "serve", "--host", "127.0.0.1", "--port", str(port), *[str(a) for a in args]]
     fd, log_path = tempfile.mkstemp(prefix="mindgr-serve-", suffix=".log")
     os.close(fd)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd)
     proc.log_path = log_path
     return proc
 
 
-def _wait_ready(proc, port: int, timeout: float = 900.0):
+def wait_ready(proc, port: int, timeout: float = 900.0):
     import httpx
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
