@@ -427,11 +427,11 @@ def _add_bench_serve_args(b):
     b.add_argument("--dim", type=int, default=128, help="serve --gr: decoder width")
     b.add_argument("--blocks", type=int, default=4, help="serve --gr: decoder blocks")
     b.add_argument("--min-requests", type=int, default=6, help="serve --gr: at least this many requests per rate")
-    b.add_argument("--bound-factor", type=float, default=3.0,
+    b.add_argument("--bound-factor", type=float, default=5.0,
                    help="serve --gr: p99 bound = this x the slower side's unloaded p50 (unless --gr-p99-bound-ms)")
     b.add_argument("--gr-p99-bound-ms", type=float, help="serve --gr: one fixed p99 bound for every cell")
     b.add_argument("--cell-budget", type=float, default=240.0, help="serve --gr: seconds of load per cell")
-    b.add_argument("--rate-multiples", default="0.5,1,1.5,2,3,4,6,8,12,16",
+    b.add_argument("--rate-multiples", default="0.25,0.5,1,1.5,2,3,4,6,8,12",
                    help="serve --gr: rates as multiples of each side's 1 / unloaded latency")
     b.add_argument("--gr-batch-shapes", default="1,2,4", help="serve --gr: user-batch shapes of both servers")
     b.add_argument("--gr-big-batch-shapes", default="1,2", help="serve --gr: shapes where beam x prompt >= 256 x 1000")

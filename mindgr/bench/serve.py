@@ -299,9 +299,9 @@ def _ok(row, bound_ms):
 
 
 def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12101, dim: int = 128,
-                   blocks: int = 4, heads: int = 2, k: int = 10, multiples=(0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16),
+                   blocks: int = 4, heads: int = 2, k: int = 10, multiples=(0.25, 0.5, 1, 1.5, 2, 3, 4, 6, 8, 12),
                    duration: float = 6.0, max_requests: int = 400, min_requests: int = 6,
-                   bound_factor: float = 3.0, p99_bound_ms: float | None = None, cell_budget_s: float = 240.0,
+                   bound_factor: float = 5.0, p99_bound_ms: float | None = None, cell_budget_s: float = 240.0,
                    shapes: str = "1,2,4", big_shapes: str = "1,2", threads=None, overlap: str = "off",
                    sides=("engine", "naive"), out=None) -> dict:
     """Per (prompt, beam) cell: one server per side (`--decode engine` / `--decode naive`, or overlap on /
@@ -316,6 +316,8 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
     from mindgr.config import ConfigError
     if duration <= 0 or max_requests < 1 or min_requests < 1 or not multiples or min(multiples) <= 0:
         raise ConfigError("bench serve --gr: --duration > 0, --max-requests >= 1 and positive rate multiples")
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stopped: still stop the servers (finally)
     cells = []
     for prompt in prompts:
         for beam in beams:
@@ -338,11 +340,12 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                 urls = {s: f"http://127.0.0.1:{ports[s]}" for s in sides}
                 health = httpx.get(f"{urls[sides[0]]}/health").json()
                 bodies = gr_requests(items, health["prompt_items"], k=min(k, beam))
-                probe = {s: asyncio.run(_closed_loop(f"{urls[s]}/recommend", bodies, 4))[1:] for s in sides}
+                probe = {s: asyncio.run(_closed_loop(f"{urls[s]}/recommend", bodies, 3))[1:] for s in sides}
                 probe_ms = {s: float(np.median(v)) * 1e3 for s, v in probe.items()}
                 bound = p99_bound_ms or bound_factor * max(probe_ms.values())
                 rows = {s: [] for s in sides}
                 climbing = {s: True for s in sides}
+                skipped = {s: [] for s in sides}
                 t_cell = time.perf_counter()
                 for i, m in enumerate(multiples):
                     for side in sides:
@@ -351,6 +354,11 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                             continue
                         rate = m * 1e3 / probe_ms[side]
                         n = max(min_requests, min(max_requests, int(round(rate * duration))))
+                        need = n / rate + 2 * probe_ms[side] / 1e3       # arrivals + the last answers
+                        if time.perf_counter() - t_cell + need > cell_budget_s:
+                            climbing[side] = False                        # would overrun the cell's budget
+                            skipped[side].append(m)
+                            continue
                         before = httpx.get(f"{urls[side]}/metrics").json()
                         row = asyncio.run(_one_rate(f"{urls[side]}/recommend", bodies, rate, n / rate, n, seed=i))
                         after = httpx.get(f"{urls[side]}/metrics").json()
@@ -370,12 +378,13 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
             ratio = best[a] / best[b] if best[a] and best[b] else None
             cell = {"prompt_tokens": prompt, "beam": beam, "batch_shapes": cell_shapes, "startup_s": round(startup, 1),
                     "probe_ms": probe_ms, "p99_bound_ms": bound, "rates": rows, "throughput_within_bound": best,
-                    "ratio": ratio, "decode_ms_per_batch": {s: final[s].get("decode", {}) for s in sides},
+                    "ratio": ratio, "skipped_multiples": skipped,
+                    "unloaded_latency_ratio": probe_ms[b] / probe_ms[a], "decode_ms_per_batch": {s: final[s].get("decode", {}) for s in sides},
                     "server_exit_codes": codes}
             cells.append(cell)
             write_result({"partial": True, "cells": cells}, out)      # what ran so far, if stopped early
             rtxt = "-" if ratio is None else f"{ratio:.2f}x"
-            print(f"== prompt {prompt} beam {beam}: probe ms {json.dumps({s: round(v, 1) for s, v in probe_ms.items()})}, "
+            print(f"== prompt {prompt} beam {beam}: unloaded latency {b}/{a} {probe_ms[b] / probe_ms[a]:.2f}x, probe ms {json.dumps({s: round(v, 1) for s, v in probe_ms.items()})}, "
                   f"p99 bound {bound:.0f} ms, req/s within it {json.dumps(best)}, {a}/{b} {rtxt}", flush=True)
     result = {"model": {"items": items, "dim": dim, "blocks": blocks, "heads": heads,
                         "levels": "256 x 256 x 256 + de-dup 32", "weights": "random"},
