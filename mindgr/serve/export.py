@@ -189,8 +189,9 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
         "data": {"fingerprint": None},
         **(manifest_extra or {}),
     }
-    if "random" in (bundle.extra or {}):
-        manifest["random_model"] = bundle.extra["random"]
+    extra = getattr(bundle, "extra", None) or {}      # a LoadedGenerativeRun has none
+    if "random" in extra:
+        manifest["random_model"] = extra["random"]
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 

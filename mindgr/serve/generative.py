@@ -259,19 +259,20 @@ class GenerativeRecommender:
 
 
 def bundle_info(bundle) -> dict:
-    run = bundle.run_dir
+    run, extra = bundle.run_dir, getattr(bundle, "extra", None) or {}     # a LoadedGenerativeRun has no extra
     return {"run": str(run) if run is not None else None, "checkpoint": str(bundle.checkpoint),
-            **({"random_model": bundle.extra["random"]} if "random" in bundle.extra else {})}
+            **({"step": bundle.step} if getattr(bundle, "step", None) is not None else {}),
+            **({"random_model": extra["random"]} if "random" in extra else {})}
 
 
-def load_bundle(run_dir, which: str = "best"):
+def load_bundle(run_dir, which: str = "best", threads=None):
     """A trained GR run as a bundle (mindgr.train.generative.load_generative_run, when it exists)."""
     try:
         from mindgr.train.generative import load_generative_run
     except ImportError:
         raise ValueError(f"{Path(run_dir)}: serving a generative run needs mindgr.train.generative "
                          "(not in this build)") from None
-    return load_generative_run(run_dir, which)
+    return load_generative_run(run_dir, which, threads=threads)
 
 
 def is_generative_run(run_dir) -> bool:

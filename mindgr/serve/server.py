@@ -161,7 +161,7 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, which: str = "best
             _setup_random(threads)
             bundle = gr.random_bundle(**gr.parse_random_spec(random_gr))
         else:
-            bundle = gr.load_bundle(run_dir, which)
+            bundle = gr.load_bundle(run_dir, which, threads)
         rec = gr.GenerativeRecommender(bundle, beam, decode, shapes or gr.DEFAULT_GR_SHAPES, overlap, max_history)
         info = {**gr.bundle_info(bundle), **rec.describe(), "queue_size": queue_size, "max_wait_ms": max_wait_ms}
         banner = (f"mindgr serve: generative model ({info['checkpoint']}) on http://{host}:{port}, decode "
