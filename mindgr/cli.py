@@ -304,8 +304,13 @@ def _history_lines(args):
 def cmd_recommend(args) -> int:
     from mindgr.train.trainer import load_run
     from mindgr.serve.recommend import Recommender, RequestError
+    from mindgr.serve.generative import GenerativeRecommender, is_generative_run, load_bundle
     users = _history_lines(args)
-    rec = Recommender.from_run(load_run(args.run, args.checkpoint), shapes=(1, 16))
+    if is_generative_run(args.run):        # beam search with the decoding engine (as mindgr serve)
+        rec = GenerativeRecommender(load_bundle(args.run, args.checkpoint), beam=args.beam or max(16, args.k),
+                                    shapes=(1, 4))
+    else:
+        rec = Recommender.from_run(load_run(args.run, args.checkpoint), shapes=(1, 16))
     queries = []
     for label, hist in users:
         try:
@@ -381,6 +386,7 @@ def _add_serve_commands(sub):
     r.add_argument("--users", help="a file with one user's raw item ids per line; prints one JSON line per user")
     r.add_argument("--k", type=int, default=10)
     r.add_argument("--include-history", action="store_true", help="do not remove the history's items")
+    r.add_argument("--beam", type=int, help="GR runs: beam width (default max(16, k))")
     r.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     r.set_defaults(func=cmd_recommend)
 
