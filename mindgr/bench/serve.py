@@ -347,15 +347,22 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                 climbing = {s: True for s in sides}
                 skipped = {s: [] for s in sides}
                 t_cell = time.perf_counter()
+                # a side too slow for even the first rate within the budget gets one rate, at 1x its
+                # unloaded capacity with min_requests requests, over budget (else it would have no point)
+                slow = {s: min_requests * 1e3 / probe_ms[s] / multiples[0] > cell_budget_s for s in sides}
                 for i, m in enumerate(multiples):
                     for side in sides:
-                        if not climbing[side] or time.perf_counter() - t_cell > cell_budget_s:
+                        if slow[side]:
+                            if i > 0:
+                                continue
+                            m = 1.0
+                        elif not climbing[side] or time.perf_counter() - t_cell > cell_budget_s:
                             climbing[side] = False
                             continue
                         rate = m * 1e3 / probe_ms[side]
                         n = max(min_requests, min(max_requests, int(round(rate * duration))))
                         need = n / rate + 2 * probe_ms[side] / 1e3       # arrivals + the last answers
-                        if time.perf_counter() - t_cell + need > cell_budget_s:
+                        if not slow[side] and time.perf_counter() - t_cell + need > cell_budget_s:
                             climbing[side] = False                        # would overrun the cell's budget
                             skipped[side].append(m)
                             continue
@@ -380,7 +387,7 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
             ratio = best[a] / best[b] if best[a] and best[b] else None
             cell = {"prompt_tokens": prompt, "beam": beam, "batch_shapes": cell_shapes, "startup_s": round(startup, 1),
                     "probe_ms": probe_ms, "p99_bound_ms": bound, "rates": rows, "throughput_within_bound": best,
-                    "ratio": ratio, "skipped_multiples": skipped,
+                    "ratio": ratio, "skipped_multiples": skipped, "one_rate_only": slow,
                     "unloaded_latency_ratio": probe_ms[b] / probe_ms[a], "decode_ms_per_batch": {s: final[s].get("decode", {}) for s in sides},
                     "server_exit_codes": codes}
             cells.append(cell)
