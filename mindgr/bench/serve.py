@@ -352,26 +352,27 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                 slow = {s: min_requests * 1e3 / probe_ms[s] / multiples[0] > cell_budget_s for s in sides}
                 for i, m in enumerate(multiples):
                     for side in sides:
+                        mult = m
                         if slow[side]:
                             if i > 0:
                                 continue
-                            m = 1.0
+                            mult = 1.0
                         elif not climbing[side] or time.perf_counter() - t_cell > cell_budget_s:
                             climbing[side] = False
                             continue
-                        rate = m * 1e3 / probe_ms[side]
+                        rate = mult * 1e3 / probe_ms[side]
                         n = max(min_requests, min(max_requests, int(round(rate * duration))))
                         need = n / rate + 2 * probe_ms[side] / 1e3       # arrivals + the last answers
                         if not slow[side] and time.perf_counter() - t_cell + need > cell_budget_s:
                             climbing[side] = False                        # would overrun the cell's budget
-                            skipped[side].append(m)
+                            skipped[side].append(mult)
                             continue
                         before = httpx.get(f"{urls[side]}/metrics").json()
                         row = asyncio.run(_one_rate(f"{urls[side]}/recommend", bodies, rate, n / rate, n, seed=i))
                         after = httpx.get(f"{urls[side]}/metrics").json()
-                        row.update(_batch_delta(before, after), multiple=m, decode_ms_per_batch=_decode_delta(before, after))
+                        row.update(_batch_delta(before, after), multiple=mult, decode_ms_per_batch=_decode_delta(before, after))
                         rows[side].append(row)
-                        print(f"prompt {prompt:5d} beam {beam:4d} {side:11s} x{m:<4g} " + _format_row(row), flush=True)
+                        print(f"prompt {prompt:5d} beam {beam:4d} {side:11s} x{mult:<4g} " + _format_row(row), flush=True)
                         if not _ok(row, bound):
                             climbing[side] = False
                 final = {s: httpx.get(f"{urls[s]}/metrics").json() for s in sides}
