@@ -111,3 +111,128 @@ def load_export(export_dir):
     encoder = ExportedEncoder(graphs, "request_times" in manifest.get("inputs", {}))
     return (manifest, encoder, np.load(d / manifest["item_table"]["file"]),
             np.load(d / manifest["item_ids"]["file"]))
+
+
+# ---- generative runs: the decoding engine's graphs ------------------------------------------------------
+
+GR_FORMAT_VERSION = 1
+
+
+def _readonly_replace(path: Path):
+    path.unlink(missing_ok=True)  # MindSpore writes MindIR read-only: re-export replaces it
+
+
+class _Recorder:
+    """A runner that runs each model call and keeps the host arrays it was given (the graphs' inputs)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, fn, *args):
+        self.calls.append(args)
+        return fn(*args)
+
+
+def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifest_extra=None) -> dict:
+    """MindIR of the prefill and decode-step graphs of each user-batch shape (beam fixed), the code table,
+    the trie arrays, the raw ids and a manifest. Returns the manifest."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor
+    from mindgr.ids.decode import DecodingEngine
+    from mindgr.models.generative import prompts_of
+    from mindgr.serve.generative import GenerativeRecommender
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rec = GenerativeRecommender(bundle, beam=beam, decode="engine", shapes=shapes)
+    dec, p_cap = bundle.decoder, rec.p_cap
+    graphs = {}
+    for users in rec.shapes:
+        eng: DecodingEngine = rec.engines[0][users]
+        be = eng.backend
+        # the inputs the engine really builds for a prefill and a step (their values do not matter)
+        be.run = rec_calls = _Recorder()
+        be.prefill(prompts_of(dec, [np.ones(1, np.int64)] * users, eng.codes, p_cap))
+        pre_args = [Tensor(a) for a in rec_calls.calls[0]]
+        be.step(1, np.zeros((users, beam), np.int64), [np.zeros((users, beam), np.int64)])
+        step_args = be.last_step_inputs
+        pre_name, step_name = f"prefill-u{users}", f"step-u{users}-b{beam}"
+        _readonly_replace(out / f"{pre_name}.mindir")
+        ms.export(be.prefill_net, *pre_args, file_name=str(out / pre_name), file_format="MINDIR")
+        _readonly_replace(out / f"{step_name}.mindir")
+        ms.export(be.step_net, *step_args, file_name=str(out / step_name), file_format="MINDIR")
+        graphs[str(users)] = {
+            "prefill": {"file": pre_name + ".mindir",
+                        "inputs": [[str(a.dtype), list(a.shape)] for a in pre_args],
+                        "outputs": ["logits float32 [U, sum K]", "prompt K float32 [layers, U, P, H, dqk]",
+                                    "prompt V float32 [layers, U, P, H, dv]"]},
+            "step": {"file": step_name + ".mindir",
+                     "inputs": [[str(a.dtype), list(a.shape)] for a in step_args],
+                     "input_names": ["slots", "prompt K", "prompt V", "prompt bias index", "prompt mask",
+                                     "record K", "record V", "record one-hot", "ancestry index",
+                                     "record bias index", "record mask"],
+                     "outputs": ["logits float32 [U * beam, sum K]", "record K", "record V"]}}
+    codes = np.asarray(bundle.codes, np.int32)
+    np.save(out / "codes.npy", codes)
+    np.save(out / "item_raw_ids.npy", np.asarray(bundle.raw_ids, np.int64))
+    trie = bundle.trie
+    np.savez(out / "trie.npz", **{f"keys{l}": trie.keys[l] for l in range(trie.num_levels)},
+             **{f"masks{l}": trie.masks[l] for l in range(trie.num_levels)})
+    cfg = bundle.cfg.to_dict() if hasattr(bundle.cfg, "to_dict") else None
+    manifest = {
+        "format_version": GR_FORMAT_VERSION, "kind": "generative",
+        "run": str(bundle.run_dir) if bundle.run_dir is not None else None, "checkpoint": str(bundle.checkpoint),
+        "config": cfg,
+        "decoder": {"level_sizes": [int(s) for s in bundle.level_sizes], "dim": dec.dim, "blocks": dec.num_blocks,
+                    "heads": dec.num_heads, "dqk": dec.dqk, "dv": dec.dv, "max_len": dec.max_len,
+                    "token_merger": dec.token_merger, "group": dec.group, "pad_id": dec.pad_id,
+                    "level_offsets": [int(x) for x in dec.level_offsets]},
+        "beam": beam, "prompt_tokens": p_cap, "max_history": int(bundle.max_history),
+        "decode_steps": int(dec.num_levels - 1),
+        "graphs": graphs,
+        "codes": {"file": "codes.npy", "dtype": "int32", "shape": list(codes.shape),
+                  "meaning": "row i = the semantic-ID tuple of item index i; row 0 = padding"},
+        "trie": {"file": "trie.npz", "arrays": "keys{l} int64 sorted prefix keys, masks{l} bool [prefixes, K_l] "
+                 "(mindgr.ids.trie.PrefixTrie)", "levels": trie.num_levels},
+        "item_ids": {"file": "item_raw_ids.npy", "dtype": "int64", "shape": [len(bundle.raw_ids)],
+                     "meaning": "entry i is the raw id of item index i (entry 0 unused)"},
+        "data": {"fingerprint": None},
+        **(manifest_extra or {}),
+    }
+    extra = getattr(bundle, "extra", None) or {}      # a LoadedGenerativeRun has none
+    if "random" in extra:
+        manifest["random_model"] = extra["random"]
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def export_generative_run(run_dir, out_dir=None, which: str = "best", beam: int = 16, shapes=(1, 2, 4)) -> dict:
+    """A trained GR run (mindgr.train.generative.load_generative_run) exported; out_dir defaults to RUN/export."""
+    from mindgr.serve.generative import load_bundle
+    bundle = load_bundle(run_dir, which)
+    out = Path(out_dir) if out_dir else Path(bundle.run_dir) / "export"
+    from mindgr.train.data import FINGERPRINT_FILE
+    fingerprint = None
+    fp = Path(bundle.run_dir) / FINGERPRINT_FILE      # what the run recorded of its data (none invented)
+    if fp.is_file():
+        fingerprint = json.loads(fp.read_text())
+    return export_generative(bundle, out, beam, shapes, {"data": {"fingerprint": fingerprint}})
+
+
+def load_generative_export(export_dir):
+    """(manifest, {users: (prefill GraphCell, step GraphCell)}, codes, trie arrays dict, raw ids)."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import nn
+    d = Path(export_dir)
+    path = d / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{d}: no {MANIFEST} (not an export directory)")
+    manifest = json.loads(path.read_text())
+    if manifest.get("kind") != "generative":
+        raise ValueError(f"{d}: not a generative export (use load_export)")
+    graphs = {int(u): (nn.GraphCell(ms.load(str(d / g["prefill"]["file"]))),
+                       nn.GraphCell(ms.load(str(d / g["step"]["file"]))))
+              for u, g in manifest["graphs"].items()}
+    trie = dict(np.load(d / manifest["trie"]["file"]))
+    return manifest, graphs, np.load(d / manifest["codes"]["file"]), trie, np.load(d / manifest["item_ids"]["file"])
