@@ -166,7 +166,7 @@ def test_hstu_eval_without_history_filter():
     users = {}
 
     class FakeEncoder:               # a user vector per row, fixed by the row's first item id
-        def __call__(self, ids, positions, offsets, timestamps):
+        def __call__(self, ids, positions, offsets, timestamps, request_times):
             off = offsets.asnumpy()
             first = ids.asnumpy()[np.minimum(off[:-1], len(ids.asnumpy()) - 1)]
             vec = np.stack([users.setdefault(int(i), rng.normal(size=8).astype(np.float32)) for i in first])
