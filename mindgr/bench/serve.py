@@ -349,7 +349,7 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                 t_cell = time.perf_counter()
                 # a side too slow for even the first rate within the budget gets one rate, at 1x its
                 # unloaded capacity with min_requests requests, over budget (else it would have no point)
-                slow = {s: min_requests * probe_ms[s] / 1e3 / multiples[0] > cell_budget_s for s in sides}
+                slow = {s: (min_requests / multiples[0] + 2) * probe_ms[s] / 1e3 > cell_budget_s for s in sides}
                 for i, m in enumerate(multiples):
                     for side in sides:
                         mult = m
