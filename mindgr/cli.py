@@ -42,8 +42,13 @@ def cmd_train(args) -> int:
         return 0
     _check_writable(cfg.run_dir)   # a file in the way or a read-only disk: say so before data and compile
     args.writes_to = cfg.run_dir
+    from mindgr.models.objectives import check_objective_arch
     from mindgr.parallel.context import under_msrun
-    if under_msrun():  # a rank of a multi-process job (or msrun's scheduler, which stops in init)
+    from mindgr.train.generative import is_generative_config
+    check_objective_arch(cfg)      # next-token prediction for an item encoder (or the reverse): one line
+    if is_generative_config(cfg):  # the GR decoder (mindgr.train.generative), one process
+        from mindgr.train.generative import GenerativeTrainer as Trainer
+    elif under_msrun():  # a rank of a multi-process job (or msrun's scheduler, which stops in init)
         if cfg.parallel.sparse != "none":
             from mindgr.parallel.sparse.trainer import SparseTrainer as Trainer
         else:
@@ -59,17 +64,24 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from mindgr.train.trainer import evaluate_run
-    result = evaluate_run(args.run, args.split, args.checkpoint, args.allow_data_change)
+    from mindgr.train.run_eval import evaluate_any_run
+    result = evaluate_any_run(args.run, args.split, args.checkpoint, args.allow_data_change,
+                              _filter_history(args), args.max_users)
     print(json.dumps(result, indent=1))
     return 0
+
+
+def _filter_history(args):
+    """--filter-history true|false, or None (the run's eval.filter_history)."""
+    value = getattr(args, "filter_history", None)
+    return None if value is None else value == "true"
 
 
 def cmd_compare(args) -> int:
     from mindgr.bench import write_result
     from mindgr.train.compare import compare_runs, format_comparison
     runs_a, runs_b = (side.split(",") for side in (args.run_a, args.run_b))
-    result = compare_runs(runs_a, runs_b, args.split, args.checkpoint, args.samples)
+    result = compare_runs(runs_a, runs_b, args.split, args.checkpoint, args.samples, _filter_history(args))
     print(format_comparison(result, args.run_a, args.run_b))
     write_result(result, args.out)
     return 0
@@ -475,6 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--split", default="test", choices=["valid", "test"])
     e.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     e.add_argument("--allow-data-change", action="store_true", help="evaluate even if the run's data changed")
+    e.add_argument("--filter-history", choices=["true", "false"],
+                   help="remove the user's history items from the ranking (default: the run's eval.filter_history)")
+    e.add_argument("--max-users", type=int, default=0,
+                   help="generative runs: decode a fixed sample of this many users (default 0 = all)")
     e.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("compare", help="paired comparison of two runs' metrics on the same users "
@@ -485,6 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     c.add_argument("--samples", type=int, default=5000, help="bootstrap samples")
     c.add_argument("--out", help="also write the result as JSON here")
+    c.add_argument("--filter-history", choices=["true", "false"],
+                   help="rank with or without the history items (default: each run's eval.filter_history)")
     c.set_defaults(func=cmd_compare)
 
     d = sub.add_parser("data", help="prepare a dataset into a sequence store")

@@ -84,7 +84,7 @@ def step_inputs(batch, negatives, drop, scale: float):
     """Tensors in the order of the local-gradient cell (mindgr.parallel.dp.LocalGrads)."""
     from mindspore import Tensor
     return (Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets), Tensor(batch.timestamps),
-            Tensor(batch.targets), Tensor(negatives), Tensor(drop), Tensor(np.float32(scale)))
+            Tensor(batch.request_times), Tensor(batch.targets), Tensor(negatives), Tensor(drop), Tensor(np.float32(scale)))
 
 
 def grads_timer(local_grads, num_items: int, token_capacity: int, row_capacity: int, num_negatives: int,

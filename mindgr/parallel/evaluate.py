@@ -29,7 +29,7 @@ def evaluate_sharded(encode_last, item_table: np.ndarray, examples, evalset, ks,
             user = encode_batch(batch)[: batch.num_rows]
         else:
             user = encode_last(Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets),
-                               Tensor(batch.timestamps)).asnumpy()[: batch.num_rows]
+                               Tensor(batch.timestamps), Tensor(batch.request_times)).asnumpy()[: batch.num_rows]
         rows = batch.rows[: batch.num_rows]
         scores = score(user) if score is not None else user @ item_table.T
         g, t = target_ranks(scores, evalset.targets[rows], [evalset.histories[i] for i in rows])

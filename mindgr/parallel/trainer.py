@@ -255,7 +255,8 @@ class DistributedTrainer(Trainer):
         from mindgr.parallel.plan import local_rows
         tr = self.data.train
         share = self.planner.share(epoch, b, indices)
-        batch = build_batch(share.indices, tr.inputs, tr.times, tr.targets, self.rank_tokens, self.rank_rows)
+        batch = build_batch(share.indices, tr.inputs, tr.times, tr.targets, self.rank_tokens, self.rank_rows,
+                            tr.request_times)
         if self.seq_draws is not None:
             negatives, drop = self.seq_draws.draw(epoch, share.indices, self.planner.lengths[share.indices],
                                                   self.rank_tokens)
@@ -263,8 +264,8 @@ class DistributedTrainer(Trainer):
             negatives = self.sampler.draw_negatives(epoch, b)
             negatives = local_rows(negatives, share.token_src, self.rank_tokens, fill=1)
             drop = self.sampler.masks.rows(epoch, b, share.token_src, self.rank_tokens)
-        inputs = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.targets, negatives, drop,
-                  np.float32(share.scale))
+        inputs = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.request_times, batch.targets,
+                  negatives, drop, np.float32(share.scale))
         return inputs, {"tokens": share.global_tokens,
                         "fill": share.global_tokens / (self.ctx.world * self.rank_tokens),
                         "lengths": share.lengths, "targets": share.global_targets, "share": share}

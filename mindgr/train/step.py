@@ -15,21 +15,23 @@ class TrainStep(nn.Cell):
         self.grad_fn = ms.value_and_grad(loss_net, None, optimizer.parameters)
 
     def construct(self, *inputs):
-        # (ids, positions, offsets, timestamps, targets, negatives..., drop): the loss decides the negatives
+        # (ids, positions, offsets, timestamps, request_times, targets, negatives..., drop): the loss decides
+        # the negatives
         loss, grads = self.grad_fn(*inputs)
         self.optimizer(grads)
         return loss
 
 
 class EncodeLast(nn.Cell):
-    """The encoder's output at each row's last token (no dropout): the user embedding for ranking."""
+    """The encoder's output at each row's last token (no dropout): the user embedding for ranking.
+    request_times [B] int64: when each row's recommendation is requested (the held-out target's time)."""
 
     def __init__(self, encoder):
         super().__init__()
         self.encoder = encoder
 
-    def construct(self, ids, positions, offsets, timestamps):
-        return last_positions(self.encoder(ids, positions, offsets, timestamps), offsets)
+    def construct(self, ids, positions, offsets, timestamps, request_times):
+        return last_positions(self.encoder(ids, positions, offsets, timestamps, None, request_times), offsets)
 
 
 def build_optimizer(params, train_cfg):

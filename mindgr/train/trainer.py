@@ -397,8 +397,12 @@ class Trainer:
         self.save()
         return self.finish()
 
-    def _epochs(self, window: dict, peak: float, stop):
+    def _train_flops(self, batch: dict) -> float:
+        """Model FLOPs of one trained batch (its info dict: row lengths, targets)."""
         from mindgr.train.flops import train_flops
+        return train_flops(self.cfg.model, batch["lengths"], batch["targets"], self.sampler.negatives.num_candidates)
+
+    def _epochs(self, window: dict, peak: float, stop):
         cfg = self.cfg
         done = False
         while self.epoch < cfg.train.epochs and not done:
@@ -420,8 +424,7 @@ class Trainer:
                     window["tokens"] += batch["tokens"]
                     window["fill"] += batch["fill"]
                     window["step_s"] += step_s
-                    window["flops"] += train_flops(cfg.model, batch["lengths"], batch["targets"],
-                                                   self.sampler.negatives.num_candidates)
+                    window["flops"] += self._train_flops(batch)
                     window["wait_s"] += stream.wait_s
                     stream.wait_s = 0.0
                     if self.step % cfg.run.log_every == 0:
@@ -457,7 +460,8 @@ class Trainer:
         batch = self.data.train.batch(indices)
         negatives, drop = self.sampler.draw(epoch, b, batch.targets)
         negatives = negatives if isinstance(negatives, tuple) else (negatives,)
-        inputs = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.targets, *negatives, drop)
+        inputs = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.request_times, batch.targets,
+                  *negatives, drop)
         return inputs, {"tokens": batch.num_tokens, "fill": batch.fill,
                         "lengths": np.diff(batch.offsets[: batch.num_rows + 1]),
                         "targets": int((batch.targets > 0).sum())}
@@ -524,7 +528,8 @@ class Trainer:
     def _split_metrics(self, examples, split: str) -> dict:
         from mindgr.train.evaluate import evaluate
         return evaluate(self.model.encode_last, self.model.item_table(), examples,
-                        getattr(self.data.split, split), self.cfg.eval.ks)
+                        getattr(self.data.split, split), self.cfg.eval.ks,
+                        filter_history=self.cfg.eval.filter_history)
 
     def evaluate(self, split: str) -> dict:
         examples = self.data.eval[split]
@@ -679,22 +684,31 @@ def load_run(run_dir, which: str = "best", allow_data_change: bool = False, thre
     return LoadedRun(run_dir, cfg, data, model, path.name, meta.get("step"), data_note)
 
 
-def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_data_change: bool = False) -> dict:
+def ranks_file_name(split: str, which: str, filter_history: bool) -> str:
+    """RUN/ranks/ file of an evaluation: test-best.npz (history filtered), test-best-unfiltered.npz."""
+    return f"{split}-{which}{'' if filter_history else '-unfiltered'}.npz"
+
+
+def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_data_change: bool = False,
+                 filter_history: bool | None = None) -> dict:
     """Re-evaluate a saved run (`mindgr eval`): its own config, its best (or latest) checkpoint, on the data
-    it was trained on (refused if that changed, unless allow_data_change)."""
+    it was trained on (refused if that changed, unless allow_data_change). filter_history: None = the run's
+    eval.filter_history. Item-encoder runs; mindgr.train.run_eval.evaluate_any_run dispatches GR runs."""
     run = load_run(run_dir, which, allow_data_change)
+    if filter_history is None:
+        filter_history = run.cfg.eval.filter_history
     ranks_dir, ranks_note = _ranks_dir(run.run_dir)   # before the ranking, the long part
     from mindgr.train.evaluate import evaluate
     evalset = getattr(run.data.split, split)
     metrics, ranks, ties = evaluate(run.model.encode_last, run.model.item_table(), run.data.eval[split], evalset,
-                                    run.cfg.eval.ks, per_user=True)
+                                    run.cfg.eval.ks, per_user=True, filter_history=filter_history)
     # Per-user (greater, ties) pairs, for a paired comparison with another run (`mindgr compare`).
-    ranks_path = ranks_dir / f"{split}-{which}.npz"
+    ranks_path = ranks_dir / ranks_file_name(split, which, filter_history)
     tmp = ranks_path.with_name(ranks_path.stem + ".tmp.npz")
     np.savez(tmp, ranks=ranks, ties=ties, targets=np.asarray(evalset.targets, np.int64), checkpoint=run.checkpoint)
     os.replace(tmp, ranks_path)
-    out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step, **metrics,
-           "ranks_file": str(ranks_path)}
+    out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
+           "filter_history": filter_history, **metrics, "ranks_file": str(ranks_path)}
     for key, note in (("ranks_note", ranks_note), ("data_note", run.data_note)):
         if note:
             out[key] = note

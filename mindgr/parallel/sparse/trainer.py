@@ -87,7 +87,7 @@ class _SparseLocal:
     def __init__(self, model):
         self.model = model
 
-    def local(self, ids, positions, offsets, timestamps, targets, negatives, drop, scale):
+    def local(self, ids, positions, offsets, timestamps, request_times, targets, negatives, drop, scale):
         from mindspore import Tensor
         m = self.model
         ids, targets, negatives = ids.asnumpy(), targets.asnumpy(), negatives.asnumpy()
@@ -96,7 +96,7 @@ class _SparseLocal:
         rows[: len(uniq)] = np.random.default_rng(0).standard_normal((len(uniq), m.table.dim)) * 0.02
         clip = len(uniq) - 1
         loss, grads = m.grads(Tensor(rows), Tensor(np.minimum(remap(uniq, ids), clip)), positions, offsets,
-                              timestamps, Tensor(np.minimum(remap(uniq, targets), clip)),
+                              timestamps, request_times, Tensor(np.minimum(remap(uniq, targets), clip)),
                               Tensor(np.minimum(remap(uniq, negatives), clip)), drop, scale)
         return loss, grads
 
@@ -137,13 +137,13 @@ class SparseTrainer(DistributedTrainer):
     # ---- a step ----------------------------------------------------------------------------------
     def _prepare(self, epoch: int, b: int, indices):
         inputs, info = super()._prepare(epoch, b, indices)
-        ids, positions, offsets, timestamps, targets, negatives, drop, scale = inputs
+        ids, positions, offsets, timestamps, request_times, targets, negatives, drop, scale = inputs
         uniq = np.unique(np.concatenate([np.zeros(1, ids.dtype), ids, targets, negatives.ravel()]).astype(np.int64))
         if len(uniq) > self.model.u_cap:
             raise ConfigError(f"config: parallel.unique_capacity = {self.model.u_cap}: a rank's batch holds "
                               f"{len(uniq)} distinct item ids (batch {b} of epoch {epoch}); raise it")
         info["unique"] = uniq
-        mapped = (remap(uniq, ids), positions, offsets, timestamps, remap(uniq, targets),
+        mapped = (remap(uniq, ids), positions, offsets, timestamps, request_times, remap(uniq, targets),
                   remap(uniq, negatives), drop, scale)
         return mapped, info
 
@@ -222,7 +222,8 @@ class SparseTrainer(DistributedTrainer):
         rows = np.zeros((len(batch.ids) + 1, full.shape[1]), np.float32)      # static shape: T_cap + 1
         rows[: len(uniq)] = full[uniq]
         return self.model.encode_rows(Tensor(rows), Tensor(remap(uniq, batch.ids)), Tensor(batch.positions),
-                                      Tensor(batch.offsets), Tensor(batch.timestamps)).asnumpy()
+                                      Tensor(batch.offsets), Tensor(batch.timestamps),
+                                      Tensor(batch.request_times)).asnumpy()
 
     def _split_metrics(self, examples, split: str) -> dict:
         from mindgr.parallel.evaluate import evaluate_sharded
