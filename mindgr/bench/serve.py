@@ -96,7 +96,8 @@ def user_requests(run_dir, k: int, limit: int = 2000) -> list:
     return bodies
 
 
-async def _one_rate(url: str, bodies: list, rate: float, duration: float, max_requests: int, seed: int):
+async def _one_rate(url: str, bodies: list, rate: float, duration: float, max_requests: int, seed: int,
+                    timeout: float = 60.0):
     import httpx
     rng = np.random.default_rng(seed)
     n = max(1, min(max_requests, int(round(rate * duration))))
@@ -104,7 +105,7 @@ async def _one_rate(url: str, bodies: list, rate: float, duration: float, max_re
     picks = rng.integers(0, len(bodies), n)
     latencies, statuses, server_ms, lags = [], [], [], []
     limits = httpx.Limits(max_connections=2048, max_keepalive_connections=2048)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60.0)) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout)) as client:
         t0 = time.perf_counter()
 
         async def fire(i):
@@ -349,7 +350,7 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                 t_cell = time.perf_counter()
                 # a side too slow for even the first rate within the budget gets one rate, at 1x its
                 # unloaded capacity with min_requests requests, over budget (else it would have no point)
-                slow = {s: min_requests * probe_ms[s] / 1e3 / multiples[0] > cell_budget_s for s in sides}
+                slow = {s: (min_requests / multiples[0] + 2) * probe_ms[s] / 1e3 > cell_budget_s for s in sides}
                 for i, m in enumerate(multiples):
                     for side in sides:
                         mult = m
@@ -368,7 +369,8 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                             skipped[side].append(mult)
                             continue
                         before = httpx.get(f"{urls[side]}/metrics").json()
-                        row = asyncio.run(_one_rate(f"{urls[side]}/recommend", bodies, rate, n / rate, n, seed=i))
+                        row = asyncio.run(_one_rate(f"{urls[side]}/recommend", bodies, rate, n / rate, n, seed=i,
+                                                    timeout=max(60.0, 3 * bound / 1e3)))
                         after = httpx.get(f"{urls[side]}/metrics").json()
                         row.update(_batch_delta(before, after), multiple=mult, decode_ms_per_batch=_decode_delta(before, after))
                         rows[side].append(row)

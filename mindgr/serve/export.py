@@ -12,6 +12,14 @@ Written into DIR:
   manifest.json           model config, data fingerprint (when the run records one), shapes, dtypes, files
 
 load_export(DIR) reads it back with mindspore.load + nn.GraphCell.
+
+Generative runs (export_generative / export_generative_run; load_generative_export): per user-batch shape U
+  prefill-u{U}.mindir      the decoding engine's PrefillCell (prompt batch -> level-0 logits, prompt K, V)
+  step-u{U}-b{beam}.mindir its DecodeStepCell (one token per beam -> logits, updated record K, V; the
+                           one-hot record update and the ancestry gather are in the graph)
+  codes.npy, trie.npz      the code table [V+1, Lt] and the trie's keys / masks per level
+  item_raw_ids.npy, manifest.json (kind "generative": decoder config, beam, prompt tokens, every graph's
+                           input shapes and dtypes, the run's data fingerprint)
 """
 from __future__ import annotations
 
