@@ -42,13 +42,39 @@ def history_buckets(max_history: int) -> list:
     return caps
 
 
+_ENGINES: "OrderedDict" = None
+_KEEP_ENGINES = 6
+
+
+def _engine(decoder, trie, codes, beam, p_cap, n_users, engine_options):
+    """A DecodingEngine, reused across calls for the same decoder, trie and shapes (its compiled graphs read
+    the decoder's parameters, so a validation during training decodes with the current weights without
+    compiling again); the last few are kept."""
+    from collections import OrderedDict
+    from mindgr.ids.decode import DecodingEngine
+    global _ENGINES
+    if _ENGINES is None:
+        _ENGINES = OrderedDict()
+    key = (id(decoder), id(trie), beam, p_cap, n_users, tuple(sorted((engine_options or {}).items())))
+    hit = _ENGINES.get(key)
+    if hit is not None and hit[0] is decoder and hit[1] is trie:
+        _ENGINES.move_to_end(key)
+        engine = hit[2]
+    else:
+        engine = DecodingEngine(decoder, trie, codes, beam, p_cap, n_users, **(engine_options or {}))
+        _ENGINES[key] = (decoder, trie, engine)
+        while len(_ENGINES) > _KEEP_ENGINES:
+            _ENGINES.popitem(last=False)
+    engine.timings = {k: 0.0 for k in engine.timings}
+    return engine
+
+
 def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam: int, batch_users: int,
                      num_items: int, filter_history=True, engine_options: dict | None = None):
     """(greater, ties, stats) of evalset's users `rows`, decoded batch_users at a time; filter_history may be
     a bool or a tuple of bools (then greater and ties are dicts by value: one decode gives both rankings).
     Users are grouped by prompt length into a few engines (history_buckets); each user's list does not
     depend on its group (the prompt's K/V and position biases are per user)."""
-    from mindgr.ids.decode import DecodingEngine
     from mindgr.models.generative import max_prompt_tokens
     flags = tuple(filter_history) if isinstance(filter_history, (tuple, list)) else (bool(filter_history),)
     rows = np.asarray(rows, np.int64)
@@ -66,7 +92,7 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
         if not len(members):
             continue
         n_users = max(1, min(batch_users, len(members)))
-        engine = DecodingEngine(decoder, trie, codes, beam, cap * per_item, n_users, **(engine_options or {}))
+        engine = _engine(decoder, trie, codes, beam, cap * per_item, n_users, engine_options)
         for lo in range(0, len(members), n_users):
             idx = members[lo:lo + n_users]
             chunk = rows[idx]
