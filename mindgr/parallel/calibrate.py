@@ -82,9 +82,8 @@ def synthetic_batch(lengths, num_items: int, token_capacity: int, row_capacity: 
 
 def step_inputs(batch, negatives, drop, scale: float):
     """Tensors in the order of the local-gradient cell (mindgr.parallel.dp.LocalGrads)."""
-    from mindspore import Tensor
-    return (Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets), Tensor(batch.timestamps),
-            Tensor(batch.targets), Tensor(negatives), Tensor(drop), Tensor(np.float32(scale)))
+    from mindgr.train.step import StepInputs
+    return tuple(StepInputs.from_batch(batch, negatives, drop, scale).tensors())
 
 
 def grads_timer(local_grads, num_items: int, token_capacity: int, row_capacity: int, num_negatives: int,
