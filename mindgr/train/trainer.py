@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from mindgr.config import Config
+from mindgr.paths import atomic_write
 from mindgr.runtime import setup_mindspore  # noqa: F401  (also imported from here by bench and tests)
 from mindgr.train.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, restore_parameters
 from mindgr.train.local import HostSampler, LocalStrategy, Model  # noqa: F401
@@ -98,7 +99,7 @@ def load_run(run_dir, which: str = "best", allow_data_change: bool = False, thre
     data = RunData(cfg)
     model = Model(cfg, data.num_items)
     tensors, meta = load_checkpoint(path)
-    from mindgr.parallel.sparse.checkpoint import full_table
+    from mindgr.train.table_checkpoint import full_table
     table = full_table(ckpts.dir, path.name, data.num_items + 1)
     if table is None:
         restore_parameters(model.train_step, tensors, str(path))
@@ -121,9 +122,9 @@ def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_
                                     run.cfg.eval.ks, per_user=True)
     # Per-user (greater, ties) pairs, for a paired comparison with another run (`mindgr compare`).
     ranks_path = ranks_dir / f"{split}-{which}.npz"
-    tmp = ranks_path.with_name(ranks_path.stem + ".tmp.npz")
-    np.savez(tmp, ranks=ranks, ties=ties, targets=np.asarray(evalset.targets, np.int64), checkpoint=run.checkpoint)
-    os.replace(tmp, ranks_path)
+    atomic_write(ranks_path, lambda tmp: np.savez(tmp, ranks=ranks, ties=ties, checkpoint=run.checkpoint,
+                                                  targets=np.asarray(evalset.targets, np.int64)),
+                 tmp_suffix=".tmp.npz")
     out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step, **metrics,
            "ranks_file": str(ranks_path)}
     for key, note in (("ranks_note", ranks_note), ("data_note", run.data_note)):

@@ -13,8 +13,6 @@ Evaluations and checkpoints first flush the outstanding exchange.
 """
 from __future__ import annotations
 
-import json
-import os
 import time
 import zlib
 
@@ -23,7 +21,7 @@ import numpy as np
 from mindgr.config import ConfigError
 from mindgr.parallel import comm
 from mindgr.parallel.strategy import DataParallelStrategy, _step_cpu
-from mindgr.parallel.sparse import checkpoint as table_ckpt
+from mindgr.train import table_checkpoint as table_ckpt
 from mindgr.train.step import StepInputs
 from mindgr.train.strategy import StepShape
 
