@@ -66,7 +66,7 @@ class RetrievalStrategy(StepStrategy):
         from mindgr.models import model_spec
         model_spec(self.cfg.model.arch)  # an unknown model.arch is a config error before any data loads
 
-    def build_data(self):
+    def build_data(self, run_dir, resuming: bool):
         from mindgr.train.task import ItemRetrievalTask
         self.task = ItemRetrievalTask(self.cfg)
         self.data = self.task.data

@@ -118,7 +118,7 @@ class TrainLoop:
                 self.lock.acquire()                          # first: a second writer learns who holds the run
             self.resume_meta = self._check_run_dir(resume)   # only reads: a refused run writes nothing
             self.complete = resume and _reached_end(cfg, self.resume_meta)
-            self.plan = strategy.build_data()                # a failed load leaves no run dir behind
+            self.plan = strategy.build_data(self.run_dir, self.resume_meta is not None)  # a failed load: no run dir
             self._prepare_run_dir(resume)
             strategy.barrier()                               # the writer holds the lock; every rank checked the data
             self.log = self._make_log(quiet) if self.writer else NullLog()
@@ -167,6 +167,8 @@ class TrainLoop:
         self._check_data(resume)
         if self.writer and not self.complete:
             self._write_run_config()
+        if self.writer:
+            self.strategy.on_run_dir(self.run_dir, fresh=self.resume_meta is None)
 
     def _check_data(self, resume: bool):
         from mindgr.train.data import FINGERPRINT_FILE, data_fingerprint, fingerprint_mismatch

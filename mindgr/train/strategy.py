@@ -7,8 +7,12 @@ checkpoint files and the final summary. A strategy owns, in the order the loop c
 
   check_config()              one-line ConfigError before anything is loaded or compiled
   writer, eval_ranks          does this process write the shared outputs; processes sharing an evaluation
-  build_data() -> plan        the task's data; `plan.num_batches(epoch)`, `plan.iter_batches(epoch, start)`
-                              -> (batch number, indices) (a GR task brings its own token rows and plan)
+  build_data(run_dir, resuming) -> plan
+                              the task's data; `plan.num_batches(epoch)`, `plan.iter_batches(epoch, start)`
+                              -> (batch number, indices) (a GR task brings its own token rows and plan;
+                              a resumed run may read what it keeps in its run dir)
+  on_run_dir(run_dir, fresh)  the writer, once the run dir is prepared (config, data fingerprint): what the
+                              task keeps there (e.g. a GR run's own code table)
   describe_data() -> str      the data line of the log
   barrier()                   ranks meet (after the run directory is prepared)
   build(run)                  model, compiled step, host samplers; `run` is a RunContext
@@ -89,8 +93,11 @@ class StepStrategy(abc.ABC):
 
     # ---- data and model ------------------------------------------------------------------------
     @abc.abstractmethod
-    def build_data(self):
+    def build_data(self, run_dir: Path, resuming: bool):
         """Load the task's data; returns its batch plan (also kept as self.plan)."""
+
+    def on_run_dir(self, run_dir: Path, fresh: bool):
+        """Called on the writer after the run dir is prepared; `fresh`: not a resume."""
 
     @abc.abstractmethod
     def describe_data(self) -> str:
