@@ -13,14 +13,15 @@ from mindgr.config import ConfigError
 class ItemRetrievalTask:
     """Next-item retrieval over the catalogue: sequences -> sampled-softmax training, full-ranking eval."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, check_negatives: bool = True):
+        """check_negatives=False: a task that reuses the data but draws no item negatives (GR)."""
         from mindgr.train.data import RunData
         self.cfg = cfg
         t0 = time.perf_counter()
         self.data = RunData(cfg)                         # a failed load leaves no run dir behind
         self.load_s = time.perf_counter() - t0
         c, n = cfg.loss, self.data.num_items
-        if c.negatives == "per_token" and c.num_negatives > n:
+        if check_negatives and c.negatives == "per_token" and c.num_negatives > n:
             raise ConfigError(f"config: loss.num_negatives = {c.num_negatives} is larger than the catalogue "
                               f"({n} items): every token would draw repeats of the same items; use at most {n}")
 
