@@ -34,6 +34,11 @@ from mindgr.train.strategy import RunContext, StepStrategy
 class NullLog:
     """The log of a process that is not the writer (ranks other than 0): writes and prints nothing."""
 
+    note = None
+
+    def position(self):
+        return None
+
     def write(self, record, text=None):
         pass
 
@@ -123,7 +128,7 @@ class TrainLoop:
             strategy.barrier()                               # the writer holds the lock; every rank checked the data
             self.log = self._make_log(quiet) if self.writer else NullLog()
             self.log.info(f"data: {strategy.describe_data()} | ops backend: {self.backend}")
-            if getattr(self.log, "note", None):
+            if self.log.note:
                 self.log.info(f"note: {self.log.note}")
             strategy.build(RunContext(cfg, self.run_dir, self.ckpts.dir, self.log))
             self.step, self.epoch, self.next_batch = 0, 0, 0
@@ -224,9 +229,8 @@ class TrainLoop:
         self.log.info(f"resumed from {latest.name}: step {self.step}, epoch {self.epoch}, batch {self.next_batch}")
 
     def _meta(self) -> dict:
-        position = getattr(self.log, "position", None)
         return {"step": self.step, "epoch": self.epoch, "next_batch": self.next_batch, "best": self.best,
-                "history": self.history, "log_bytes": position() if position else None,
+                "history": self.history, "log_bytes": self.log.position(),
                 "seed": self.cfg.run.seed, "rng": "host draws are seeded by (seed, epoch, batch)",
                 **self.strategy.meta()}
 
