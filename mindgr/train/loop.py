@@ -85,13 +85,14 @@ class _NoSignals:
 
 
 @contextlib.contextmanager
-def _paused(window: dict):
+def _paused(*windows):
     """Time spent outside the training loop (evaluation, checkpoints), kept out of its busy fraction."""
     t0 = time.perf_counter()
     try:
         yield
     finally:
-        window["pause_s"] += time.perf_counter() - t0
+        for window in windows:
+            window["pause_s"] += time.perf_counter() - t0
 
 
 class _StopRequested(Exception):
@@ -340,17 +341,18 @@ class TrainLoop:
         """`n` more training steps of a built loop, for benchmarks (no signal handling, no fit): the block's
         wall seconds (checkpoint/eval pauses excluded), real tokens, steps, seconds inside the step, input
         wait, process CPU, the input thread's preparation CPU, model FLOPs, summed fill, each step's time."""
-        window, host0 = _new_window(), self.host_cpu_s
-        window["step_times"] = []
-        self._epochs(window, 1.0, _NoSignals(), self.step + n)
-        wall = time.perf_counter() - window["t0"] - window["pause_s"]
-        return {"wall_s": wall, "tokens": window["tokens"], "steps": window["n"], "step_s": window["step_s"],
-                "wait_s": window["wait_s"], "cpu_s": time.process_time() - window["cpu0"],
-                "host_cpu_s": self.host_cpu_s - host0, "flops": window["flops"], "fill": window["fill"],
-                "step_times": window["step_times"]}
+        block, host0 = dict(_new_window(), step_times=[]), self.host_cpu_s
+        self._epochs(_new_window(), 1.0, _NoSignals(), self.step + n, block)
+        wall = time.perf_counter() - block["t0"] - block["pause_s"]
+        return {"wall_s": wall, "tokens": block["tokens"], "steps": block["n"], "step_s": block["step_s"],
+                "wait_s": block["wait_s"], "cpu_s": time.process_time() - block["cpu0"],
+                "host_cpu_s": self.host_cpu_s - host0, "flops": block["flops"], "fill": block["fill"],
+                "step_times": block["step_times"]}
 
-    def _epochs(self, window: dict, peak: float, stop, until: int):
-        """Train until the run's epochs end or the step count reaches `until` (0: no limit)."""
+    def _epochs(self, window: dict, peak: float, stop, until: int, block: dict | None = None):
+        """Train until the run's epochs end or the step count reaches `until` (0: no limit). `window` is the
+        logging window (reset when it is logged); `block`, if given, sums the same figures over the call."""
+        sums = (window,) if block is None else (window, block)
         cfg, strategy = self.cfg, self.strategy
         done = False
         while self.epoch < cfg.train.epochs and not done:
@@ -364,20 +366,22 @@ class TrainLoop:
                         raise self._diverged(f"the loss is {loss} (batch {b})")
                     if self.started:           # (a benchmark may drive the loop without fit)
                         self.started["tokens"] += batch["tokens"]
-                    window["loss"] += loss
-                    window["n"] += 1
-                    window["tokens"] += batch["tokens"]
-                    window["fill"] += batch["fill"]
-                    window["step_s"] += step_s
-                    window["flops"] += strategy.batch_flops(batch)
-                    window["wait_s"] += stream.wait_s
+                    flops = strategy.batch_flops(batch)
+                    for w in sums:
+                        w["loss"] += loss
+                        w["n"] += 1
+                        w["tokens"] += batch["tokens"]
+                        w["fill"] += batch["fill"]
+                        w["step_s"] += step_s
+                        w["flops"] += flops
+                        w["wait_s"] += stream.wait_s
                     stream.wait_s = 0.0
-                    if "step_times" in window:
-                        window["step_times"].append(step_s)
+                    if block is not None:
+                        block["step_times"].append(step_s)
                     if self.step % cfg.run.log_every == 0:
                         self._log_window(window, peak)
                     if cfg.run.ckpt_every and self.step % cfg.run.ckpt_every == 0:
-                        with _paused(window):
+                        with _paused(*sums):
                             self.save()
                     if stop.signum is not None:
                         raise _StopRequested
@@ -388,7 +392,7 @@ class TrainLoop:
                 stream.close()
             if self.next_batch >= self.plan.num_batches(epoch):
                 self.epoch, self.next_batch = epoch + 1, 0
-                with _paused(window):
+                with _paused(*sums):
                     self._end_of_epoch()
 
     def _input_stream(self, epoch: int):
