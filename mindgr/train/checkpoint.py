@@ -33,6 +33,11 @@ def file_sha256(path: Path) -> str:
 SIDECAR_FIELDS = ("weights", "sha256", "bytes")
 
 
+def _write_sidecar(path: Path, sidecar: dict):
+    """The commit of a checkpoint: its JSON sidecar, flushed to disk, in one rename."""
+    atomic_write(path, json.dumps(sidecar, indent=1, sort_keys=True), fsync=True)
+
+
 def read_sidecar(path: Path) -> dict:
     """The JSON sidecar of a checkpoint path, checked for the fields a checkpoint needs (one-line errors)."""
     sidecar = Path(path).with_suffix(".json")
@@ -75,7 +80,7 @@ def save_checkpoint(path: Path, tensors: dict, meta: dict) -> Path:
     atomic_write(weights, lambda tmp: ms.save_checkpoint(items, str(tmp), format="safetensors"), fsync=True,
                  tmp_suffix=".tmp.safetensors")
     sidecar = dict(meta, weights=weights.name, sha256=file_sha256(weights), bytes=weights.stat().st_size)
-    atomic_write(path.with_suffix(".json"), json.dumps(sidecar, indent=1, sort_keys=True), fsync=True)
+    _write_sidecar(path.with_suffix(".json"), sidecar)
     if old and old != weights.name:              # the replaced checkpoint's weights, no longer named
         (path.parent / old).unlink(missing_ok=True)
     return weights
