@@ -89,7 +89,8 @@ class _SparseLocal:
     def local(self, *tensors):
         from mindspore import Tensor
         m = self.model
-        x = StepInputs(*tensors[:5], (tensors[5],), *tensors[6:])      # calibrate.step_inputs' tensors
+        k = StepInputs._fields.index("negatives")                    # calibrate.step_inputs' tensors
+        x = StepInputs(*tensors[:k], (tensors[k],), *tensors[k + 1:])
         ids, targets, negatives = x.ids.asnumpy(), x.targets.asnumpy(), x.negatives[0].asnumpy()
         uniq = np.unique(np.concatenate([[0], ids, targets, negatives.ravel()]))[: m.u_cap]
         rows = np.zeros((m.u_cap, m.table.dim), np.float32)
