@@ -42,8 +42,13 @@ def cmd_train(args) -> int:
         return 0
     _check_writable(cfg.run_dir)   # a file in the way or a read-only disk: say so before data and compile
     args.writes_to = cfg.run_dir
+    from mindgr.models.objectives import check_objective_arch
     from mindgr.parallel.context import under_msrun
-    if under_msrun():  # a rank of a multi-process job (or msrun's scheduler, which stops in init)
+    from mindgr.train.generative import is_generative_config
+    check_objective_arch(cfg)      # next-token prediction for an item encoder (or the reverse): one line
+    if is_generative_config(cfg):  # the GR decoder (mindgr.train.generative), one process
+        from mindgr.train.generative import GenerativeStrategy as Strategy
+    elif under_msrun():  # a rank of a multi-process job (or msrun's scheduler, which stops in init)
         if cfg.parallel.sparse != "none":
             from mindgr.parallel.sparse.strategy import ShardedTableStrategy as Strategy
         else:
@@ -60,17 +65,24 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from mindgr.train.trainer import evaluate_run
-    result = evaluate_run(args.run, args.split, args.checkpoint, args.allow_data_change)
+    from mindgr.train.run_eval import evaluate_any_run
+    result = evaluate_any_run(args.run, args.split, args.checkpoint, args.allow_data_change,
+                              _filter_history(args), args.max_users)
     print(json.dumps(result, indent=1))
     return 0
+
+
+def _filter_history(args):
+    """--filter-history true|false, or None (the run's eval.filter_history)."""
+    value = getattr(args, "filter_history", None)
+    return None if value is None else value == "true"
 
 
 def cmd_compare(args) -> int:
     from mindgr.bench import write_result
     from mindgr.train.compare import compare_runs, format_comparison
     runs_a, runs_b = (side.split(",") for side in (args.run_a, args.run_b))
-    result = compare_runs(runs_a, runs_b, args.split, args.checkpoint, args.samples)
+    result = compare_runs(runs_a, runs_b, args.split, args.checkpoint, args.samples, _filter_history(args))
     print(format_comparison(result, args.run_a, args.run_b))
     write_result(result, args.out)
     return 0
@@ -255,9 +267,32 @@ def _batch_shapes(text):
 
 def cmd_export(args) -> int:
     from mindgr.serve.export import export_run
-    m = export_run(args.run, args.out, args.checkpoint, _batch_shapes(args.batch_shapes))
+    from mindgr.serve.generative import is_generative_run
+    if (args.run is None) == (args.random_gr is None):
+        raise ValueError("export: give exactly one of --run RUN and --random-gr SPEC")
+    if args.random_gr is not None or is_generative_run(args.run):
+        return _export_generative(args)
+    m = export_run(args.run, args.out, args.checkpoint, _batch_shapes(args.batch_shapes or "1,4,16,64"))
     print(json.dumps({"run": m["run"], "checkpoint": m["checkpoint"], "out": str(args.out or f"{args.run}/export"),
                       "encoders": [e["file"] for e in m["encoders"].values()], "items": m["data"]["num_items"]}))
+    return 0
+
+
+def _export_generative(args) -> int:
+    from mindgr.serve import export as ex
+    shapes = _batch_shapes(args.batch_shapes or "1,2,4")
+    if args.random_gr is not None:
+        from mindgr.serve.generative import parse_random_spec, random_bundle
+        from mindgr.serve.server import _setup_random
+        if not args.out:
+            raise ValueError("export --random-gr: --out DIR is required")
+        _setup_random(args.threads)
+        m = ex.export_generative(random_bundle(**parse_random_spec(args.random_gr)), args.out, args.beam, shapes)
+    else:
+        m = ex.export_generative_run(args.run, args.out, args.checkpoint, args.beam, shapes)
+    print(json.dumps({"run": m["run"], "checkpoint": m["checkpoint"], "out": str(args.out or f"{args.run}/export"),
+                      "graphs": [g[p]["file"] for g in m["graphs"].values() for p in ("prefill", "step")],
+                      "beam": m["beam"], "prompt_tokens": m["prompt_tokens"]}))
     return 0
 
 
@@ -282,8 +317,13 @@ def _history_lines(args):
 def cmd_recommend(args) -> int:
     from mindgr.train.trainer import load_run
     from mindgr.serve.recommend import Recommender, RequestError
+    from mindgr.serve.generative import GenerativeRecommender, is_generative_run, load_bundle
     users = _history_lines(args)
-    rec = Recommender.from_run(load_run(args.run, args.checkpoint), shapes=(1, 16))
+    if is_generative_run(args.run):        # beam search with the decoding engine (as mindgr serve)
+        rec = GenerativeRecommender(load_bundle(args.run, args.checkpoint), beam=args.beam or max(16, args.k),
+                                    shapes=(1, 4))
+    else:
+        rec = Recommender.from_run(load_run(args.run, args.checkpoint), shapes=(1, 16))
     queries = []
     for label, hist in users:
         try:
@@ -307,13 +347,28 @@ def cmd_serve(args) -> int:
         from mindgr.serve.server import serve
     except ImportError as e:
         raise ValueError(f"mindgr serve needs the serve extra (pip install 'mindgr[serve]'): {e}") from None
-    return serve(args.run, args.host, args.port, args.checkpoint, _batch_shapes(args.batch_shapes),
+    if (args.run is None) == (args.random_gr is None):
+        raise ValueError("serve: give exactly one of --run RUN and --random-gr SPEC")
+    return serve(args.run, args.host, args.port, args.checkpoint,
+                 _batch_shapes(args.batch_shapes) if args.batch_shapes else None,
                  args.queue_size, args.max_wait_ms, args.index, args.nprobe, args.max_history,
-                 args.graceful_timeout, args.test_batch_delay_ms, args.threads)
+                 args.graceful_timeout, args.test_batch_delay_ms, args.threads, args.decode, args.beam,
+                 args.overlap == "on", args.random_gr)
 
 
 def _bench_serve(args) -> int:
     from mindgr.bench.serve import bench_serve
+    if args.gr:
+        from mindgr.bench.serve import bench_serve_gr
+        ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+        bench_serve_gr(beams=ints(args.beams), prompts=ints(args.prompts), items=args.items, dim=args.dim,
+                       blocks=args.blocks, k=args.k, duration=args.duration, max_requests=args.max_requests,
+                       min_requests=args.min_requests, bound_factor=args.bound_factor,
+                       p99_bound_ms=args.gr_p99_bound_ms, cell_budget_s=args.cell_budget,
+                       shapes=args.gr_batch_shapes, big_shapes=args.gr_big_batch_shapes, threads=args.threads,
+                       sides=("overlap-on", "overlap-off") if args.overlap_ab else ("engine", "naive"),
+                       multiples=[float(x) for x in args.rate_multiples.split(",")], out=args.out)
+        return 0
     if not args.run:
         raise ValueError("bench serve: --run RUN is required")
     if args.index_recall:
@@ -328,10 +383,14 @@ def _bench_serve(args) -> int:
 
 def _add_serve_commands(sub):
     x = sub.add_parser("export", help="export a run's user encoder (MindIR per batch shape), item table, manifest")
-    x.add_argument("--run", required=True, help="run directory")
+    x.add_argument("--run", help="run directory (HSTU-family or generative)")
+    x.add_argument("--random-gr", metavar="SPEC", help="instead of a run: a random-weight GR decoder (as mindgr serve)")
     x.add_argument("--out", help="output directory (default RUN/export)")
     x.add_argument("--checkpoint", default="best", choices=["best", "latest"])
-    x.add_argument("--batch-shapes", default="1,4,16,64", help="rows of each exported encoder (as mindgr serve)")
+    x.add_argument("--batch-shapes", help="rows of each exported encoder (HSTU, default 1,4,16,64) or users of "
+                   "each prefill / decode-step graph (GR, default 1,2,4), as mindgr serve")
+    x.add_argument("--beam", type=int, default=16, help="GR: the beam width the decode-step graphs are built for")
+    x.add_argument("--threads", type=int, help="GR --random-gr: MindSpore CPU threads")
     x.set_defaults(func=cmd_export)
 
     r = sub.add_parser("recommend", help="top-k items for one user's history or a file of histories (raw ids)")
@@ -340,15 +399,24 @@ def _add_serve_commands(sub):
     r.add_argument("--users", help="a file with one user's raw item ids per line; prints one JSON line per user")
     r.add_argument("--k", type=int, default=10)
     r.add_argument("--include-history", action="store_true", help="do not remove the history's items")
+    r.add_argument("--beam", type=int, help="GR runs: beam width (default max(16, k))")
     r.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     r.set_defaults(func=cmd_recommend)
 
     s = sub.add_parser("serve", help="HTTP server: POST /recommend, GET /health, GET /metrics")
-    s.add_argument("--run", required=True, help="run directory")
+    s.add_argument("--run", help="run directory (HSTU-family or generative)")
+    s.add_argument("--random-gr", metavar="SPEC", help="instead of a run: a random-weight GR decoder, e.g. "
+                   "items=12101,prompt=200,dim=128,blocks=4,heads=2,seed=0 (tests and `bench serve --gr`)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--checkpoint", default="best", choices=["best", "latest"])
-    s.add_argument("--batch-shapes", default="1,4,16,64", help="rows of each compiled batch shape")
+    s.add_argument("--batch-shapes", help="rows (HSTU, default 1,4,16,64) or users (GR, default 1,2,4) of each "
+                   "compiled batch shape")
+    s.add_argument("--decode", default="engine", choices=["engine", "naive"],
+                   help="GR: the decoding engine's fast path or the naive baseline (recompute, full sort, masks rebuilt)")
+    s.add_argument("--beam", type=int, default=16, help="GR: beam width (k <= beam)")
+    s.add_argument("--overlap", default="off", choices=["on", "off"],
+                   help="GR: overlap one batch's host-side selection with the next batch's model compute")
     s.add_argument("--queue-size", type=int, default=256, help="requests waiting beyond this get 503")
     s.add_argument("--max-wait-ms", type=float, default=2.0, help="longest wait for a batch to fill")
     s.add_argument("--index", default="exact", choices=["exact", "faiss-ivf"], help="top-k over the item table")
@@ -370,6 +438,24 @@ def _add_bench_serve_args(b):
     b.add_argument("--batch-shapes", default="1,4,16,64", help="serve: the server's batch shapes")
     b.add_argument("--threads", type=int, help="serve: the server's MindSpore threads")
     b.add_argument("--index", default="exact", choices=["exact", "faiss-ivf"], help="serve: the server's index")
+    b.add_argument("--gr", action="store_true", help="serve: a random-weight GR model of Beauty's shape, the "
+                   "decoding engine vs the naive baseline side by side (no --run)")
+    b.add_argument("--beams", default="16,64,256", help="serve --gr: beam widths")
+    b.add_argument("--prompts", default="50,200,1000", help="serve --gr: prompt lengths (tokens)")
+    b.add_argument("--items", type=int, default=12101, help="serve --gr: catalogue size")
+    b.add_argument("--dim", type=int, default=128, help="serve --gr: decoder width")
+    b.add_argument("--blocks", type=int, default=4, help="serve --gr: decoder blocks")
+    b.add_argument("--min-requests", type=int, default=6, help="serve --gr: at least this many requests per rate")
+    b.add_argument("--bound-factor", type=float, default=5.0,
+                   help="serve --gr: p99 bound = this x the slower side's unloaded p50 (unless --gr-p99-bound-ms)")
+    b.add_argument("--gr-p99-bound-ms", type=float, help="serve --gr: one fixed p99 bound for every cell")
+    b.add_argument("--cell-budget", type=float, default=240.0, help="serve --gr: seconds of load per cell")
+    b.add_argument("--rate-multiples", default="0.25,0.5,1,1.5,2,3,4,6,8,12",
+                   help="serve --gr: rates as multiples of each side's 1 / unloaded latency")
+    b.add_argument("--gr-batch-shapes", default="1,2,4", help="serve --gr: user-batch shapes of both servers")
+    b.add_argument("--gr-big-batch-shapes", default="1,2", help="serve --gr: shapes where beam x prompt >= 256 x 1000")
+    b.add_argument("--overlap-ab", action="store_true",
+                   help="serve --gr: engine with overlap on vs off, instead of engine vs naive")
     b.add_argument("--index-recall", action="store_true",
                    help="serve: instead of the load test, recall@k of faiss-ivf vs exact on the test users")
 
@@ -402,6 +488,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--split", default="test", choices=["valid", "test"])
     e.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     e.add_argument("--allow-data-change", action="store_true", help="evaluate even if the run's data changed")
+    e.add_argument("--filter-history", choices=["true", "false"],
+                   help="remove the user's history items from the ranking (default: the run's eval.filter_history)")
+    e.add_argument("--max-users", type=int, default=0,
+                   help="generative runs: decode a fixed sample of this many users (default 0 = all)")
     e.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("compare", help="paired comparison of two runs' metrics on the same users "
@@ -412,6 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     c.add_argument("--samples", type=int, default=5000, help="bootstrap samples")
     c.add_argument("--out", help="also write the result as JSON here")
+    c.add_argument("--filter-history", choices=["true", "false"],
+                   help="rank with or without the history items (default: each run's eval.filter_history)")
     c.set_defaults(func=cmd_compare)
 
     d = sub.add_parser("data", help="prepare a dataset into a sequence store")

@@ -82,13 +82,23 @@ class ModelConfig:
     dv: int = field(default=0, metadata=_rng(lo=0))           # per-head v width; 0 = dim / heads
     dropout: float = field(default=0.2, metadata=_rng(lo=0.0, hi=0.95))
     time_bias: bool = True                    # HSTU relative time bias (needs timestamps)
+    # The last position's time bias uses the row's request time (the target's time; the published HSTU
+    # convention) instead of its own time. False (the default) is how every run before this key was
+    # trained: a saved config.yaml without the key evaluates and resumes as it was trained.
+    request_time: bool = False
     num_time_buckets: int = field(default=128, metadata=_rng(lo=1))
     ffn_dim: int = field(default=0, metadata=_rng(lo=0))      # SASRec FFN width; 0 = dim
     ffn_multiply: int = field(default=1, metadata=_rng(lo=1))  # FuXi-alpha SwiGLU hidden width = dim * this
+    # arch gr: how a history item enters the prompt: none (one token per code), item (one merged token
+    # per item) or pairs (one per two codes); decoding always emits every code
+    token_merger: str = field(default="none", metadata=_rng(choices=["none", "item", "pairs"]))
 
 
 @dataclass
 class LossConfig:
+    # a registered objective (mindgr.models.objectives): sampled_softmax (item encoders), ntp / page_ntp
+    # (next-token prediction of semantic IDs, model.arch gr); checked there: config cannot import models
+    objective: str = "sampled_softmax"
     negatives: str = field(default="per_token", metadata=_rng(
         choices=["per_token", "shared_pool", "in_batch", "mixed"]))
     num_negatives: int = field(default=128, metadata=_rng(lo=1))   # R, per_token
@@ -122,6 +132,23 @@ class EvalConfig:
     every_epochs: int = field(default=1, metadata=_rng(lo=0))  # 0 = only at the end
     ks: list = field(default_factory=lambda: [1, 10, 50, 200])
     batch_size: int = field(default=256, metadata=_rng(lo=1))  # sequences per eval batch (mean)
+    # true: the user's history items (other than the target) are removed from the ranking; false: not
+    # (TIGER's protocol: a generated list is taken as it is)
+    filter_history: bool = True
+    beam: int = field(default=0, metadata=_rng(lo=0))          # GR beam width (>= max ks); 0 = max(ks)
+    max_users: int = field(default=0, metadata=_rng(lo=0))     # GR validation during training: users decoded; 0 = all
+
+
+@dataclass
+class IdsConfig:
+    """model.arch gr: the semantic-ID table (item -> codes). Exactly one of codes / from_run; the run
+    directory keeps its own copy (RUN/ids/codes.parquet), which eval, serve and --resume use."""
+    codes: str = ""                           # a codes.parquet written by `mindgr ids build`
+    from_run: str = ""                        # a trained run: tokenise its item table at start
+    checkpoint: str = field(default="best", metadata=_rng(choices=["best", "latest"]))  # from_run's checkpoint
+    levels: int = field(default=3, metadata=_rng(lo=1))       # from_run: L residual k-means levels
+    codes_per_level: int = field(default=256, metadata=_rng(lo=2))  # from_run: K
+    seed: int = field(default=0, metadata=_rng(lo=0))         # from_run: k-means seed
 
 
 @dataclass
@@ -168,6 +195,7 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    ids: IdsConfig = field(default_factory=IdsConfig)
     ops: OpsConfig = field(default_factory=OpsConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
@@ -187,7 +215,7 @@ class Config:
 RESUMABLE_CHANGES = frozenset({
     "train.epochs", "train.max_steps", "train.lr",
     "run.name", "run.out_dir", "run.log_every", "run.keep_last", "run.ckpt_every",
-    "eval.every_epochs", "eval.ks", "eval.batch_size",
+    "eval.every_epochs", "eval.ks", "eval.batch_size", "eval.filter_history", "eval.beam", "eval.max_users",
     "ops.backend", "data.prefetch"})
 
 
@@ -333,6 +361,11 @@ def _validate_cross(cfg: Config):
                               f"(not {cfg.loss.negatives})")
     if not cfg.eval.ks or min(cfg.eval.ks) < 1:
         raise ConfigError(f"config: eval.ks = {cfg.eval.ks!r}: expected a non-empty list of integers >= 1")
+    if cfg.eval.beam and cfg.eval.beam < max(cfg.eval.ks):
+        raise ConfigError(f"config: eval.beam = {cfg.eval.beam}: the beam must be >= the longest list, "
+                          f"max(eval.ks) = {max(cfg.eval.ks)}")
+    if cfg.ids.codes and cfg.ids.from_run:
+        raise ConfigError("config: ids.codes and ids.from_run are both set: give one source of semantic IDs")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

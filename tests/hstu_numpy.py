@@ -17,7 +17,16 @@ def bucket(dt, num_buckets):
     return int(min(max(np.floor(np.log(gap) / 0.301), 0), num_buckets))
 
 
-def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, n):
+def query_time(timestamps, s, i, length, b, request_times):
+    """The published HSTU convention: query i looks at the time of the event it predicts, t_{i+1}; at
+    the row's last position that event is the target, whose time is the row's request time
+    (request_times[b]). request_times=None: MindGR's earlier convention, the last position's own time."""
+    if i + 1 < length:
+        return timestamps[s + i + 1]
+    return timestamps[s + i] if request_times is None else request_times[b]
+
+
+def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, n, request_times=None):
     """Loops over rows, heads, queries and keys: out_i = sum_{j<=i} SiLU(q.k + rab) / N * v_j."""
     t, h, _ = q.shape
     out = np.zeros((t, h, v.shape[2]), np.float64)
@@ -25,7 +34,7 @@ def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, n):
         s, e = int(offsets[b]), int(offsets[b + 1])
         length = e - s
         for i in range(length):
-            tq = timestamps[s + i + 1] if i + 1 < length else timestamps[s + i]
+            tq = query_time(timestamps, s, i, length, b, request_times)
             for j in range(i + 1):
                 rab = w_pos[n - 1 + j - i]
                 if w_ts is not None:
@@ -36,7 +45,8 @@ def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, n):
     return out
 
 
-def hstu_layer(x, offsets, timestamps, w_uvqk, w_pos, w_ts, w_out, b_out, h, dqk, dv, n, drop_mask=None):
+def hstu_layer(x, offsets, timestamps, w_uvqk, w_pos, w_ts, w_out, b_out, h, dqk, dv, n, drop_mask=None,
+               request_times=None):
     """y = x + Linear(u * LayerNorm(attn(...))), with u,v,q,k = split(SiLU(LayerNorm(x) @ W)).
 
     drop_mask (optional, [T, >= h*dv]) multiplies u * LayerNorm(attn) before the output projection."""
@@ -46,7 +56,7 @@ def hstu_layer(x, offsets, timestamps, w_uvqk, w_pos, w_ts, w_out, b_out, h, dqk
     v = z[:, h * dv: 2 * h * dv].reshape(t, h, dv)
     q = z[:, 2 * h * dv: 2 * h * dv + h * dqk].reshape(t, h, dqk)
     k = z[:, 2 * h * dv + h * dqk:].reshape(t, h, dqk)
-    a = hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, n).reshape(t, h * dv)
+    a = hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, n, request_times).reshape(t, h * dv)
     o = u * layer_norm(a)
     if drop_mask is not None:
         o = o * drop_mask[:, : o.shape[1]]
@@ -57,7 +67,8 @@ def l2_normalize(x, eps=1e-6):
     return x / np.sqrt((x * x).sum(-1, keepdims=True) + eps * eps)
 
 
-def hstu_encoder(ids, positions, offsets, timestamps, item_emb, pos_emb, blocks, h, dqk, dv, n, drop=None):
+def hstu_encoder(ids, positions, offsets, timestamps, item_emb, pos_emb, blocks, h, dqk, dv, n, drop=None,
+                 request_times=None):
     """x = item_emb[ids] * sqrt(D) + pos_emb[positions] (times drop[0]); HSTU layers (block i uses
     drop[i + 1]); rows L2-normalised. blocks: list of (w_uvqk, w_pos, w_ts or None, w_out, b_out)."""
     x = item_emb[ids] * np.sqrt(item_emb.shape[1]) + pos_emb[positions]
@@ -65,5 +76,5 @@ def hstu_encoder(ids, positions, offsets, timestamps, item_emb, pos_emb, blocks,
         x = x * drop[0][:, : x.shape[1]]
     for i, (w_uvqk, w_pos, w_ts, w_out, b_out) in enumerate(blocks):
         x = hstu_layer(x, offsets, timestamps, w_uvqk, w_pos, w_ts, w_out, b_out, h, dqk, dv, n,
-                       None if drop is None else drop[i + 1])
+                       None if drop is None else drop[i + 1], request_times)
     return l2_normalize(x)

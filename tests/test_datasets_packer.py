@@ -10,7 +10,7 @@ if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
     sys.path.insert(0, _ROOT)
 
 from mindgr.datasets import (EpochPlan, EvalSet, auto_capacities, build_batch, eval_examples,  # noqa: E402
-                             plan_batches, training_examples)
+                             plan_batches, training_examples, training_request_times)
 
 
 def _lognormal_lengths(n, median=50, sigma=0.8, max_len=200, seed=0):
@@ -33,6 +33,12 @@ def test_training_examples_shift_and_truncate():
     assert [a.tolist() for a in y] == [[3, 4, 5], [9]]
     assert [a.tolist() for a in xt] == [[20, 30, 40], [5]]
     assert training_examples(seqs, None, 3)[1] is None
+    # request time: the time of each example's last target (the event its last position predicts)
+    assert training_request_times(seqs, times).tolist() == [50, 6] and training_request_times(seqs, None) is None
+    req = training_request_times(seqs, times)
+    jb = build_batch([1, 0], x, xt, y, 8, 3, req)
+    assert jb.request_times.tolist() == [6, 50, 0]
+    assert build_batch([1, 0], x, xt, y, 8, 3).request_times.tolist() == [5, 40, 0]   # default: last input time
 
 
 def test_eval_examples_target_only_at_last_position():
@@ -116,6 +122,7 @@ def test_build_batch_checks_capacities_and_missing_times():
         build_batch([0, 1], x, None, y, 8, 1)
     empty = build_batch([], x, None, y, 8, 2)
     assert empty.num_tokens == 0 and empty.offsets.tolist() == [0, 0, 0]
+    assert not jb.request_times.any() and not empty.request_times.any()   # no times: zeros
 
 
 def test_auto_capacities():

@@ -264,3 +264,29 @@ def test_fuxi_time_bias_needs_timestamps(tmp_path, tiny_overrides):
     cfg = load_config(None, tiny_overrides + ["model.arch=fuxi", "data.kind=movielens-1m", f"data.path={data}"])
     with pytest.raises(ValueError, match="model.time_bias = true, but data .* has no timestamps"):
         RunData(cfg)
+
+
+def test_request_time_reaches_the_temporal_channel():
+    """model.request_time: FuXi-alpha's temporal channel uses the row's request time at its last
+    position, as the numpy reference of the published convention does."""
+    set_backend("reference")
+    rng = np.random.default_rng(12)
+    num_items, h = 15, 2
+    enc = FuXiAlpha(num_items, D, 1, h, DQK, DV, N, dropout=0.0, time_bias=True, num_time_buckets=NB,
+                    ffn_multiply=FFN, seed=3, request_time=True)
+    for blk in enc.blocks:
+        randomize(blk, rng)
+    offsets, ts = make_batch(rng, LAYOUTS[0])
+    total, lengths = int(offsets[-1]), np.diff(offsets)
+    ids = rng.integers(1, num_items + 1, T_CAP).astype(np.int32)
+    ids[total:] = 0
+    positions = np.zeros(T_CAP, np.int32)
+    positions[:total] = np.concatenate([np.arange(n) for n in lengths])
+    req = np.where(lengths > 0, ts[np.maximum(offsets[1:] - 1, 0)], 0) + np.array([0, 10 ** 5, 7, 0])
+    out = enc(Tensor(ids), Tensor(positions), Tensor(offsets), Tensor(ts), None, Tensor(req.astype(np.int64)))
+    item_emb, pos_emb = enc.item_emb.asnumpy().astype(np.float64), enc.pos_emb.asnumpy().astype(np.float64)
+    ref = fn.fuxi_encoder(ids, positions, offsets, ts, item_emb, pos_emb, _numpy_blocks(enc), h, DQK, DV, N,
+                          request_times=req)
+    np.testing.assert_allclose(out.asnumpy()[:total], ref[:total], rtol=1e-4, atol=1e-5)
+    old = fn.fuxi_encoder(ids, positions, offsets, ts, item_emb, pos_emb, _numpy_blocks(enc), h, DQK, DV, N)
+    assert np.abs(ref[:total] - old[:total]).max() > 1e-3     # the request times do matter here

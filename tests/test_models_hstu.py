@@ -203,3 +203,41 @@ def test_encoder_unit_rows_and_dropout_masks():
                             drop=mask.astype(np.float64))
     np.testing.assert_allclose(dropped[:total], ref_d[:total], rtol=1e-4, atol=1e-5)
     assert np.abs(dropped[:total] - out[:total]).max() > 1e-2
+
+
+def test_request_time_changes_only_each_rows_last_output():
+    """model.request_time: the encoder matches the numpy published convention (the last position's
+    time bias at the row's request time); moving the request times changes exactly the rows' last
+    outputs, bit for bit nothing else; a model without the switch ignores them."""
+    rng = np.random.default_rng(5)
+    num_items, h = 15, 2
+    encoders = [HSTU(num_items, D, 2, h, DQK, DV, N, dropout=0.0, time_bias=True, num_time_buckets=NB, seed=3,
+                     request_time=on) for on in (True, False)]
+    for enc in encoders:
+        block_rng = np.random.default_rng(9)
+        for blk in enc.blocks:
+            randomize(blk, block_rng)
+    offsets, ts = make_batch(rng, LAYOUTS[1])
+    total, lengths = int(offsets[-1]), np.diff(offsets)
+    ids = rng.integers(1, num_items + 1, T_CAP).astype(np.int32)
+    ids[total:] = 0
+    positions = np.zeros(T_CAP, np.int32)
+    positions[:total] = np.concatenate([np.arange(n) for n in lengths])
+    last_time = np.where(lengths > 0, ts[np.maximum(offsets[1:] - 1, 0)], 0)
+    req = last_time + np.array([0, 40, 0, 10 ** 5])             # equal to / later than the last time
+    args = (Tensor(ids), Tensor(positions), Tensor(offsets), Tensor(ts), None)
+    with_req = encoders[0](*args, Tensor(req.astype(np.int64))).asnumpy()
+    item_emb, pos_emb, np_blocks = _encoder_numpy_params(encoders[0])
+    ref = hn.hstu_encoder(ids, positions, offsets, ts, item_emb, pos_emb, np_blocks, h, DQK, DV, N,
+                          request_times=req)
+    np.testing.assert_allclose(with_req[:total], ref[:total], rtol=1e-4, atol=1e-5)
+    later = encoders[0](*args, Tensor((req + 10 ** 6).astype(np.int64))).asnumpy()
+    last = offsets[1:][lengths > 0] - 1
+    others = np.setdiff1d(np.arange(T_CAP), last)
+    assert np.array_equal(later[others], with_req[others])
+    near = offsets[1:][(lengths > 0) & (req - last_time < 100)] - 1    # below the clamped last bucket
+    assert len(near) >= 2 and (np.abs(later[near] - with_req[near]).max(1) > 1e-4).all()
+    off = encoders[1](*args, Tensor(req.astype(np.int64))).asnumpy()
+    ref_off = hn.hstu_encoder(ids, positions, offsets, ts, item_emb, pos_emb, np_blocks, h, DQK, DV, N)
+    np.testing.assert_allclose(off[:total], ref_off[:total], rtol=1e-4, atol=1e-5)
+    assert np.array_equal(encoders[1](*args, Tensor((req + 10 ** 6).astype(np.int64))).asnumpy(), off)

@@ -51,7 +51,7 @@ class TinyEncoder(nn.Cell):
     def item_table(self):
         return _unit(self.emb)
 
-    def construct(self, ids, positions, offsets, timestamps, drop):
+    def construct(self, ids, positions, offsets, timestamps, drop, request_times=None):
         return _unit(ops.matmul(ops.gather(self.emb, ids, 0), self.w) * drop)
 
 
@@ -95,7 +95,9 @@ def _batch(rng):
 
 def _run(losses, ids, positions, offsets, targets, negatives, drop):
     ts = Tensor(np.zeros(T, np.int64))
-    args = (Tensor(ids), Tensor(positions), Tensor(offsets), ts, Tensor(targets), Tensor(negatives), Tensor(drop))
+    req = Tensor(np.zeros(len(offsets) - 1, np.int64))
+    args = (Tensor(ids), Tensor(positions), Tensor(offsets), ts, req, Tensor(targets), Tensor(negatives),
+            Tensor(drop))
     return {sa: float(loss(*args).asnumpy()) for sa, loss in losses.items()}
 
 

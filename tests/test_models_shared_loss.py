@@ -54,7 +54,7 @@ def test_shared_candidates_match_numpy(fp16):
     corr = rng.normal(0, 3, 9).astype(np.float32)
     loss = SharedNegativesLoss(TinyEncoder(emb, w), TAU, fp16=fp16)
     got = float(loss(Tensor(ids), Tensor(positions), Tensor(offsets), Tensor(np.zeros(T, np.int64)),
-                     Tensor(targets), Tensor(cand), Tensor(corr), Tensor(np.ones((T, D), np.float32))).asnumpy())
+                     Tensor(np.zeros(len(offsets) - 1, np.int64)), Tensor(targets), Tensor(cand), Tensor(corr), Tensor(np.ones((T, D), np.float32))).asnumpy())
     want = numpy_shared(emb, w, ids, targets, cand, corr, TAU)
     tol = 2e-2 if fp16 else 1e-5 + 1e-5 * abs(want)
     assert abs(got - want) <= tol, (fp16, got, want)

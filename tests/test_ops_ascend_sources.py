@@ -257,7 +257,7 @@ def _silu(x):
     return x / (1.0 + np.exp(-x))
 
 
-def emulate(q, k, v, offsets, ts, w_pos, w_ts, n, workers, dout=None):
+def emulate(q, k, v, offsets, ts, req, w_pos, w_ts, n, workers, dout=None):
     """Forward (and backward with dout) following the kernels' item decomposition, float32."""
     t, heads, _ = q.shape
     nb = len(w_ts) - 1
@@ -274,10 +274,10 @@ def emulate(q, k, v, offsets, ts, w_pos, w_ts, n, workers, dout=None):
     for arr in [out] + (grads or []):
         arr[plan.dead_tokens(offsets, t, n)] = 0.0
 
-    def scores(s, le, i_idx, j_idx, h):
+    def scores(s, le, row, i_idx, j_idx, h):
         qi, kj = q[s + i_idx, h], k[s + j_idx, h]
         tt = ts[s: s + le]
-        tq = np.where(i_idx + 1 < le, tt[np.minimum(i_idx + 1, le - 1)], tt[i_idx])
+        tq = np.where(i_idx + 1 < le, tt[np.minimum(i_idx + 1, le - 1)], req[row])  # last: request time
         b = plan.kernel_bucket(tq[:, None], tt[j_idx][None, :], nb, bounds)
         sc = qi @ kj.T + w_pos[n - 1 + j_idx[None, :] - i_idx[:, None]] + w_ts[b]
         return sc.astype(np.float32), b
@@ -290,12 +290,12 @@ def emulate(q, k, v, offsets, ts, w_pos, w_ts, n, workers, dout=None):
             rows = np.arange(a0, min(le, a0 + plan.BLOCK))
             if kind == plan.KIND_FWD:
                 keys = np.arange(0, rows[-1] + 1)
-                sc, _ = scores(s, le, rows, keys, h)
+                sc, _ = scores(s, le, row, rows, keys, h)
                 p = np.where(keys[None, :] <= rows[:, None], _silu(sc) * inv_n, 0.0)
                 out[s + rows, h] = p @ v[s + keys, h]
             elif kind == plan.KIND_DQ:
                 keys = np.arange(0, rows[-1] + 1)
-                sc, b = scores(s, le, rows, keys, h)
+                sc, b = scores(s, le, row, rows, keys, h)
                 g = dout[s + rows, h] @ v[s + keys, h].T
                 sig = 1.0 / (1.0 + np.exp(-sc))
                 ds = np.where(keys[None, :] <= rows[:, None], g * sig * (1 + sc * (1 - sig)) * inv_n, 0.0)
@@ -305,7 +305,7 @@ def emulate(q, k, v, offsets, ts, w_pos, w_ts, n, workers, dout=None):
                 np.add.at(ts_part[w], b[causal], ds[causal])
             else:
                 qs = np.arange(a0, le)
-                sc, _ = scores(s, le, qs, rows, h)         # [queries, keys of the block]
+                sc, _ = scores(s, le, row, qs, rows, h)         # [queries, keys of the block]
                 g = dout[s + qs, h] @ v[s + rows, h].T
                 sig = 1.0 / (1.0 + np.exp(-sc))
                 causal = rows[None, :] <= qs[:, None]
@@ -330,8 +330,11 @@ def _case(seed, n=20, heads=2, dqk=8, dv=8, nb=30):
     t = int(offsets[-1]) + 4
     steps = np.floor(np.exp(rng.uniform(0.0, 14.0, t))) * (rng.random(t) < 0.8)
     ts = (10 ** 9 + np.cumsum(steps)).astype(np.int64)
+    # request times: the row's last kept time or later (the query time of its last position)
+    last = ts[np.clip(np.minimum(offsets[1:], offsets[:-1] + n) - 1, 0, t - 1)]
+    req = (last + np.floor(np.exp(rng.uniform(0.0, 14.0, len(lengths)))) * (rng.random(len(lengths)) < 0.7))
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
-    return (f(t, heads, dqk) * 0.5, f(t, heads, dqk) * 0.5, f(t, heads, dv), offsets, ts,
+    return (f(t, heads, dqk) * 0.5, f(t, heads, dqk) * 0.5, f(t, heads, dv), offsets, ts, req.astype(np.int64),
             f(2 * n - 1) * 0.3, f(nb + 1) * 0.3, n)
 
 
@@ -342,21 +345,21 @@ def test_blocked_emulation_matches_reference_forward_and_gradients(monkeypatch):
 
     monkeypatch.setattr(plan, "BLOCK", 4)      # several blocks per row at this small N
     monkeypatch.setattr(plan, "ITEM_OVERHEAD", 16)
-    q, k, v, offsets, ts, w_pos, w_ts, n = _case(0)
+    q, k, v, offsets, ts, req, w_pos, w_ts, n = _case(0)
     dout = np.random.default_rng(1).standard_normal((q.shape[0], q.shape[1], v.shape[2])).astype(np.float32)
 
     def ref_loss(q_, k_, v_, wp_, wt_):
-        out = reference.hstu_attention(q_, k_, v_, Tensor(offsets), Tensor(ts), wp_, wt_, n)
+        out = reference.hstu_attention(q_, k_, v_, Tensor(offsets), Tensor(ts), wp_, wt_, n, Tensor(req))
         return (out * Tensor(dout)).sum(), out
 
     grad_fn = ms.value_and_grad(ref_loss, grad_position=(0, 1, 2, 3, 4), has_aux=True)
     (_, ref_out), ref_grads = grad_fn(*(Tensor(x) for x in (q, k, v, w_pos, w_ts)))
     ref_out = ref_out.asnumpy()
     for workers in (1, 3, 8):
-        out = emulate(q, k, v, offsets, ts, w_pos, w_ts, n, workers)
+        out = emulate(q, k, v, offsets, ts, req, w_pos, w_ts, n, workers)
         assert np.isfinite(out).all()
         np.testing.assert_allclose(out, ref_out, rtol=0, atol=2e-5 * np.abs(ref_out).max())
-        _, grads = emulate(q, k, v, offsets, ts, w_pos, w_ts, n, workers, dout=dout)  # backward plan only
+        _, grads = emulate(q, k, v, offsets, ts, req, w_pos, w_ts, n, workers, dout=dout)  # backward plan only
         for got, want in zip(grads, ref_grads):
             want = want.asnumpy()
             assert np.isfinite(got).all()

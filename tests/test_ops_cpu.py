@@ -2,7 +2,9 @@
 
 Every op is compared on random jagged batches: forward outputs and every gradient (value_and_grad
 of sum(out * cotangent) with the same random cotangent on both backends), in GRAPH mode inside an
-nn.Cell, plus PyNative checks. Batches mix empty rows, length-1 rows, rows of exactly N,
+nn.Cell, plus PyNative checks. With the time bias every row gets a request time (the last position's
+query time): equal to its last timestamp, or later by up to ~1e7 s; request_times=None (the last
+position's own time) is checked separately. Batches mix empty rows, length-1 rows, rows of exactly N,
 log-normal long-tailed lengths and a non-empty unused token tail; several seeds share one shape so
 each configuration compiles once.
 
@@ -55,6 +57,16 @@ def make_timestamps(rng, num_tokens):
     return (10**9 + np.cumsum(steps)).astype(np.int64)
 
 
+def make_request_times(rng, offsets, timestamps, max_len):
+    """[B] int64 per row: its last kept timestamp (about a third of the rows) or later by 1 s .. ~1e7 s
+    (0 for empty rows)."""
+    starts, ends = offsets[:-1].astype(np.int64), offsets[1:].astype(np.int64)
+    last = timestamps[np.clip(np.minimum(ends, starts + max_len) - 1, 0, len(timestamps) - 1)]
+    later = np.floor(np.exp(rng.uniform(0.0, 16.0, len(last)))).astype(np.int64)
+    req = last + later * (rng.random(len(last)) < 0.67)
+    return np.where(ends > starts, req, 0).astype(np.int64)
+
+
 def attention_inputs(seed, num_rows, num_tokens, heads, dqk, dv, max_len, num_buckets, extra=()):
     rng = np.random.default_rng(seed)
     lengths = make_lengths(rng, num_rows, max_len, num_tokens, extra)
@@ -70,35 +82,40 @@ def attention_inputs(seed, num_rows, num_tokens, heads, dqk, dv, max_len, num_bu
         w_ts=(rng.standard_normal(num_buckets + 1) * 0.5).astype(np.float32),
         cot=rng.standard_normal((t, heads, dv)).astype(np.float32),
     )
+    arrays["request_times"] = make_request_times(rng, arrays["offsets"], arrays["timestamps"], max_len)
     return lengths, arrays
 
 
 class AttentionLoss(nn.Cell):
-    """(sum(out * cot), out) for one backend; time bias on or off."""
+    """(sum(out * cot), out) for one backend; time bias on or off; request times given or None."""
 
-    def __init__(self, fn, max_len, with_ts):
+    def __init__(self, fn, max_len, with_ts, with_req=True):
         super().__init__()
         self.fn = fn
         self.max_len = max_len
         self.with_ts = with_ts
+        self.with_req = with_req
 
-    def construct(self, q, k, v, offsets, timestamps, w_pos, w_ts, cot):
+    def construct(self, q, k, v, offsets, timestamps, w_pos, w_ts, cot, request_times):
+        req = request_times if self.with_req else None
         if self.with_ts:
-            out = self.fn(q, k, v, offsets, timestamps, w_pos, w_ts, self.max_len)
+            out = self.fn(q, k, v, offsets, timestamps, w_pos, w_ts, self.max_len, req)
         else:
-            out = self.fn(q, k, v, offsets, timestamps, w_pos, None, self.max_len)
+            out = self.fn(q, k, v, offsets, timestamps, w_pos, None, self.max_len, req)
         return (out * cot).sum(), out
 
 
 GRAD_NAMES = ("dq", "dk", "dv", "dw_pos", "dw_ts")
 
 
-def attention_runner(fn, max_len, with_ts):
+def attention_runner(fn, max_len, with_ts, with_req=True):
     positions = (0, 1, 2, 5, 6) if with_ts else (0, 1, 2, 5)
-    grad_fn = ms.value_and_grad(AttentionLoss(fn, max_len, with_ts), grad_position=positions, has_aux=True)
+    grad_fn = ms.value_and_grad(AttentionLoss(fn, max_len, with_ts, with_req), grad_position=positions,
+                                has_aux=True)
 
     def run(a):
-        args = [ms.Tensor(a[n]) for n in ("q", "k", "v", "offsets", "timestamps", "w_pos", "w_ts", "cot")]
+        args = [ms.Tensor(a[n]) for n in ("q", "k", "v", "offsets", "timestamps", "w_pos", "w_ts", "cot",
+                                          "request_times")]
         (_, out), grads = grad_fn(*args)
         return {"out": out.asnumpy(), **{n: g.asnumpy() for n, g in zip(GRAD_NAMES, grads)}}
 
@@ -142,6 +159,29 @@ def test_attention_matches_reference_graph(config):
         again = run_cpu(a)
         for name in got:
             assert np.array_equal(got[name], again[name]), f"seed {seed}: {name} differs between two calls"
+
+
+def test_request_times_none_is_the_last_positions_own_time():
+    """request_times=None equals request times = each row's last kept timestamp, on both backends (rows
+    longer than N included: their last kept position is N - 1); and a later request time changes only
+    the outputs of the rows' last positions, forward (the gradients are covered above)."""
+    heads, dqk, dv, max_len, tokens = 2, 8, 8, 8, 40
+    lengths = np.array([11, 0, 8, 3, 1, 12], np.int64)
+    _, a = attention_inputs(4, 6, tokens, heads, dqk, dv, max_len, 128)
+    a["offsets"] = offsets_of(lengths)
+    starts = a["offsets"][:-1].astype(np.int64)
+    own = a["timestamps"][np.clip(np.minimum(a["offsets"][1:], starts + max_len) - 1, 0, tokens - 1)]
+    a["request_times"] = np.where(lengths > 0, own, 0).astype(np.int64)
+    last = np.minimum(lengths, max_len) + starts - 1
+    for fn in (cpu.hstu_attention, reference.hstu_attention):
+        none = attention_runner(fn, max_len, True, with_req=False)(a)
+        given = attention_runner(fn, max_len, True)(a)
+        for name in none:
+            assert np.array_equal(none[name], given[name]), (fn.__module__, name)
+        later = dict(a, request_times=a["request_times"] + 10 ** 6)
+        moved = attention_runner(fn, max_len, True)(later)["out"]
+        changed = np.flatnonzero(np.abs(moved - given["out"]).reshape(tokens, -1).max(1) > 0)
+        assert set(changed) <= set(last[lengths > 0].tolist()) and len(changed) > 0, (fn.__module__, changed)
 
 
 def test_attention_thread_count_invariance(monkeypatch):

@@ -3,7 +3,8 @@ pure-MindSpore reference (mindgr.ops.reference.bias_attention).
 
 Forward and every gradient (value_and_grad of sum(out * cotangent), same random cotangent on both) on
 random jagged batches in GRAPH mode: empty rows, length-1 rows, rows of exactly N, log-normal long tails,
-a non-empty unused token tail; several H and dv; with and without the temporal channel. The kernel must
+a non-empty unused token tail; several H and dv; with and without the temporal channel, whose last
+position uses the row's request time (equal to the row's last timestamp or later). The kernel must
 be bitwise reproducible and give bitwise the same results for 1, 2 and 3 threads (rows are summed in
 row order, see bias_attention.cc). Tolerance as in ops_fixtures (2e-5 of each output's scale).
 """
@@ -18,6 +19,25 @@ import mindspore as ms  # noqa: E402
 from mindspore import nn  # noqa: E402
 
 from mindgr.ops import cpu, reference  # noqa: E402
+
+
+def _near_edge(gaps):
+    x = np.log(np.maximum(np.abs(gaps.astype(np.float64)), 1.0)) / 0.301
+    return (np.abs(x - np.round(x)) < 2e-6 * x + 1e-6) & (np.round(x) >= 1)
+
+
+def request_times_off_edges(ts, offsets, max_len, rng):
+    """[B] int64: each row's last kept timestamp (about a third of the rows) or later by 1 s .. ~1e7 s,
+    moved (later by a few seconds) until no gap to a key of its row lies on a bucket edge."""
+    req = np.zeros(len(offsets) - 1, np.int64)
+    for b in range(len(offsets) - 1):
+        s, n = int(offsets[b]), min(int(offsets[b + 1] - offsets[b]), max_len)
+        if n == 0:
+            continue
+        req[b] = ts[s + n - 1] + (int(np.exp(rng.uniform(0.0, 16.0))) if rng.random() < 0.67 else 0)
+        while _near_edge(req[b] - ts[s:s + n]).any():
+            req[b] += int(rng.integers(1, 7))
+    return req
 
 
 def avoid_bucket_edges(ts, offsets, max_len, rng):
@@ -58,6 +78,7 @@ def make_inputs(seed, rows, tokens, heads, dv, max_len, buckets, extra=()):
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     timestamps = avoid_bucket_edges((10**9 + np.cumsum(steps)).astype(np.int64), offsets, max_len, rng)
     return lengths, dict(
+        request_times=request_times_off_edges(timestamps, offsets, max_len, rng),
         v=rng.standard_normal((tokens, heads, dv)).astype(np.float32),
         offsets=offsets,
         timestamps=timestamps,
@@ -67,25 +88,27 @@ def make_inputs(seed, rows, tokens, heads, dv, max_len, buckets, extra=()):
 
 
 class BiasLoss(nn.Cell):
-    def __init__(self, fn, max_len, with_ts):
+    def __init__(self, fn, max_len, with_ts, with_req=True):
         super().__init__()
-        self.fn, self.max_len, self.with_ts = fn, max_len, with_ts
+        self.fn, self.max_len, self.with_ts, self.with_req = fn, max_len, with_ts, with_req
 
-    def construct(self, v, offsets, timestamps, w_pos, w_ts, cot):
+    def construct(self, v, offsets, timestamps, w_pos, w_ts, cot, request_times):
+        if not self.with_req:
+            request_times = None
         if self.with_ts:
-            out = self.fn(v, offsets, timestamps, w_pos, w_ts, self.max_len)
+            out = self.fn(v, offsets, timestamps, w_pos, w_ts, self.max_len, request_times)
         else:
-            out = self.fn(v, offsets, timestamps, w_pos, None, self.max_len)
+            out = self.fn(v, offsets, timestamps, w_pos, None, self.max_len, request_times)
         return (out * cot[:, :, : out.shape[2]]).sum(), out
 
 
-def runner(fn, max_len, with_ts):
+def runner(fn, max_len, with_ts, with_req=True):
     positions = (0, 3, 4) if with_ts else (0, 3)
     names = ("dv", "dw_pos", "dw_ts") if with_ts else ("dv", "dw_pos")
-    grad_fn = ms.value_and_grad(BiasLoss(fn, max_len, with_ts), grad_position=positions, has_aux=True)
+    grad_fn = ms.value_and_grad(BiasLoss(fn, max_len, with_ts, with_req), grad_position=positions, has_aux=True)
 
     def run(a):
-        args = [ms.Tensor(a[n]) for n in ("v", "offsets", "timestamps", "w_pos", "w_ts", "cot")]
+        args = [ms.Tensor(a[n]) for n in ("v", "offsets", "timestamps", "w_pos", "w_ts", "cot", "request_times")]
         (_, out), grads = grad_fn(*args)
         return {"out": out.asnumpy(), **{n: g.asnumpy() for n, g in zip(names, grads)}}
 
@@ -142,10 +165,19 @@ def test_bias_attention_rows_longer_than_n_and_all_empty():
     heads, dv, max_len, tokens = 2, 4, 8, 40
     _, a = make_inputs(3, 5, tokens, heads, dv, max_len, 16)
     a["offsets"] = np.concatenate([[0], np.cumsum([11, 0, 8, 3, 12])]).astype(np.int32)
+    a["request_times"] = request_times_off_edges(a["timestamps"], a["offsets"], max_len, np.random.default_rng(3))
     got = runner(cpu.bias_attention, max_len, True)(a)
     want = runner(reference.bias_attention, max_len, True)(a)
     for name in want:
         assert_close(got[name], want[name], f"L>N {name}")
+    # request_times=None: the last kept position's own time (rows longer than N: position N - 1)
+    starts = a["offsets"][:-1].astype(np.int64)
+    own = a["timestamps"][np.clip(np.minimum(a["offsets"][1:], starts + max_len) - 1, 0, tokens - 1)]
+    a["request_times"] = np.where(np.diff(a["offsets"]) > 0, own, 0).astype(np.int64)
+    for fn in (cpu.bias_attention, reference.bias_attention):
+        none, given = runner(fn, max_len, True, with_req=False)(a), runner(fn, max_len, True)(a)
+        for name in none:
+            assert np.array_equal(none[name], given[name]), (fn.__module__, name)
     a["offsets"] = np.zeros(6, np.int32)
     for name, value in runner(cpu.bias_attention, max_len, True)(a).items():
         assert not np.any(value), name
@@ -171,12 +203,12 @@ def test_bias_attention_matches_loops():
     """Both implementations against the definition, written as plain loops (float64)."""
     heads, dv, max_len, rows, tokens, nb = 2, 3, 6, 4, 20, 12
     lengths, a = make_inputs(11, rows, tokens, heads, dv, max_len, nb)
-    v, off, ts, wp, wt = (a[n] for n in ("v", "offsets", "timestamps", "w_pos", "w_ts"))
+    v, off, ts, wp, wt, req = (a[n] for n in ("v", "offsets", "timestamps", "w_pos", "w_ts", "request_times"))
     want = np.zeros((tokens, heads, 2, dv))
     for b in range(rows):
         s, n = int(off[b]), int(off[b + 1] - off[b])
         for i in range(n):
-            tq = ts[s + i + 1] if i + 1 < n else ts[s + i]
+            tq = ts[s + i + 1] if i + 1 < n else req[b]   # the last position: the row's request time
             for j in range(i + 1):
                 gap = max(abs(int(tq - ts[s + j])), 1)
                 bucket = int(min(max(np.floor(np.log(gap) / 0.301), 0), nb))

@@ -228,7 +228,7 @@ def test_sampled_softmax_loss_cpu_backend_matches_reference(monkeypatch):
     negatives = rng.integers(1, V + 1, (T, R)).astype(np.int32)
     negatives[:, 0] = np.maximum(targets, 1)  # accidental hits
     args = [ms.Tensor(a) for a in (ids, np.zeros(T, np.int32), np.array([0, T], np.int32), np.zeros(T, np.int64),
-                                   targets, negatives, np.ones((T, D), np.float32))]
+                                   np.zeros(1, np.int64), targets, negatives, np.ones((T, D), np.float32))]
     results = {}
     previous = backend.get_backend()
     try:

@@ -89,7 +89,7 @@ def test_export_round_trip_is_bit_identical(tiny_run, tmp_path, capsys):
                for h, t in zip(ev.histories[:4], ev.history_times[:4])]
     for rows in (1, 4):
         a = pack(queries[:rows], rows, rows * 20, 20)
-        x = [Tensor(a[n]) for n in ("ids", "positions", "offsets", "timestamps")]
+        x = [Tensor(a[n]) for n in ("ids", "positions", "offsets", "timestamps", "request_times")]
         exported, checkpoint = encoder(*x).asnumpy(), run.model.encode_last(*x).asnumpy()
         assert exported.shape == (rows, 16) and np.abs(exported).sum() > 0
         assert np.array_equal(exported, checkpoint)

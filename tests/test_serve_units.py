@@ -36,6 +36,7 @@ def test_catalogue_maps_raw_ids_both_ways():
     (dict(history=[3, 7], timestamps=[-1, 4]), "timestamps[0]: negative"),
     (dict(history=[3, 7], timestamps=[4, 5], request_time=4), "request_time: 4 is before"),
     (dict(history=[3, 7], request_time=4), "request_time: given without timestamps"),
+    (dict(history=[3, 7], timestamps=[4, 5], request_time=2 ** 70), "request_time: does not fit in 64 bits"),
     (dict(history=[2 ** 70]), "does not fit in 64 bits"),
 ])
 def test_bad_requests_get_one_line_reasons(kwargs, words):
@@ -48,6 +49,8 @@ def test_bad_requests_get_one_line_reasons(kwargs, words):
 def test_parse_query_converts_ids_and_millisecond_times():
     q = parse_query(Catalogue(RAW), [7, 3], [1500, 2999], request_time=3000, k=2, time_unit="ms")
     assert q.items.tolist() == [2, 5] and q.times.tolist() == [1, 2] and q.k == 2 and q.exclude_history
+    assert q.request_time == 3 and q.when() == 3
+    assert parse_query(Catalogue(RAW), [7, 3], [1500, 2999], k=2, time_unit="ms").when() == 2
     q = parse_query(Catalogue(RAW), [7, 7], k=5, exclude_history=False)
     assert q.times.tolist() == [0, 0] and not q.exclude_history
 
@@ -60,6 +63,7 @@ def test_pack_keeps_the_last_max_len_items_and_leaves_unused_rows_empty():
     assert a["ids"][:7].tolist() == [3, 4, 5, 6, 7, 4, 5] and not a["ids"][7:].any()
     assert a["positions"][:7].tolist() == [0, 1, 2, 3, 4, 0, 1]
     assert a["timestamps"][:5].tolist() == [12, 13, 14, 15, 16]
+    assert a["request_times"].tolist() == [16, 2, 0, 0]     # no request_time: the last history time
     with pytest.raises(ValueError, match="3 queries for a batch of 2"):
         pack(qs + qs[:1], rows=2, tokens=20, max_len=5)
 

@@ -1,6 +1,7 @@
 """Per-step decode time, engine vs naive baseline, for a random-weight GR decoder of a Beauty-like shape.
 
-python -m mindgr.bench.decode [--beams 16 64] [--prompts 50 200] [--users 2] [--repeats 3]
+python -m mindgr.bench.decode [--beams 16 64] [--prompts 50 200] [--users 2] [--repeats 3] [--dim 64]
+    [--blocks 2] [--heads 2] [--threads N]
 
 Per configuration both searches run on the same users, alternating, `repeats` times after a warm-up
 (compiles); figures are medians per decode step (the Lt-1 steps after the prefill):
@@ -28,8 +29,9 @@ def build(args):
     from mindgr.ids.trie import PrefixTrie
     from mindgr.models.generative import GRDecoder
     from mindgr.ops import set_backend
+    from mindgr.runtime import select_device
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
+    select_device()
     backend = set_backend(args.backend)
     rng = np.random.default_rng(0)
     sizes = [256, 256, 256, 32]
@@ -40,7 +42,8 @@ def build(args):
             seen.add(t)
             rows.append(t)
     codes = np.concatenate([np.zeros((1, 4), np.int64), np.asarray(rows)])
-    dec = GRDecoder(sizes, args.dim, 2, 2, args.dim // 2, args.dim // 2, max_len=max(args.prompts) + 8, seed=0)
+    dec = GRDecoder(sizes, args.dim, args.blocks, args.heads, args.dim // args.heads, args.dim // args.heads,
+                    max_len=max(args.prompts) + 8, seed=0)
     for p in dec.trainable_params():
         p.set_data(Tensor((rng.standard_normal(p.shape) * 0.1).astype(np.float32)))
     return dec, PrefixTrie(codes, sizes), codes, backend, rng
@@ -107,9 +110,16 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--items", type=int, default=12101)
     ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=0, help="MindSpore CPU threads (0: its default)")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
+    if args.threads:
+        from mindgr.runtime import limit_threads, select_device
+        select_device()
+        limit_threads(args.threads)
     out = run(args)
     print(f"{'prompt':>6} {'beam':>4} | {'engine ms/step: model (prompt, beam) select masks':<52} | "
           f"{'naive ms/step: model select masks':<36} | step ratio | request ms engine / naive (ratio)")

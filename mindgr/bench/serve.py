@@ -38,7 +38,8 @@ def start_server(run_dir, port: int, extra_args=(), timeout: float = 600.0, log_
     """A `mindgr serve` subprocess on 127.0.0.1:port, returned once /health says ok. Its output goes to
     log_path (default: a temporary file; proc.log_path names it), never to a pipe nobody reads."""
     import httpx
-    cmd = [sys.executable, "-m", "mindgr", "serve", "--run", str(run_dir), "--host", "127.0.0.1",
+    run = ["--run", str(run_dir)] if run_dir is not None else []     # None: extra_args say what (--random-gr)
+    cmd = [sys.executable, "-m", "mindgr", "serve", *run, "--host", "127.0.0.1",
            "--port", str(port), *[str(a) for a in extra_args]]
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix="mindgr-serve-", suffix=".log")
@@ -267,3 +268,178 @@ def _ranks_equal_eval(run, exact, vecs, ev, n: int) -> int:
         ranking = [i for i in ids.tolist() if i == target or i not in hist]
         same += int(ranking.index(target) == ranks[u])
     return same
+
+
+# ---- generative (GR) serving: engine vs naive baseline over HTTP -------------------------------------------
+
+def gr_requests(num_items: int, history_items: int, count: int = 256, k: int = 10, seed: int = 7) -> list:
+    """POST /recommend bodies for a random GR model (raw ids RAW_ID_BASE + 1..V): full-length histories."""
+    from mindgr.serve.generative import RAW_ID_BASE
+    rng = np.random.default_rng(seed)
+    return [{"history": [int(RAW_ID_BASE + i) for i in rng.integers(1, num_items + 1, history_items)], "k": k,
+             "exclude_history": False} for _ in range(count)]
+
+
+async def _closed_loop(url: str, bodies: list, n: int) -> list:
+    """n requests one after another: the unloaded latency (s) of each."""
+    import httpx
+    out = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
+        for i in range(n):
+            t0 = time.perf_counter()
+            r = await client.post(url, json=bodies[i % len(bodies)])
+            if r.status_code != 200:
+                raise RuntimeError(f"probe request: HTTP {r.status_code}: {r.text[:200]}")
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def _ok(row, bound_ms):
+    return row["p99_ms"] is not None and row["p99_ms"] <= bound_ms and row["failed"] == 0 and row["status_503"] == 0
+
+
+def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12101, dim: int = 128,
+                   blocks: int = 4, heads: int = 2, k: int = 10, multiples=(0.25, 0.5, 1, 1.5, 2, 3, 4, 6, 8, 12),
+                   duration: float = 6.0, max_requests: int = 400, min_requests: int = 6,
+                   bound_factor: float = 5.0, p99_bound_ms: float | None = None, cell_budget_s: float = 240.0,
+                   shapes: str = "1,2,4", big_shapes: str = "1,2", threads=None, overlap: str = "off",
+                   sides=("engine", "naive"), out=None) -> dict:
+    """Per (prompt, beam) cell: one server per side (`--decode engine` / `--decode naive`, or overlap on /
+    off when sides = ("overlap-on", "overlap-off")), both up at once on the same random-weight model;
+    an unloaded probe (sequential requests) of each; then open-loop rates at multiples of each side's
+    1 / probe latency, the two sides alternating rate by rate in one window (host noise hits both alike).
+    The p99 bound of a cell is p99_bound_ms if given, else bound_factor x the slower side's probe p50
+    (so the slower side can meet it at low load); a side's throughput is the highest achieved rate with
+    p99 within the bound and no 503 / failure. A side stops climbing once a rate misses the bound, or
+    when the cell's time budget is spent; every rate measured is recorded."""
+    import httpx
+    from mindgr.config import ConfigError
+    if duration <= 0 or max_requests < 1 or min_requests < 1 or not multiples or min(multiples) <= 0:
+        raise ConfigError("bench serve --gr: --duration > 0, --max-requests >= 1 and positive rate multiples")
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stopped: still stop the servers (finally)
+    cells = []
+    for prompt in prompts:
+        for beam in beams:
+            cell_shapes = big_shapes if beam * prompt >= 256 * 1000 else shapes
+            spec = f"items={items},prompt={prompt},dim={dim},blocks={blocks},heads={heads},seed=0"
+            servers, ports = {}, {}
+            t_start = time.perf_counter()
+            try:
+                for side in sides:                    # start both, then wait for both (compiles overlap)
+                    decode = "naive" if side == "naive" else "engine"
+                    ov = {"overlap-on": "on", "overlap-off": "off"}.get(side, overlap)
+                    ports[side] = free_port()
+                    args = ["--random-gr", spec, "--beam", beam, "--decode", decode, "--overlap", ov,
+                            "--batch-shapes", cell_shapes, "--queue-size", 64, "--max-wait-ms", 2] + \
+                        (["--threads", threads] if threads else [])
+                    servers[side] = launch_server(ports[side], args)
+                for side in sides:
+                    wait_ready(servers[side], ports[side])
+                startup = time.perf_counter() - t_start
+                urls = {s: f"http://127.0.0.1:{ports[s]}" for s in sides}
+                health = httpx.get(f"{urls[sides[0]]}/health").json()
+                bodies = gr_requests(items, health["prompt_items"], k=min(k, beam))
+                probe = {s: asyncio.run(_closed_loop(f"{urls[s]}/recommend", bodies, 3))[1:] for s in sides}
+                probe_ms = {s: float(np.median(v)) * 1e3 for s, v in probe.items()}
+                bound = p99_bound_ms or bound_factor * max(probe_ms.values())
+                rows = {s: [] for s in sides}
+                climbing = {s: True for s in sides}
+                skipped = {s: [] for s in sides}
+                t_cell = time.perf_counter()
+                # a side too slow for even the first rate within the budget gets one rate, at 1x its
+                # unloaded capacity with min_requests requests, over budget (else it would have no point)
+                slow = {s: min_requests * probe_ms[s] / 1e3 / multiples[0] > cell_budget_s for s in sides}
+                for i, m in enumerate(multiples):
+                    for side in sides:
+                        mult = m
+                        if slow[side]:
+                            if i > 0:
+                                continue
+                            mult = 1.0
+                        elif not climbing[side] or time.perf_counter() - t_cell > cell_budget_s:
+                            climbing[side] = False
+                            continue
+                        rate = mult * 1e3 / probe_ms[side]
+                        n = max(min_requests, min(max_requests, int(round(rate * duration))))
+                        need = n / rate + 2 * probe_ms[side] / 1e3       # arrivals + the last answers
+                        if not slow[side] and time.perf_counter() - t_cell + need > cell_budget_s:
+                            climbing[side] = False                        # would overrun the cell's budget
+                            skipped[side].append(mult)
+                            continue
+                        before = httpx.get(f"{urls[side]}/metrics").json()
+                        row = asyncio.run(_one_rate(f"{urls[side]}/recommend", bodies, rate, n / rate, n, seed=i))
+                        after = httpx.get(f"{urls[side]}/metrics").json()
+                        row.update(_batch_delta(before, after), multiple=mult, decode_ms_per_batch=_decode_delta(before, after))
+                        rows[side].append(row)
+                        print(f"prompt {prompt:5d} beam {beam:4d} {side:11s} x{mult:<4g} " + _format_row(row), flush=True)
+                        if not _ok(row, bound):
+                            climbing[side] = False
+                final = {s: httpx.get(f"{urls[s]}/metrics").json() for s in sides}
+            finally:
+                codes = {s: stop_server(p) for s, p in servers.items()}
+            best = {}
+            for s in sides:
+                within = [r for r in rows[s] if _ok(r, bound)]
+                # a rate's throughput: the achieved rate, but never above the offered one (with a handful of
+                # requests the realised arrivals can run ahead of the offered rate by chance)
+                best[s] = max((min(r["achieved_rps"], r["offered_rps"]) for r in within), default=None)
+            a, b = sides
+            ratio = best[a] / best[b] if best[a] and best[b] else None
+            cell = {"prompt_tokens": prompt, "beam": beam, "batch_shapes": cell_shapes, "startup_s": round(startup, 1),
+                    "probe_ms": probe_ms, "p99_bound_ms": bound, "rates": rows, "throughput_within_bound": best,
+                    "ratio": ratio, "skipped_multiples": skipped, "one_rate_only": slow,
+                    "unloaded_latency_ratio": probe_ms[b] / probe_ms[a], "decode_ms_per_batch": {s: final[s].get("decode", {}) for s in sides},
+                    "server_exit_codes": codes}
+            cells.append(cell)
+            write_result({"partial": True, "cells": cells}, out)      # what ran so far, if stopped early
+            rtxt = "-" if ratio is None else f"{ratio:.2f}x"
+            print(f"== prompt {prompt} beam {beam}: unloaded latency {b}/{a} {probe_ms[b] / probe_ms[a]:.2f}x, probe ms {json.dumps({s: round(v, 1) for s, v in probe_ms.items()})}, "
+                  f"p99 bound {bound:.0f} ms, req/s within it {json.dumps(best)}, {a}/{b} {rtxt}", flush=True)
+    result = {"model": {"items": items, "dim": dim, "blocks": blocks, "heads": heads,
+                        "levels": "256 x 256 x 256 + de-dup 32", "weights": "random"},
+              "sides": list(sides), "k": k, "multiples": list(multiples), "duration_s": duration,
+              "max_requests": max_requests, "min_requests": min_requests, "bound_factor": bound_factor,
+              "cells": cells, "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg(),
+                                       "note": "load generator and both servers share this host"}}
+    write_result(result, out)
+    return result
+
+
+def _decode_delta(before: dict, after: dict) -> dict:
+    b, a = before.get("decode"), after.get("decode")
+    if not a:
+        return {}
+    nb = a["batches"] - (b["batches"] if b else 0)
+    if nb <= 0:
+        return {}
+    return {key: (a["ms_per_batch"][key] * a["batches"] - (b["ms_per_batch"].get(key, 0.0) * b["batches"] if b else 0.0)) / nb
+            for key in a["ms_per_batch"]}
+
+
+def launch_server(port: int, args, cwd=None):
+    """A `mindgr serve` subprocess (not waited for: start several, then wait_ready each, so their compiles
+    overlap)."""
+    cmd = [sys.executable, "-m", "mindgr", "serve", "--host", "127.0.0.1", "--port", str(port), *[str(a) for a in args]]
+    fd, log_path = tempfile.mkstemp(prefix="mindgr-serve-", suffix=".log")
+    os.close(fd)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    proc.log_path = log_path
+    return proc
+
+
+def wait_ready(proc, port: int, timeout: float = 900.0):
+    import httpx
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mindgr serve exited with {proc.returncode}: {server_log(proc)[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    stop_server(proc)
+    raise RuntimeError(f"mindgr serve: not ready after {timeout:.0f} s")

@@ -20,6 +20,10 @@ class JaggedBatch:
     rows: np.ndarray  # int64 [B_cap] example index held by each row; -1 for empty rows
     num_tokens: int
     num_rows: int
+    # int64 [B_cap] when each row's next item is requested: the time of the item its last position
+    # predicts (training: the last target's time; evaluation: the held-out target's). Without request
+    # times, the row's last input time; 0 for empty rows and without timestamps.
+    request_times: np.ndarray = None
 
     @property
     def fill(self):
@@ -50,6 +54,14 @@ def training_examples(train_seqs, train_times, max_len):
         if input_times is not None:
             input_times.append(np.asarray(train_times[k][:-1][-max_len:], dtype=np.int64))
     return inputs, input_times, targets
+
+
+def training_request_times(train_seqs, train_times):
+    """The request time of each example training_examples makes (same order, same skipped sequences):
+    the time of its last target, s[-1]. None without timestamps."""
+    if train_times is None:
+        return None
+    return np.array([train_times[k][-1] for k, s in enumerate(train_seqs) if len(s) >= 2], dtype=np.int64)
 
 
 def eval_examples(evalset, max_len):
@@ -111,8 +123,9 @@ def plan_batches(lengths, token_capacity, row_capacity, rng=None, window=64):
     return batches
 
 
-def build_batch(indices, inputs, input_times, targets, token_capacity, row_capacity):
-    """Pack the given examples into fixed-shape arrays (see JaggedBatch)."""
+def build_batch(indices, inputs, input_times, targets, token_capacity, row_capacity, request_times=None):
+    """Pack the given examples into fixed-shape arrays (see JaggedBatch). request_times: int64 per
+    example (None: each row's last input time, or 0 without times)."""
     indices = np.asarray(indices, dtype=np.int64)
     if len(indices) > row_capacity:
         raise ValueError(f"{len(indices)} examples exceed row_capacity {row_capacity}")
@@ -139,8 +152,15 @@ def build_batch(indices, inputs, input_times, targets, token_capacity, row_capac
         if input_times is not None:
             times[:total] = np.concatenate([input_times[i] for i in indices])
         positions[:total] = np.arange(total) - np.repeat(offsets[:nrows], lens)
+    req = np.zeros(row_capacity, dtype=np.int64)
+    if nrows:
+        if request_times is not None:
+            req[:nrows] = np.asarray(request_times, dtype=np.int64)[indices]
+        elif input_times is not None:
+            ends = offsets[1:nrows + 1]
+            req[:nrows] = np.where(lens > 0, times[np.maximum(ends - 1, 0)], 0)
     return JaggedBatch(ids=ids, targets=tgt, timestamps=times, offsets=offsets, positions=positions,
-                       rows=rows, num_tokens=total, num_rows=nrows)
+                       rows=rows, num_tokens=total, num_rows=nrows, request_times=req)
 
 
 def _round_up(x, multiple):

@@ -139,11 +139,35 @@ class StateBackend(abc.ABC):
         """Bytes held, by part (shared prompt, per-beam records)."""
 
 
+def _inline(fn, *args):
+    """The default runner: a model call on the calling thread."""
+    return fn(*args)
+
+
+class _RunnerNet:
+    """A compiled cell called through a runner (the naive scorer's net): returns host arrays."""
+
+    def __init__(self, net, runner):
+        self.net, self.runner = net, runner
+
+    def __call__(self, *args):
+        return _HostArray(self.runner(lambda: self.net(*args).asnumpy()))
+
+
+class _HostArray:
+    def __init__(self, a):
+        self.a = a
+
+    def asnumpy(self):
+        return self.a
+
+
 class KVCacheBackend(StateBackend):
     """Shared prompt K/V + append-only per-beam records with parent indices."""
 
-    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, parts: str = "both"):
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, parts: str = "both", runner=None):
         self.dec, self.u, self.b, self.p = decoder, num_users, beam, p_cap
+        self.run = runner or _inline
         self.steps = max(decoder.num_levels - 1, 1)
         if p_cap + decoder.num_levels - 1 > decoder.max_len:
             raise ValueError(f"prompt capacity {p_cap} + {decoder.num_levels - 1} decoded tokens exceeds the "
@@ -169,14 +193,18 @@ class KVCacheBackend(StateBackend):
         offsets = np.asarray(bounds, np.int32)
         last = (np.arange(u) * p + self.lengths - 1).astype(np.int32)
         t0 = time.perf_counter()
-        logits, self.kp, self.vp = self.prefill_net(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
-        logits = logits.asnumpy()
+        logits = self.run(self._prefill_graph, slots, merged, offsets, last)
         self.timings["prefill"] += time.perf_counter() - t0
+        return logits
+
+    def _prefill_graph(self, slots, merged, offsets, last):
+        """Every MindSpore call of a prefill (on the runner's thread): the graph, then empty records."""
+        logits, self.kp, self.vp = self.prefill_net(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
         h = self.dec.blocks[0]
-        shape = (dec.num_blocks, self.steps, u, self.b, h.h)
+        shape = (self.dec.num_blocks, self.steps, self.u, self.b, h.h)
         self.kr = Tensor(np.zeros(shape + (h.dqk,), np.float32))
         self.vr = Tensor(np.zeros(shape + (h.dv,), np.float32))
-        return logits
+        return logits.asnumpy()
 
     def step(self, level, codes, parents):
         """Level `level` >= 1: append codes [U, Bm] (chosen at level-1) as record slot level-1."""
@@ -200,14 +228,18 @@ class KVCacheBackend(StateBackend):
             if slot > 0:
                 cur = np.take_along_axis(parents[slot], cur, 1)
         flat = (r[None, None, :] * u + np.arange(u)[:, None, None]) * b + anc
-        args = (Tensor(slots), self.kp, self.vp, Tensor(pidx), Tensor(pmask), self.kr, self.vr, Tensor(onehot),
-                Tensor(flat.reshape(-1).astype(np.int32)), Tensor(ridx), Tensor(rmask))
-        self.last_step_inputs = args            # kept for timing the attention parts (mindgr.bench.decode)
         t0 = time.perf_counter()
-        logits, self.kr, self.vr = self.step_net(*args)
-        logits = logits.asnumpy()
+        logits = self.run(self._step_graph, slots, pidx, pmask, onehot, flat.reshape(-1).astype(np.int32), ridx,
+                          rmask)
         self.timings["step"] += time.perf_counter() - t0
         return logits.reshape(u, b, -1)
+
+    def _step_graph(self, slots, pidx, pmask, onehot, anc, ridx, rmask):
+        args = (Tensor(slots), self.kp, self.vp, Tensor(pidx), Tensor(pmask), self.kr, self.vr, Tensor(onehot),
+                Tensor(anc), Tensor(ridx), Tensor(rmask))
+        self.last_step_inputs = args            # kept for timing the attention parts (mindgr.bench.decode)
+        logits, self.kr, self.vr = self.step_net(*args)
+        return logits.asnumpy()
 
     def nbytes(self) -> dict:
         """Bytes the cache really holds: the shared prompt part and the per-beam records."""
@@ -279,7 +311,10 @@ class DecodingEngine:
     search(histories, k) -> (items [U, k], scores [U, k]); `num_users` is the fixed batch capacity."""
 
     def __init__(self, decoder, trie, codes, beam: int, max_prompt_tokens: int, num_users: int,
-                 cache: str = "shared", selection: str = "partial", masks: str = "reuse", parts: str = "both"):
+                 cache: str = "shared", selection: str = "partial", masks: str = "reuse", parts: str = "both",
+                 runner=None):
+        """runner(fn, *args) -> fn(*args): where the model calls run (default: the calling thread; the server
+        passes one model thread so that host-side selection of one batch overlaps model compute of another)."""
         for name, value, allowed in (("cache", cache, CACHES), ("selection", selection, SELECTIONS),
                                      ("masks", masks, MASKS)):
             if value not in allowed:
@@ -287,10 +322,13 @@ class DecodingEngine:
         self.dec, self.trie, self.codes = decoder, trie, np.asarray(codes)
         self.beam, self.p_cap, self.num_users = beam, max_prompt_tokens, num_users
         self.cache, self.selection, self.masks = cache, selection, masks
-        self.backend = KVCacheBackend(decoder, num_users, beam, max_prompt_tokens, parts) if cache == "shared" else None
+        self.backend = (KVCacheBackend(decoder, num_users, beam, max_prompt_tokens, parts, runner)
+                        if cache == "shared" else None)
         if cache == "recompute":
             self.recompute_net = LastTokenLogits(decoder)
             self.recompute_net.set_train(False)
+            if runner is not None:
+                self.recompute_net = _RunnerNet(self.recompute_net, runner)
         self.timings = {"prefill": 0.0, "model": 0.0, "masks": 0.0, "select": 0.0}
 
     def search(self, histories, k: int):
@@ -309,6 +347,16 @@ class DecodingEngine:
             scorer = _EngineScorer(self.backend, level0, len(histories), self.beam, self.dec.level_offsets)
         return beam_search(self.trie, scorer, len(histories), self.beam, k, select=select,
                            rebuild_masks=self.masks == "rebuild", timings=self.timings)
+
+    def share_graphs(self, other: "DecodingEngine"):
+        """Call `other`'s cells (same decoder, shapes and options): one compile for two engines' states."""
+        if (other.beam, other.p_cap, other.num_users, other.cache) != (self.beam, self.p_cap, self.num_users,
+                                                                      self.cache):
+            raise ValueError("share_graphs: the engines differ in beam, prompt capacity, users or cache")
+        if self.backend is not None:
+            self.backend.prefill_net, self.backend.step_net = other.backend.prefill_net, other.backend.step_net
+        else:
+            self.recompute_net = other.recompute_net
 
     def cache_nbytes(self) -> dict:
         return self.backend.nbytes() if self.backend is not None else {}

@@ -65,7 +65,7 @@ class FuXiBlock(nn.Cell):
         self.b_3 = param(np.zeros(dim, np.float32), f"{prefix}.b_3")
         self.zero_pos = ops.zeros((2 * max_len - 1,), ms.float32)  # the semantic channel has no bias
 
-    def construct(self, x, offsets, timestamps, drop_attn=None, drop_ffn=None):
+    def construct(self, x, offsets, timestamps, request_times=None, drop_attn=None, drop_ffn=None):
         t = x.shape[0]
         hv, hqk = self.h * self.dv, self.h * self.dqk
         z = ops.silu(ops.matmul(rms_norm(x), self.w_uvqk))
@@ -73,7 +73,8 @@ class FuXiBlock(nn.Cell):
         v = v.reshape(t, self.h, self.dv)
         q = q.reshape(t, self.h, self.dqk)
         k = k.reshape(t, self.h, self.dqk)
-        biased = jagged_bias_attention(v, offsets, timestamps, self.w_pos, self.w_ts, self.max_len)  # [T,H,C-1,dv]
+        biased = jagged_bias_attention(v, offsets, timestamps, self.w_pos, self.w_ts, self.max_len,
+                                       request_times)                                 # [T,H,C-1,dv]
         semantic = jagged_hstu_attention(q, k, v, offsets, timestamps, self.zero_pos, None, self.max_len)
         a = ops.concat((biased, semantic[:, :, None, :]), 2).reshape(t, self.channels * hv)
         o = u * rms_norm(a)
@@ -88,31 +89,34 @@ class FuXiBlock(nn.Cell):
 
 
 class FuXiAlpha(ItemSequenceEncoder):
-    """Jagged FuXi-alpha encoder. construct(ids, positions, offsets, timestamps, drop) -> [T, D] unit vectors."""
+    """Jagged FuXi-alpha encoder. construct(ids, positions, offsets, timestamps, drop, request_times) -> [T, D]
+    unit vectors. request_time: the temporal channel's last position uses request_times [B] (as HSTU)."""
 
     def __init__(self, num_items, dim, num_blocks, num_heads, dqk, dv, max_len, dropout=0.2, time_bias=True,
-                 num_time_buckets=128, ffn_multiply=1, seed=0, item_init=trunc_normal):
+                 num_time_buckets=128, ffn_multiply=1, seed=0, item_init=trunc_normal, request_time=False):
         rng = np.random.default_rng([seed, 1])
         super().__init__(rng, num_items, dim, max_len, dropout, item_init)
         self.blocks = nn.CellList([
             FuXiBlock(rng, dim, num_heads, dqk, dv, max_len, num_time_buckets, time_bias, dim * ffn_multiply,
                       f"blocks.{i}") for i in range(num_blocks)])
         self.num_blocks = num_blocks
+        self.request_time = bool(request_time)
         # Host-drawn dropout masks: the input, then per block the gated attention output and the FFN input.
         self.dropout_sites = 1 + 2 * num_blocks
         self.dropout_width = max(dim, (3 if time_bias else 2) * num_heads * dv)
 
-    def encode(self, item_vectors, positions, offsets, timestamps, drop=None):
+    def encode(self, item_vectors, positions, offsets, timestamps, drop=None, request_times=None):
         """The encoder from the tokens' item embeddings [T, D] (gathered here, or by a sharded table)."""
+        req = request_times if self.request_time else None
         x = self.embed(item_vectors, positions)
         masks = ops.unstack(drop, 0) if drop is not None else None
         if masks is not None:
             x = apply_dropout(x, masks[0])
         for i in range(self.num_blocks):
             if masks is not None:
-                x = self.blocks[i](x, offsets, timestamps, masks[1 + 2 * i], masks[2 + 2 * i])
+                x = self.blocks[i](x, offsets, timestamps, req, masks[1 + 2 * i], masks[2 + 2 * i])
             else:
-                x = self.blocks[i](x, offsets, timestamps)
+                x = self.blocks[i](x, offsets, timestamps, req)
         return l2_normalize(x)
 
 
@@ -122,7 +126,7 @@ def build(model_cfg, num_items: int, max_len: int, seed: int, item_init=None):
     dqk, dv, _, _ = _widths(m)
     extra = {} if item_init is None else {"item_init": item_init}
     return FuXiAlpha(num_items, m.dim, m.num_blocks, m.num_heads, dqk, dv, max_len, m.dropout, m.time_bias,
-                     m.num_time_buckets, m.ffn_multiply, seed, **extra)
+                     m.num_time_buckets, m.ffn_multiply, seed, request_time=m.request_time, **extra)
 
 
 def encoder_flops(model_cfg, lengths: np.ndarray) -> float:

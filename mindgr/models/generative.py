@@ -227,3 +227,39 @@ def item_log_probs(decoder, histories, codes, max_prompt_tokens: int) -> np.ndar
             total += logp[np.arange(v), codes[1:, level]]
         out[u, 1:] = total
     return out
+
+
+# ---- the model registry's entry for model.arch = gr ------------------------------------------------
+# The GR decoder is not an item encoder: it has no item table and no user embedding, its input is semantic-ID
+# tokens and its output a distribution over the next code. It is registered (so `model.arch: gr` is a known
+# model and its FLOPs are counted like every model's) with a `build` that refuses the encoder contract in one
+# line; the decoder itself is built from the run's code table by `build_decoder`, through the generative
+# trainer (mindgr.train.generative).
+
+def max_prompt_tokens(num_levels: int, token_merger: str, max_history: int) -> int:
+    """Prompt capacity in tokens of `max_history` items."""
+    return max_history * tokens_per_prompt_item(num_levels, token_merger)
+
+
+def build_decoder(model_cfg, level_sizes, max_history: int, seed: int) -> GRDecoder:
+    """The GR decoder of a config over a code table's level sizes: position bias sized for a prompt of
+    max_history items plus the Lt - 1 decoded codes (the longest training row)."""
+    m = model_cfg
+    lt = len(level_sizes)
+    dqk = m.dqk or m.dim // m.num_heads
+    dv = m.dv or m.dim // m.num_heads
+    max_len = max_prompt_tokens(lt, m.token_merger, max_history) + lt - 1
+    return GRDecoder(level_sizes, m.dim, m.num_blocks, m.num_heads, dqk, dv, max_len, m.token_merger, seed)
+
+
+def build(model_cfg, num_items, max_len, seed, item_init):
+    from mindgr.config import ConfigError
+    raise ConfigError("config: model.arch = gr is the generative decoder, not an item encoder: it is trained "
+                      "with loss.objective = ntp or page_ntp by `mindgr train` (mindgr.train.generative), from "
+                      "a semantic-ID table (ids.codes or ids.from_run)")
+
+
+def encoder_flops(model_cfg, lengths) -> float:
+    """Forward FLOPs of the decoder's HSTU blocks for rows of these token lengths (same count as HSTU's)."""
+    from mindgr.models import hstu
+    return hstu.encoder_flops(model_cfg, lengths)

@@ -5,6 +5,9 @@ Per block, for tokens x [T, D]:
     A(x) v     = per row: sum_{j<=i} SiLU(q_i.k_j + rab_pos(i,j) + rab_time(i,j)) / N * v_j
     y          = x + Linear(Dropout(u * LayerNorm(A(x) v)))
 Input: item_emb * sqrt(D) + pos_emb, dropout; output L2-normalised. N is the configured max length.
+rab_time(i, j) = w_ts[bucket(tq_i - t_j)] with tq_i = t_{i+1}; at each row's last position tq is the row's
+request time when request_time=True (config model.request_time, the published convention: the time of
+the event being predicted), else that position's own time (MindGR's earlier convention; mindgr.ops.attention).
 """
 import numpy as np
 from mindspore import nn, ops
@@ -25,7 +28,7 @@ class HSTUBlock(nn.Cell):
         self.w_out = param(xavier_uniform(rng, num_heads * dv, dim), f"{prefix}.w_out")
         self.b_out = param(np.zeros(dim, np.float32), f"{prefix}.b_out")
 
-    def construct(self, x, offsets, timestamps, drop_mask=None):
+    def construct(self, x, offsets, timestamps, request_times=None, drop_mask=None):
         t = x.shape[0]
         hv, hqk = self.h * self.dv, self.h * self.dqk
         # u, v, q, k as four matmuls against column slices of W_uvqk (same parameter, same math as
@@ -40,7 +43,8 @@ class HSTUBlock(nn.Cell):
         v = v.reshape(t, self.h, self.dv)
         q = q.reshape(t, self.h, self.dqk)
         k = k.reshape(t, self.h, self.dqk)
-        attn = jagged_hstu_attention(q, k, v, offsets, timestamps, self.w_pos, self.w_ts, self.max_len)
+        attn = jagged_hstu_attention(q, k, v, offsets, timestamps, self.w_pos, self.w_ts, self.max_len,
+                                     request_times)
         o = u * layer_norm(attn.reshape(t, hv))
         if drop_mask is not None:
             o = apply_dropout(o, drop_mask)
@@ -48,28 +52,32 @@ class HSTUBlock(nn.Cell):
 
 
 class HSTU(ItemSequenceEncoder):
-    """Jagged HSTU encoder. construct(ids, positions, offsets, timestamps, drop) -> [T, D] unit vectors."""
+    """Jagged HSTU encoder. construct(ids, positions, offsets, timestamps, drop, request_times) -> [T, D]
+    unit vectors. request_time: the last position's time bias uses request_times [B] (else they are
+    ignored and that position uses its own time)."""
 
     def __init__(self, num_items, dim, num_blocks, num_heads, dqk, dv, max_len, dropout=0.2,
-                 time_bias=True, num_time_buckets=128, seed=0, item_init=trunc_normal):
+                 time_bias=True, num_time_buckets=128, seed=0, item_init=trunc_normal, request_time=False):
         rng = np.random.default_rng([seed, 1])
         super().__init__(rng, num_items, dim, max_len, dropout, item_init)
         self.blocks = nn.CellList([
             HSTUBlock(rng, dim, num_heads, dqk, dv, max_len, num_time_buckets, time_bias, f"blocks.{i}")
             for i in range(num_blocks)])
         self.num_blocks = num_blocks
+        self.request_time = bool(request_time)
         # Host-drawn dropout masks: one for the input and one per block, each [T, width].
         self.dropout_sites = 1 + num_blocks
         self.dropout_width = max(dim, num_heads * dv)
 
-    def encode(self, item_vectors, positions, offsets, timestamps, drop=None):
+    def encode(self, item_vectors, positions, offsets, timestamps, drop=None, request_times=None):
         """The encoder from the tokens' item embeddings [T, D] (gathered here, or by a sharded table)."""
+        req = request_times if self.request_time else None
         x = self.embed(item_vectors, positions)
         masks = ops.unstack(drop, 0) if drop is not None else None
         if masks is not None:
             x = apply_dropout(x, masks[0])
         for i in range(self.num_blocks):
-            x = self.blocks[i](x, offsets, timestamps, masks[i + 1] if masks is not None else None)
+            x = self.blocks[i](x, offsets, timestamps, req, masks[i + 1] if masks is not None else None)
         return l2_normalize(x)
 
 
@@ -83,7 +91,7 @@ def build(model_cfg, num_items: int, max_len: int, seed: int, item_init=None):
     dqk, dv = _head_widths(m)
     extra = {} if item_init is None else {"item_init": item_init}
     return HSTU(num_items, m.dim, m.num_blocks, m.num_heads, dqk, dv, max_len, m.dropout,
-                m.time_bias, m.num_time_buckets, seed, **extra)
+                m.time_bias, m.num_time_buckets, seed, request_time=m.request_time, **extra)
 
 
 def encoder_flops(model_cfg, lengths) -> float:

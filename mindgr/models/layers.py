@@ -56,7 +56,7 @@ class ItemSequenceEncoder(nn.Cell):
     [V+1, D] and position table `pos_emb` [N, D], drawn in that order from `rng` (`item_init(rng, shape,
     std)` draws the item table: a sharded table keeps only its rows, mindgr.parallel.sparse); the input
     `item_emb * sqrt(D) + pos_emb`; scores against the unit rows of the item table. A subclass builds its
-    blocks and writes `encode(item_vectors, positions, offsets, timestamps, drop)`."""
+    blocks and writes `encode(item_vectors, positions, offsets, timestamps, drop, request_times)`."""
 
     def __init__(self, rng, num_items: int, dim: int, max_len: int, dropout: float, item_init=trunc_normal):
         super().__init__()
@@ -68,8 +68,8 @@ class ItemSequenceEncoder(nn.Cell):
     def item_table(self):
         return l2_normalize(self.item_emb)
 
-    def construct(self, ids, positions, offsets, timestamps, drop=None):
-        return self.encode(ops.gather(self.item_emb, ids, 0), positions, offsets, timestamps, drop)
+    def construct(self, ids, positions, offsets, timestamps, drop=None, request_times=None):
+        return self.encode(ops.gather(self.item_emb, ids, 0), positions, offsets, timestamps, drop, request_times)
 
     def embed(self, item_vectors, positions):
         """The blocks' input from the tokens' item embeddings [T, D] (gathered here, or by a sharded table)."""

@@ -48,8 +48,8 @@ class SampledSoftmaxLoss(nn.Cell):
         self.inv_tau = 1.0 / temperature
         self.score_all = score_all
 
-    def construct(self, ids, positions, offsets, timestamps, targets, negatives, drop):
-        out = self.encoder(ids, positions, offsets, timestamps, drop)         # [T, D], unit rows
+    def construct(self, ids, positions, offsets, timestamps, request_times, targets, negatives, drop):
+        out = self.encoder(ids, positions, offsets, timestamps, drop, request_times)   # [T, D], unit rows
         table = self.encoder.item_table()                                    # [V+1, D], unit rows
         return sampled_softmax_mean(out, table, targets, negatives, self.inv_tau, self.score_all)
 
@@ -64,8 +64,8 @@ class SharedNegativesLoss(nn.Cell):
         self.inv_tau = 1.0 / temperature
         self.fp16 = fp16
 
-    def construct(self, ids, positions, offsets, timestamps, targets, neg_ids, neg_logq, drop):
-        out = self.encoder(ids, positions, offsets, timestamps, drop)         # [T, D], unit rows
+    def construct(self, ids, positions, offsets, timestamps, request_times, targets, neg_ids, neg_logq, drop):
+        out = self.encoder(ids, positions, offsets, timestamps, drop, request_times)   # [T, D], unit rows
         table = self.encoder.item_table()
         tgt = targets.astype(ms.int32)
         x = out * self.inv_tau                                               # logits = x . e

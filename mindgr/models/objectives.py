@@ -11,8 +11,12 @@ the shapes of config `loss.negatives`: per_token -> SampledSoftmaxLoss ([T, R] n
 the whole table when the catalogue is small: use_score_all); shared_pool / in_batch / mixed ->
 SharedNegativesLoss (one candidate set per batch, logQ-corrected).
 
-The next slot: next-token prediction over semantic IDs (mindgr.ids) registers here as its own entry,
-with a config key `loss.objective` choosing between entries (today the only entry is used).
+`loss.objective` chooses the entry. Also registered: next-token prediction over semantic IDs
+(mindgr.models.ntp), for the generative decoder (model.arch gr): `ntp` (point-wise) and `page_ntp`
+(page-wise). Their `build` gets the GRDecoder as `encoder` and their `flops` count the code logits,
+2*D*C per token with C = the codes of every level (passed as num_candidates). An entry's `generative`
+says which kind of model it trains: item encoders (False) or the GR decoder (True);
+`check_objective_arch` refuses a mismatch in one line.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ class ObjectiveSpec:
     name: str
     build: Callable
     flops: Callable
+    generative: bool = False                  # trains the GR decoder (model.arch gr), not an item encoder
 
 
 _OBJECTIVES: dict[str, ObjectiveSpec] = {}
@@ -55,7 +60,25 @@ def objective_spec(name: str = DEFAULT) -> ObjectiveSpec:
 
 def build_objective(cfg, encoder, num_items: int):
     """The loss cell of the configured objective over `encoder`."""
-    return objective_spec(DEFAULT).build(cfg, encoder, num_items)
+    return objective_spec(cfg.loss.objective).build(cfg, encoder, num_items)
+
+
+GENERATIVE_ARCH = "gr"
+
+
+def check_objective_arch(cfg):
+    """One-line ConfigError if loss.objective and model.arch are of different kinds (an encoder objective
+    for the GR decoder, or next-token prediction for an item encoder)."""
+    spec = objective_spec(cfg.loss.objective)
+    gr = cfg.model.arch == GENERATIVE_ARCH
+    if spec.generative and not gr:
+        raise ConfigError(f"config: loss.objective = {spec.name} trains the generative decoder: it needs "
+                          f"model.arch = {GENERATIVE_ARCH} (got {cfg.model.arch})")
+    if gr and not spec.generative:
+        gen = ", ".join(n for n in objective_names() if _OBJECTIVES[n].generative)
+        raise ConfigError(f"config: model.arch = {GENERATIVE_ARCH} is trained by next-token prediction: set "
+                          f"loss.objective to one of {gen} (got {spec.name})")
+    return spec
 
 
 def _build_sampled_softmax(cfg, encoder, num_items: int):
@@ -71,3 +94,17 @@ def _sampled_softmax_flops(model_cfg, num_targets: int, num_candidates: int) -> 
 
 
 register_objective(ObjectiveSpec(DEFAULT, _build_sampled_softmax, _sampled_softmax_flops))
+
+
+def _build_ntp(cfg, encoder, num_items: int):
+    from mindgr.models.ntp import NTPLoss
+    return NTPLoss(encoder)
+
+
+def _ntp_flops(model_cfg, num_targets: int, num_candidates: int) -> float:
+    """The head: logits over every level's codes (num_candidates = C) at each of num_targets tokens."""
+    return 2.0 * model_cfg.dim * num_candidates * num_targets
+
+
+register_objective(ObjectiveSpec("ntp", _build_ntp, _ntp_flops, generative=True))
+register_objective(ObjectiveSpec("page_ntp", _build_ntp, _ntp_flops, generative=True))

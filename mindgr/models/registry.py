@@ -18,10 +18,14 @@ every encoder `build_encoder` returns):
     item_emb          Parameter [num_items + 1, D]: the item table, row 0 = padding. The sharded-table
                       trainer replaces the gather from it (it looks the parameter up by this name).
     item_table()      -> [num_items + 1, D] the table the logits are taken against (unit rows today).
-    construct(ids, positions, offsets, timestamps, drop=None) -> [T, D]
+    construct(ids, positions, offsets, timestamps, drop=None, request_times=None) -> [T, D]
                       jagged tokens: ids/positions [T] int32, offsets [B+1] int32, timestamps [T] int64,
-                      drop the host-drawn dropout masks [dropout_sites, T, dropout_width] (None = eval).
-    encode(item_vectors, positions, offsets, timestamps, drop=None) -> [T, D]
+                      drop the host-drawn dropout masks [dropout_sites, T, dropout_width] (None = eval),
+                      request_times [B] int64: when each row's next item is requested (training: the
+                      last target's time; evaluation: the held-out target's; serving: the request's).
+                      A model with a time bias uses it at each row's last position when
+                      model.request_time is on (mindgr.ops.attention); others ignore it.
+    encode(item_vectors, positions, offsets, timestamps, drop=None, request_times=None) -> [T, D]
                       the same from already gathered item vectors [T, D] (what a sharded table hands in).
     dropout_sites     int: how many [T, dropout_width] masks one step draws.
     dropout_width     int: the width of each mask (the widest dropout site).
@@ -49,8 +53,8 @@ class ModelSpec:
 
 _BUILD_PARAMS = ("model_cfg", "num_items", "max_len", "seed", "item_init")
 _FLOPS_PARAMS = ("model_cfg", "lengths")
-_CALL_PARAMS = ("ids", "positions", "offsets", "timestamps", "drop")
-_ENCODE_PARAMS = ("item_vectors", "positions", "offsets", "timestamps", "drop")
+_CALL_PARAMS = ("ids", "positions", "offsets", "timestamps", "drop", "request_times")
+_ENCODE_PARAMS = ("item_vectors", "positions", "offsets", "timestamps", "drop", "request_times")
 _MODELS: dict[str, ModelSpec] = {}
 
 

@@ -61,8 +61,9 @@ class SASRec(ItemSequenceEncoder):
         self.dropout_sites = 1 + 3 * num_blocks
         self.dropout_width = max(dim, ffn_dim)
 
-    def encode(self, item_vectors, positions, offsets, timestamps, drop=None):
-        """The encoder from the tokens' item embeddings [T, D] (gathered here, or by a sharded table)."""
+    def encode(self, item_vectors, positions, offsets, timestamps, drop=None, request_times=None):
+        """The encoder from the tokens' item embeddings [T, D] (gathered here, or by a sharded table).
+        SASRec has no time information: timestamps and request_times are ignored."""
         x = self.embed(item_vectors, positions)
         if drop is not None:
             masks = ops.unstack(drop, 0)

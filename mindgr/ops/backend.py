@@ -17,8 +17,8 @@ import logging
 # Every op a backend may provide, with the signature its function must have (semantics: the dispatch
 # modules' docstrings; the reference implements them all).
 OPS = {
-    "hstu_attention": "(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, dv]",
-    "bias_attention": "(v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, C, dv]",
+    "hstu_attention": "(q, k, v, offsets, timestamps, w_pos, w_ts, max_len, request_times) -> [T, H, dv]",
+    "bias_attention": "(v, offsets, timestamps, w_pos, w_ts, max_len, request_times) -> [T, H, C, dv]",
     "softmax_attention": "(q, k, v, offsets, max_len) -> [T, H, dv]",
     "jagged_to_padded": "(values, offsets, max_len) -> [B, N, *F]",
     "padded_to_jagged": "(padded, offsets, num_tokens) -> [T, *F]",

@@ -74,16 +74,33 @@ def _causal_valid(offsets, max_len: int):
     return ops.logical_and(both, causal[None]).astype(ms.float32)[:, None]
 
 
-def time_bias(offsets, timestamps, w_ts, max_len: int):
-    """Bucketed-time bias [B, 1, N, N]: w_ts[bucket(t_{i+1} - t_j)] (the last position uses its own time)."""
+def default_request_times(offsets, timestamps, max_len: int):
+    """[B] int64: each row's last kept token's own time (0 for an empty row). As request times it gives
+    the convention MindGR used before request times existed: the last position's query time is its own."""
+    starts, ends = offsets[:-1].astype(ms.int32), offsets[1:].astype(ms.int32)
+    last = ops.minimum(ends, starts + max_len) - 1
+    nonempty = ends > starts
+    idx = ops.clip(last, 0, timestamps.shape[0] - 1)
+    times = ops.gather(timestamps, idx, 0)
+    return ops.where(nonempty, times, ops.zeros_like(times))
+
+
+def time_bias(offsets, timestamps, w_ts, max_len: int, request_times=None):
+    """Bucketed-time bias [B, 1, N, N]: w_ts[bucket(tq_i - t_j)] with the query time tq_i = t_{i+1}, and at
+    each row's last position (i = L - 1, L cut to N) the row's request time (request_times [B] int64;
+    None = that position's own time, default_request_times)."""
     n = max_len
     pos = ops.arange(n, dtype=ms.int32)
     ts = jagged_to_padded(timestamps, offsets, n)               # [B, N] int64
-    lengths = (offsets[1:] - offsets[:-1]).astype(ms.int32)
-    # The query at i looks at the time of the next event t_{i+1}; the last position uses its own time.
+    lengths = ops.minimum((offsets[1:] - offsets[:-1]).astype(ms.int32), ops.full_like(offsets[1:], n).astype(ms.int32))
+    if request_times is None:
+        request_times = default_request_times(offsets, timestamps, n)
+    req = request_times.astype(ts.dtype)
+    # The query at i looks at the time of the next event t_{i+1}; the last position at the request time
+    # (the time of the event being predicted).
     nxt = ops.concat((ts[:, 1:], ts[:, -1:]), 1)
     has_next = (pos[None, :] + 1) < lengths[:, None]
-    tq = ops.where(has_next, nxt, ts)
+    tq = ops.where(has_next, nxt, ops.broadcast_to(req[:, None], ts.shape))
     buckets = time_buckets(tq[:, :, None] - ts[:, None, :], w_ts.shape[0] - 1)
     b = buckets.shape[0]
     return ops.gather(w_ts, buckets.reshape(-1), 0).reshape(b, 1, n, n)
@@ -97,32 +114,32 @@ def position_bias(w_pos, max_len: int):
     return ops.gather(w_pos, rel.reshape(-1), 0).reshape(1, 1, n, n)
 
 
-def hstu_bias(offsets, timestamps, w_pos, w_ts, max_len: int):
-    """Relative attention bias [B or 1, 1, N, N]: w_pos[N-1+j-i] (+ w_ts[bucket(t_{i+1} - t_j)])."""
+def hstu_bias(offsets, timestamps, w_pos, w_ts, max_len: int, request_times=None):
+    """Relative attention bias [B or 1, 1, N, N]: w_pos[N-1+j-i] (+ w_ts[bucket(tq_i - t_j)], time_bias)."""
     bias = position_bias(w_pos, max_len)
     if w_ts is None:
         return bias
-    return bias + time_bias(offsets, timestamps, w_ts, max_len)
+    return bias + time_bias(offsets, timestamps, w_ts, max_len, request_times)
 
 
-def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
+def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int, request_times=None):
     """out_i = sum_{j<=i} SiLU(q_i.k_j + rab(i, j)) / N * v_j per row and head. q,k [T,H,dqk], v [T,H,dv]."""
     t = q.shape[0]
     qp = jagged_to_padded(q, offsets, max_len).transpose(0, 2, 1, 3)   # [B, H, N, dqk]
     kp = jagged_to_padded(k, offsets, max_len).transpose(0, 2, 1, 3)
     vp = jagged_to_padded(v, offsets, max_len).transpose(0, 2, 1, 3)   # [B, H, N, dv]
     scores = ops.matmul(qp, kp.transpose(0, 1, 3, 2))                 # [B, H, N, N]
-    scores = scores + hstu_bias(offsets, timestamps, w_pos, w_ts, max_len)
+    scores = scores + hstu_bias(offsets, timestamps, w_pos, w_ts, max_len, request_times)
     # Only the causal mask is needed: padded keys have v = 0 and padded queries are dropped on the way back.
     weights = ops.silu(scores) * (_causal(max_len) / float(max_len))
     out = ops.matmul(weights, vp).transpose(0, 2, 1, 3)               # [B, N, H, dv]
     return padded_to_jagged(out, offsets, t)
 
 
-def bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int):
+def bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int, request_times=None):
     """The bias-only attention channels of FuXi-alpha over the same v [T, H, dv] -> [T, H, C, dv]:
     channel 0 out_i = sum_{j<=i} w_pos[N-1+j-i] v_j; channel 1 (when w_ts is given, C = 2)
-    out_i = sum_{j<=i} w_ts[bucket(t_{i+1} - t_j)] v_j. The raw biases are the weights (no SiLU, no /N),
+    out_i = sum_{j<=i} w_ts[bucket(tq_i - t_j)] v_j (tq_i as in time_bias). The raw biases are the weights (no SiLU, no /N),
     shared by every head."""
     t, h, dv = v.shape
     vp = jagged_to_padded(v, offsets, max_len)                        # [B, N, H, dv]
@@ -132,7 +149,7 @@ def bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int):
     # padded keys have v = 0 and padded queries are dropped on the way back: the causal mask suffices
     channels = [ops.matmul(position_bias(w_pos, max_len)[:, 0] * causal, vp)]   # [1, N, N] x [B, N, H*dv]
     if w_ts is not None:
-        channels.append(ops.matmul(time_bias(offsets, timestamps, w_ts, max_len)[:, 0] * causal, vp))
+        channels.append(ops.matmul(time_bias(offsets, timestamps, w_ts, max_len, request_times)[:, 0] * causal, vp))
     out = ops.stack(channels, 2).reshape(b, max_len, len(channels), h, dv).transpose(0, 1, 3, 2, 4)
     return padded_to_jagged(out, offsets, t)                          # [T, H, C, dv]
 

@@ -261,7 +261,8 @@ class DataParallelStrategy(RetrievalStrategy):
         from mindgr.parallel.plan import local_rows
         tr, sh = self.data.train, self.shape
         share = self.planner.share(epoch, b, indices)
-        batch = build_batch(share.indices, tr.inputs, tr.times, tr.targets, sh.rank_tokens, sh.rank_rows)
+        batch = build_batch(share.indices, tr.inputs, tr.times, tr.targets, sh.rank_tokens, sh.rank_rows,
+                            tr.request_times)
         if self.seq_draws is not None:
             negatives, drop = self.seq_draws.draw(epoch, share.indices, self.planner.lengths[share.indices],
                                                   sh.rank_tokens)

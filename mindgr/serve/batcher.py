@@ -2,7 +2,10 @@
 
 The worker takes the oldest request, then waits at most `max_wait_ms` for more (up to the largest
 shape's rows), runs the smallest compiled shape that holds them, and answers each request's future.
-Every MindSpore call (the start-up compile of each shape included) runs on that one thread.
+Every MindSpore call (the start-up compile of each shape included) runs on that one thread, unless the
+recommender asks for more workers (`recommender.workers`, the GR path's overlap): then that many worker
+threads each gather and run their own batch, and the recommender routes its MindSpore calls to one
+model thread of its own (mindgr.serve.generative.ModelThread).
 
 A full queue refuses at once (Overloaded -> HTTP 503) rather than growing latency without bound.
 close() stops taking requests, answers everything already queued, then stops the worker (drain).
@@ -39,7 +42,9 @@ class DynamicBatcher:
         self._closing = False
         self._ready = threading.Event()
         self._start_error = None
-        self._thread = threading.Thread(target=self._main, name="mindgr-batcher", daemon=True)
+        self.workers = int(getattr(recommender, "workers", 1))
+        self._threads = [threading.Thread(target=self._main, args=(i,), name=f"mindgr-batcher-{i}", daemon=True)
+                         for i in range(self.workers)]
         metrics.attach_queue(self._queue.qsize)
 
     @property
@@ -48,10 +53,12 @@ class DynamicBatcher:
 
     def start(self):
         """Start the worker; returns once every batch shape is compiled."""
-        self._thread.start()
+        self._threads[0].start()
         self._ready.wait()
         if self._start_error is not None:
             raise self._start_error
+        for t in self._threads[1:]:
+            t.start()
 
     def submit(self, query) -> Future:
         fut: Future = Future()
@@ -69,17 +76,19 @@ class DynamicBatcher:
         """Refuse new requests, answer the queued ones, stop the worker."""
         with self._lock:
             self._closing = True
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout)
 
-    def _main(self):
-        try:
-            self.recommender.warm_up()
-        except BaseException as e:  # reported by start(), in the thread that called it
-            self._start_error = e
+    def _main(self, worker: int = 0):
+        if worker == 0:
+            try:
+                self.recommender.warm_up()
+            except BaseException as e:  # reported by start(), in the thread that called it
+                self._start_error = e
+                self._ready.set()
+                return
             self._ready.set()
-            return
-        self._ready.set()
         while True:
             try:
                 first = self._queue.get(timeout=0.05)

@@ -3,7 +3,10 @@
 Written into DIR:
   encoder-r{rows}.mindir  the run's EncodeLast (history -> last-position user vector, unit norm) at
                           rows rows and rows * max_len tokens; inputs ids int32 [T], positions int32 [T],
-                          offsets int32 [rows + 1], timestamps int64 [T] (seconds); output float32 [rows, D]
+                          offsets int32 [rows + 1], timestamps int64 [T] (seconds), request_times int64
+                          [rows] (seconds; used by a model trained with model.request_time); output
+                          float32 [rows, D]. Format 1 exports (before request times) have no
+                          request_times input; load_export calls them without it.
   item_table.npy          float32 [V+1, D] unit rows, row 0 = padding
   item_raw_ids.npy        int64 [V+1]: internal id -> raw id ([0] = -1)
   manifest.json           model config, data fingerprint (when the run records one), shapes, dtypes, files
@@ -20,7 +23,7 @@ import numpy as np
 from mindgr.serve.recommend import DEFAULT_SHAPES, pack
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: the encoders take request_times
 
 
 def _encoder_name(rows: int) -> str:
@@ -53,7 +56,8 @@ def export_run(run_dir, out_dir=None, which: str = "best", shapes=DEFAULT_SHAPES
         name = _encoder_name(rows)
         (out / f"{name}.mindir").unlink(missing_ok=True)  # MindSpore writes it read-only: re-export replaces it
         ms.export(run.model.encode_last, ms.Tensor(a["ids"]), ms.Tensor(a["positions"]), ms.Tensor(a["offsets"]),
-                  ms.Tensor(a["timestamps"]), file_name=str(out / name), file_format="MINDIR")
+                  ms.Tensor(a["timestamps"]), ms.Tensor(a["request_times"]), file_name=str(out / name),
+                  file_format="MINDIR")
         encoders[str(rows)] = {"file": name + ".mindir", "rows": rows, "tokens": rows * max_len}
     np.save(out / "item_table.npy", table)
     np.save(out / "item_raw_ids.npy", np.asarray(run.data.store.item_raw_ids, np.int64))
@@ -65,7 +69,7 @@ def export_run(run_dir, out_dir=None, which: str = "best", shapes=DEFAULT_SHAPES
                  "time_unit": run.data.store.time_unit, "fingerprint": _data_fingerprint(run)},
         "max_len": max_len,
         "inputs": {"ids": ["int32", "T"], "positions": ["int32", "T"], "offsets": ["int32", "rows + 1"],
-                   "timestamps": ["int64 seconds", "T"]},
+                   "timestamps": ["int64 seconds", "T"], "request_times": ["int64 seconds", "rows"]},
         "output": ["float32", "rows", int(table.shape[1])],
         "encoders": encoders,
         "item_table": {"file": "item_table.npy", "dtype": "float32", "shape": list(table.shape)},
@@ -79,14 +83,19 @@ def export_run(run_dir, out_dir=None, which: str = "best", shapes=DEFAULT_SHAPES
 class ExportedEncoder:
     """The exported encoders behind one call: picks the graph by the batch's row count (len(offsets) - 1)."""
 
-    def __init__(self, graphs: dict):
+    def __init__(self, graphs: dict, request_times: bool = True):
         self.graphs = graphs  # rows -> nn.GraphCell
+        self.request_times = request_times  # False: a format-1 export, whose graphs take no request times
 
-    def __call__(self, ids, positions, offsets, timestamps):
+    def __call__(self, ids, positions, offsets, timestamps, request_times=None):
         rows = offsets.shape[0] - 1
         if rows not in self.graphs:
             raise ValueError(f"no exported encoder for {rows} rows (have {sorted(self.graphs)})")
-        return self.graphs[rows](ids, positions, offsets, timestamps)
+        if not self.request_times:
+            return self.graphs[rows](ids, positions, offsets, timestamps)
+        if request_times is None:
+            raise ValueError("this export's encoders take request_times [rows] int64 (pack() makes them)")
+        return self.graphs[rows](ids, positions, offsets, timestamps, request_times)
 
 
 def load_export(export_dir):
@@ -99,5 +108,131 @@ def load_export(export_dir):
         raise FileNotFoundError(f"{d}: no {MANIFEST} (not an export directory)")
     manifest = json.loads(path.read_text())
     graphs = {int(rows): nn.GraphCell(ms.load(str(d / e["file"]))) for rows, e in manifest["encoders"].items()}
-    return (manifest, ExportedEncoder(graphs), np.load(d / manifest["item_table"]["file"]),
+    encoder = ExportedEncoder(graphs, "request_times" in manifest.get("inputs", {}))
+    return (manifest, encoder, np.load(d / manifest["item_table"]["file"]),
             np.load(d / manifest["item_ids"]["file"]))
+
+
+# ---- generative runs: the decoding engine's graphs ------------------------------------------------------
+
+GR_FORMAT_VERSION = 1
+
+
+def _readonly_replace(path: Path):
+    path.unlink(missing_ok=True)  # MindSpore writes MindIR read-only: re-export replaces it
+
+
+class _Recorder:
+    """A runner that runs each model call and keeps the host arrays it was given (the graphs' inputs)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, fn, *args):
+        self.calls.append(args)
+        return fn(*args)
+
+
+def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifest_extra=None) -> dict:
+    """MindIR of the prefill and decode-step graphs of each user-batch shape (beam fixed), the code table,
+    the trie arrays, the raw ids and a manifest. Returns the manifest."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor
+    from mindgr.ids.decode import DecodingEngine
+    from mindgr.models.generative import prompts_of
+    from mindgr.serve.generative import GenerativeRecommender
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rec = GenerativeRecommender(bundle, beam=beam, decode="engine", shapes=shapes)
+    dec, p_cap = bundle.decoder, rec.p_cap
+    graphs = {}
+    for users in rec.shapes:
+        eng: DecodingEngine = rec.engines[0][users]
+        be = eng.backend
+        # the inputs the engine really builds for a prefill and a step (their values do not matter)
+        be.run = rec_calls = _Recorder()
+        be.prefill(prompts_of(dec, [np.ones(1, np.int64)] * users, eng.codes, p_cap))
+        pre_args = [Tensor(a) for a in rec_calls.calls[0]]
+        be.step(1, np.zeros((users, beam), np.int64), [np.zeros((users, beam), np.int64)])
+        step_args = be.last_step_inputs
+        pre_name, step_name = f"prefill-u{users}", f"step-u{users}-b{beam}"
+        _readonly_replace(out / f"{pre_name}.mindir")
+        ms.export(be.prefill_net, *pre_args, file_name=str(out / pre_name), file_format="MINDIR")
+        _readonly_replace(out / f"{step_name}.mindir")
+        ms.export(be.step_net, *step_args, file_name=str(out / step_name), file_format="MINDIR")
+        graphs[str(users)] = {
+            "prefill": {"file": pre_name + ".mindir",
+                        "inputs": [[str(a.dtype), list(a.shape)] for a in pre_args],
+                        "outputs": ["logits float32 [U, sum K]", "prompt K float32 [layers, U, P, H, dqk]",
+                                    "prompt V float32 [layers, U, P, H, dv]"]},
+            "step": {"file": step_name + ".mindir",
+                     "inputs": [[str(a.dtype), list(a.shape)] for a in step_args],
+                     "input_names": ["slots", "prompt K", "prompt V", "prompt bias index", "prompt mask",
+                                     "record K", "record V", "record one-hot", "ancestry index",
+                                     "record bias index", "record mask"],
+                     "outputs": ["logits float32 [U * beam, sum K]", "record K", "record V"]}}
+    codes = np.asarray(bundle.codes, np.int32)
+    np.save(out / "codes.npy", codes)
+    np.save(out / "item_raw_ids.npy", np.asarray(bundle.raw_ids, np.int64))
+    trie = bundle.trie
+    np.savez(out / "trie.npz", **{f"keys{l}": trie.keys[l] for l in range(trie.num_levels)},
+             **{f"masks{l}": trie.masks[l] for l in range(trie.num_levels)})
+    cfg = bundle.cfg.to_dict() if hasattr(bundle.cfg, "to_dict") else None
+    manifest = {
+        "format_version": GR_FORMAT_VERSION, "kind": "generative",
+        "run": str(bundle.run_dir) if bundle.run_dir is not None else None, "checkpoint": str(bundle.checkpoint),
+        "config": cfg,
+        "decoder": {"level_sizes": [int(s) for s in bundle.level_sizes], "dim": dec.dim, "blocks": dec.num_blocks,
+                    "heads": dec.num_heads, "dqk": dec.dqk, "dv": dec.dv, "max_len": dec.max_len,
+                    "token_merger": dec.token_merger, "group": dec.group, "pad_id": dec.pad_id,
+                    "level_offsets": [int(x) for x in dec.level_offsets]},
+        "beam": beam, "prompt_tokens": p_cap, "max_history": int(bundle.max_history),
+        "decode_steps": int(dec.num_levels - 1),
+        "graphs": graphs,
+        "codes": {"file": "codes.npy", "dtype": "int32", "shape": list(codes.shape),
+                  "meaning": "row i = the semantic-ID tuple of item index i; row 0 = padding"},
+        "trie": {"file": "trie.npz", "arrays": "keys{l} int64 sorted prefix keys, masks{l} bool [prefixes, K_l] "
+                 "(mindgr.ids.trie.PrefixTrie)", "levels": trie.num_levels},
+        "item_ids": {"file": "item_raw_ids.npy", "dtype": "int64", "shape": [len(bundle.raw_ids)],
+                     "meaning": "entry i is the raw id of item index i (entry 0 unused)"},
+        "data": {"fingerprint": None},
+        **(manifest_extra or {}),
+    }
+    extra = getattr(bundle, "extra", None) or {}      # a LoadedGenerativeRun has none
+    if "random" in extra:
+        manifest["random_model"] = extra["random"]
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def export_generative_run(run_dir, out_dir=None, which: str = "best", beam: int = 16, shapes=(1, 2, 4)) -> dict:
+    """A trained GR run (mindgr.train.generative.load_generative_run) exported; out_dir defaults to RUN/export."""
+    from mindgr.serve.generative import load_bundle
+    bundle = load_bundle(run_dir, which)
+    out = Path(out_dir) if out_dir else Path(bundle.run_dir) / "export"
+    from mindgr.train.data import FINGERPRINT_FILE
+    fingerprint = None
+    fp = Path(bundle.run_dir) / FINGERPRINT_FILE      # what the run recorded of its data (none invented)
+    if fp.is_file():
+        fingerprint = json.loads(fp.read_text())
+    return export_generative(bundle, out, beam, shapes, {"data": {"fingerprint": fingerprint}})
+
+
+def load_generative_export(export_dir):
+    """(manifest, {users: (prefill GraphCell, step GraphCell)}, codes, trie arrays dict, raw ids)."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import nn
+    d = Path(export_dir)
+    path = d / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{d}: no {MANIFEST} (not an export directory)")
+    manifest = json.loads(path.read_text())
+    if manifest.get("kind") != "generative":
+        raise ValueError(f"{d}: not a generative export (use load_export)")
+    graphs = {int(u): (nn.GraphCell(ms.load(str(d / g["prefill"]["file"]))),
+                       nn.GraphCell(ms.load(str(d / g["step"]["file"]))))
+              for u, g in manifest["graphs"].items()}
+    trie = dict(np.load(d / manifest["trie"]["file"]))
+    return manifest, graphs, np.load(d / manifest["codes"]["file"]), trie, np.load(d / manifest["item_ids"]["file"])

@@ -22,6 +22,8 @@ class ServerMetrics:
         self.batch_shapes = Counter()                   # compiled rows used -> batches
         self.shape_seconds = Counter()                  # compiled rows -> seconds of encode + top-k
         self.queue_depth_max = 0
+        self.decode_seconds = Counter()                 # GR: seconds by part (prefill, model, masks, select, total)
+        self.decode_batches = 0
         self._queue_depth = lambda: 0
 
     def attach_queue(self, depth_fn):
@@ -38,6 +40,13 @@ class ServerMetrics:
             self.batch_sizes[int(size)] += 1
             self.batch_shapes[int(rows)] += 1
             self.shape_seconds[int(rows)] += seconds
+
+    def record_decode(self, split: dict):
+        """One GR batch's search time by part (DecodingEngine.timings plus the total)."""
+        with self._lock:
+            self.decode_batches += 1
+            for key, sec in split.items():
+                self.decode_seconds[key] += sec
 
     def record_queue_depth(self, depth: int):
         with self._lock:
@@ -62,4 +71,8 @@ class ServerMetrics:
                                                      for k, v in sorted(self.shape_seconds.items())},
                             "compute_s": round(sum(self.shape_seconds.values()), 4)},
                 "queue": {"depth": int(self._queue_depth()), "max_depth": self.queue_depth_max},
+                **({"decode": {"batches": self.decode_batches,
+                               "ms_per_batch": {k: 1e3 * v / self.decode_batches
+                                                for k, v in sorted(self.decode_seconds.items())}}}
+                   if self.decode_batches else {}),
             }

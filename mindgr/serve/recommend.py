@@ -29,6 +29,15 @@ class Query:
     times: np.ndarray      # int64 [L], seconds (zeros when the request had none)
     k: int
     exclude_history: bool
+    # seconds: when the recommendation is requested (the last position's query time in a model trained
+    # with model.request_time); None = the last history timestamp (0 without timestamps)
+    request_time: int | None = None
+
+    def when(self) -> int:
+        """The request time the encoder gets."""
+        if self.request_time is not None:
+            return int(self.request_time)
+        return int(self.times[-1]) if len(self.times) else 0
 
 
 class Catalogue:
@@ -62,8 +71,10 @@ def parse_query(cat: Catalogue, history, timestamps=None, request_time=None, k: 
                 time_unit: str = "s") -> Query:
     """A Query from request fields (raw ids, times in the data's unit); RequestError on anything wrong.
 
-    request_time is checked (not before the last timestamp) but does not change the ranking: the trained
-    HSTU's last position uses its own time, in training and in `mindgr eval` alike."""
+    request_time (not before the last timestamp; default: the last timestamp) is when the recommendation
+    is requested. A run trained with model.request_time (HSTU / FuXi-alpha with the time bias) ranks with
+    it: the last position's time bias is bucket(request_time - t_j), as training used the target's time
+    and `mindgr eval` the held-out target's. Other runs ignore it (their last position uses its own time)."""
     if history is None or len(history) == 0:
         raise RequestError("history: empty (give at least one item id)")
     if len(history) > max_history:
@@ -89,22 +100,30 @@ def parse_query(cat: Catalogue, history, timestamps=None, request_time=None, k: 
                                "the item before it (histories are chronological)")
         if request_time is not None and request_time < int(times[-1]):
             raise RequestError(f"request_time: {request_time} is before the last timestamp {int(times[-1])}")
+        if request_time is not None:
+            try:
+                request_time = int(np.int64(request_time))
+            except OverflowError:
+                raise RequestError("request_time: does not fit in 64 bits") from None
         if time_unit == "ms":  # HSTU's time buckets are defined on seconds (as mindgr.train.data does)
             times = times // 1000
+            request_time = None if request_time is None else request_time // 1000
     if exclude_history and k > cat.num_items - len(np.unique(items)):
         raise RequestError(f"k: {k} is more than the {cat.num_items - len(np.unique(items))} items left "
                            "after excluding the history")
-    return Query(items.astype(np.int32), times, int(k), bool(exclude_history))
+    return Query(items.astype(np.int32), times, int(k), bool(exclude_history), request_time)
 
 
 def pack(queries, rows: int, tokens: int, max_len: int) -> dict:
-    """The encoder's fixed-shape inputs for up to `rows` queries (last max_len items of each)."""
+    """The encoder's fixed-shape inputs for up to `rows` queries (last max_len items of each), with
+    request_times [rows] (Query.when(); 0 for unused rows)."""
     if len(queries) > rows:
         raise ValueError(f"{len(queries)} queries for a batch of {rows} rows")
     ids = np.zeros(tokens, np.int32)
     positions = np.zeros(tokens, np.int32)
     times = np.zeros(tokens, np.int64)
     offsets = np.zeros(rows + 1, np.int32)
+    request_times = np.zeros(rows, np.int64)
     at = 0
     for r, q in enumerate(queries):
         n = min(len(q.items), max_len)
@@ -113,10 +132,12 @@ def pack(queries, rows: int, tokens: int, max_len: int) -> dict:
         ids[at:at + n] = q.items[-n:]
         times[at:at + n] = q.times[-n:]
         positions[at:at + n] = np.arange(n)
+        request_times[r] = q.when()
         at += n
         offsets[r + 1] = at
     offsets[len(queries) + 1:] = at  # unused rows are empty
-    return {"ids": ids, "positions": positions, "offsets": offsets, "timestamps": times}
+    return {"ids": ids, "positions": positions, "offsets": offsets, "timestamps": times,
+            "request_times": request_times}
 
 
 class Recommender:
@@ -171,7 +192,7 @@ class Recommender:
         rows = rows or self.shape_for(len(queries))
         a = pack(queries, rows, self.tokens(rows), self.max_len)
         out = self.encode_last(Tensor(a["ids"]), Tensor(a["positions"]), Tensor(a["offsets"]),
-                               Tensor(a["timestamps"])).asnumpy()
+                               Tensor(a["timestamps"]), Tensor(a["request_times"])).asnumpy()
         return out[: len(queries)]
 
     def recommend(self, queries, rows: int | None = None) -> list:

@@ -1,4 +1,8 @@
-"""`mindgr serve`: an HTTP recommendation server for HSTU-family runs (FastAPI + uvicorn).
+"""`mindgr serve`: an HTTP recommendation server for HSTU-family and generative runs (FastAPI + uvicorn).
+
+HSTU-family runs: encode, then top-k over the item table (mindgr.serve.recommend). Generative runs (or a
+random-weight GR model, `--random-gr`): beam search with the decoding engine or the naive baseline
+(mindgr.serve.generative). Both behind the same batcher, endpoints and errors.
 
 Why FastAPI + uvicorn: request bodies are validated against a typed model before any of our code runs
 (every malformed request becomes a 4xx with a one-line reason, the process never sees bad types); the
@@ -96,6 +100,8 @@ def create_app(recommender, batcher: DynamicBatcher, metrics: ServerMetrics, inf
         yield
         state["ready"] = False
         await asyncio.get_running_loop().run_in_executor(None, batcher.close)  # drain what is queued
+        if hasattr(recommender, "close"):
+            recommender.close()
         counts = metrics.snapshot()["requests"]["by_status"]
         print(f"mindgr serve: drained and stopped; requests by status {counts}", flush=True)
 
@@ -143,21 +149,56 @@ def create_app(recommender, batcher: DynamicBatcher, metrics: ServerMetrics, inf
 def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, which: str = "best", shapes=None,
           queue_size: int = 256, max_wait_ms: float = 2.0, index: str = "exact", nprobe: int = 8,
           max_history: Optional[int] = None, graceful_timeout: float = 30.0, test_delay_ms: float = 0.0,
-          threads: Optional[int] = None):
-    """Load the run, compile its batch shapes, serve until SIGINT/SIGTERM, drain, return."""
+          threads: Optional[int] = None, decode: str = "engine", beam: int = 16, overlap: bool = False,
+          random_gr: Optional[str] = None):
+    """Load the run (or build a random GR model), compile its batch shapes, serve until SIGINT/SIGTERM,
+    drain, return. decode / beam / overlap / random_gr apply to generative models only."""
+    from mindgr.serve.recommend import DEFAULT_MAX_HISTORY
+    from mindgr.serve import generative as gr
+    max_history = max_history or DEFAULT_MAX_HISTORY
+    if random_gr is not None or (run_dir is not None and gr.is_generative_run(run_dir)):
+        if random_gr is not None:
+            _setup_random(threads)
+            bundle = gr.random_bundle(**gr.parse_random_spec(random_gr))
+        else:
+            bundle = gr.load_bundle(run_dir, which, threads)
+        rec = gr.GenerativeRecommender(bundle, beam, decode, shapes or gr.DEFAULT_GR_SHAPES, overlap, max_history)
+        info = {**gr.bundle_info(bundle), **rec.describe(), "queue_size": queue_size, "max_wait_ms": max_wait_ms}
+        banner = (f"mindgr serve: generative model ({info['checkpoint']}) on http://{host}:{port}, decode "
+                  f"{decode}, beam {beam}, overlap {'on' if overlap else 'off'}, user-batch shapes {rec.shapes}")
+    else:
+        from mindgr.train.trainer import load_run
+        from mindgr.serve.recommend import DEFAULT_SHAPES, Recommender
+        options = {"nprobe": nprobe} if index == "faiss-ivf" else {}
+        run = load_run(run_dir, which, threads=threads)
+        rec = Recommender.from_run(run, shapes or DEFAULT_SHAPES, index, max_history, **options)
+        info = {"run": str(run.run_dir), "checkpoint": run.checkpoint, "step": run.step, "arch": run.cfg.model.arch,
+                "items": rec.catalogue.num_items, "max_len": rec.max_len, "batch_shapes": rec.shapes,
+                "index": rec.index.name, "queue_size": queue_size, "max_wait_ms": max_wait_ms}
+        banner = (f"mindgr serve: {run.run_dir} ({run.checkpoint}) on http://{host}:{port}, batch shapes "
+                  f"{rec.shapes}, index {rec.index.name}")
+    return run_server(rec, info, banner, host, port, queue_size, max_wait_ms, graceful_timeout, test_delay_ms)
+
+
+def _setup_random(threads):
+    """Process setup for a random-weight GR model (no run config): graph mode, the device, threads, and
+    the fastest ops backend that builds here (auto)."""
+    from mindgr.ops import set_backend
+    from mindgr.runtime import limit_threads, select_device
+    select_device()
+    if threads:
+        limit_threads(threads)
+    set_backend("auto")
+
+
+def run_server(rec, info: dict, banner: str, host: str, port: int, queue_size: int = 256, max_wait_ms: float = 2.0,
+               graceful_timeout: float = 30.0, test_delay_ms: float = 0.0):
+    """Serve a recommender (HSTU Recommender or GenerativeRecommender) until SIGINT/SIGTERM."""
     import uvicorn
-    from mindgr.train.trainer import load_run
-    from mindgr.serve.recommend import DEFAULT_MAX_HISTORY, DEFAULT_SHAPES, Recommender
-    options = {"nprobe": nprobe} if index == "faiss-ivf" else {}
-    run = load_run(run_dir, which, threads=threads)
-    rec = Recommender.from_run(run, shapes or DEFAULT_SHAPES, index, max_history or DEFAULT_MAX_HISTORY, **options)
     metrics = ServerMetrics()
+    rec.metrics = metrics
     batcher = DynamicBatcher(rec, metrics, queue_size, max_wait_ms, test_delay_ms)
-    info = {"run": str(run.run_dir), "checkpoint": run.checkpoint, "step": run.step, "arch": run.cfg.model.arch,
-            "items": rec.catalogue.num_items, "max_len": rec.max_len, "batch_shapes": rec.shapes,
-            "index": rec.index.name, "queue_size": queue_size, "max_wait_ms": max_wait_ms}
-    app = create_app(rec, batcher, metrics, info, ready_message=f"mindgr serve: {run.run_dir} ({run.checkpoint}) "
-                     f"on http://{host}:{port}, batch shapes {rec.shapes}, index {rec.index.name}")
+    app = create_app(rec, batcher, metrics, info, ready_message=banner)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=graceful_timeout, lifespan="on")
     uvicorn.Server(config).run()

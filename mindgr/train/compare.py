@@ -101,16 +101,20 @@ def format_comparison(result: dict, name_a: str, name_b: str) -> str:
     return "\n".join(lines)
 
 
-def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", samples: int = 5000) -> dict:
+def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", samples: int = 5000,
+                 filter_history: bool | None = None) -> dict:
     """Evaluate every run (their per-user ranks are saved under RUN/ranks/) and compare side A with side B;
-    a side is one run directory or a list of them (seeds of one setting)."""
-    from mindgr.train.trainer import evaluate_run
+    a side is one run directory or a list of them (seeds of one setting). filter_history: None = each run's
+    eval.filter_history. The metrics compared are the K every run evaluated (a generative run's list is
+    only eval.beam long)."""
+    from mindgr.train.run_eval import evaluate_any_run
     sides = [[runs] if isinstance(runs, (str, Path)) else list(runs) for runs in (runs_a, runs_b)]
     for runs in sides:                  # checked for both sides before any (slow) evaluation
         if not runs or any(not str(run) for run in runs):
             raise ValueError(f"a side of the comparison names an empty run directory ({runs}): give DIR or "
                              "DIR1,DIR2,... without empty entries")
-    evaluated = [[evaluate_run(Path(run), split, which) for run in runs] for runs in sides]
+    evaluated = [[evaluate_any_run(Path(run), split, which, filter_history=filter_history) for run in runs]
+                 for runs in sides]
     loaded = [[load_ranks(r["ranks_file"]) for r in side] for side in evaluated]
     targets = loaded[0][0][2]
     for runs, side in zip(sides, loaded):
@@ -118,7 +122,8 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
             if not np.array_equal(other, targets):
                 raise ValueError(f"{run} was evaluated on other users or targets than {sides[0][0]}: "
                                  "compare runs of the same data and split")
-    ks = sorted(int(k.split("@")[1]) for k in evaluated[0][0] if k.startswith("hr@"))
+    ks = sorted(set.intersection(*[{int(k.split("@")[1]) for k in r if k.startswith("hr@")}
+                                   for side in evaluated for r in side]))
     stacked = [[np.stack([entry[i] for entry in side]) for i in (0, 1)] for side in loaded]
     out = compare_ranks(stacked[0][0], targets, stacked[1][0], targets, ks, samples,
                         ties_a=stacked[0][1], ties_b=stacked[1][1])

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from mindgr.datasets import (EpochPlan, auto_capacities, build_batch, eval_examples, leave_one_out,
-                             plan_batches, read_any, read_store, training_examples)
+                             plan_batches, read_any, read_store, training_examples, training_request_times)
 from mindgr.train.checkpoint import file_sha256
 
 
@@ -39,12 +39,14 @@ def _in_seconds(times, unit: str):
 
 @dataclass
 class Examples:
-    """Jagged examples (inputs, their times, aligned targets) packed at fixed capacities."""
+    """Jagged examples (inputs, their times, aligned targets) packed at fixed capacities; request_times:
+    when each example's last position's target is requested (JaggedBatch.request_times)."""
     inputs: list
     times: list | None
     targets: list
     token_capacity: int
     row_capacity: int
+    request_times: np.ndarray | None = None
 
     @property
     def lengths(self) -> np.ndarray:
@@ -52,7 +54,7 @@ class Examples:
 
     def batch(self, indices):
         return build_batch(indices, self.inputs, self.times, self.targets, self.token_capacity,
-                           self.row_capacity)
+                           self.row_capacity, self.request_times)
 
     def in_order(self):
         """Every example once, in order (evaluation)."""
@@ -73,13 +75,15 @@ class RunData:
         self.num_items = self.store.num_items
         self.split = leave_one_out(self.store, holdout=d.holdout)
         unit = self.store.time_unit
-        inputs, times, targets = training_examples(self.split.train, _in_seconds(self.split.train_times, unit),
-                                                   d.max_len)
+        train_times = _in_seconds(self.split.train_times, unit)
+        inputs, times, targets = training_examples(self.split.train, train_times, d.max_len)
+        request_times = training_request_times(self.split.train, train_times)
         if not inputs:
             raise ValueError(f"data '{self.store.name}': no training sequence has 2 or more items")
         lengths = np.array([len(x) for x in inputs])
         t_cap, b_cap = auto_capacities(lengths, cfg.train.batch_size, d.max_len)
-        self.train = Examples(inputs, times, targets, d.token_capacity or t_cap, d.row_capacity or b_cap)
+        self.train = Examples(inputs, times, targets, d.token_capacity or t_cap, d.row_capacity or b_cap,
+                              request_times)
         self.plan = EpochPlan(lengths, self.train.token_capacity, self.train.row_capacity, seed=cfg.run.seed)
         self.eval = {name: self._eval_examples(getattr(self.split, name), cfg) for name in ("valid", "test")}
 
@@ -88,9 +92,11 @@ class RunData:
             return None
         inputs, times, targets = eval_examples(evalset, cfg.data.max_len)
         times = _in_seconds(times, self.store.time_unit)
+        request_times = _in_seconds(evalset.target_times, self.store.time_unit)   # the held-out target's time
+        request_times = None if request_times is None else np.asarray(request_times, np.int64)
         lengths = np.array([len(x) for x in inputs])
         t_cap, b_cap = auto_capacities(lengths, cfg.eval.batch_size, cfg.data.max_len)
-        return Examples(inputs, times, targets, t_cap, b_cap)
+        return Examples(inputs, times, targets, t_cap, b_cap, request_times)
 
 
 # ---- data fingerprint -----------------------------------------------------------------------------

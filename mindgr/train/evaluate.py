@@ -1,4 +1,5 @@
-"""Full-ranking evaluation: the last position's embedding scores every item; history is filtered out."""
+"""Full-ranking evaluation: the last position's embedding scores every item; the history is filtered out
+(eval.filter_history, the default) or not."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,12 +9,13 @@ from mindgr.train.metrics import check_finite, ranking_metrics, target_ranks
 from mindgr.train.step import encoder_inputs
 
 
-def evaluate(encode_last, item_table: np.ndarray, examples, evalset, ks, per_user: bool = False):
+def evaluate(encode_last, item_table: np.ndarray, examples, evalset, ks, per_user: bool = False,
+             filter_history: bool = True):
     """encode_last: the compiled EncodeLast cell; item_table [V+1, D] (unit rows); evalset gives the
     targets and full histories (the examples hold only the last max_len items of each history).
     Ranks are tie-aware (mindgr.train.metrics). With per_user, also returns every evaluated user's
     (greater, ties) pair, indexed like evalset (-1 = not evaluated), for paired comparisons of two runs
-    (mindgr.train.compare)."""
+    (mindgr.train.compare). filter_history=False ranks the target against every item, history included."""
     check_finite(item_table[1:], "item table")
     greater, ties, rows_seen = [], [], []
     for batch in examples.in_order():
@@ -21,7 +23,8 @@ def evaluate(encode_last, item_table: np.ndarray, examples, evalset, ks, per_use
         check_finite(user, "user embeddings")
         rows = batch.rows[: batch.num_rows]
         scores = user @ item_table.T
-        g, t = target_ranks(scores, evalset.targets[rows], [evalset.histories[r] for r in rows])
+        hist = [evalset.histories[r] if filter_history else () for r in rows]
+        g, t = target_ranks(scores, evalset.targets[rows], hist)
         greater.append(g)
         ties.append(t)
         rows_seen.append(rows)

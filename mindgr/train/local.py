@@ -101,7 +101,7 @@ class RetrievalStrategy(StepStrategy):
     def split_metrics(self, split: str) -> dict:
         from mindgr.train.evaluate import evaluate
         return evaluate(self.model.encode_last, self.model.item_table(), self.data.eval[split],
-                        getattr(self.data.split, split), self.cfg.eval.ks)
+                        getattr(self.data.split, split), self.cfg.eval.ks, filter_history=self.cfg.eval.filter_history)
 
     def named_state(self) -> dict:
         return named_parameters(self.model.train_step)

@@ -11,8 +11,8 @@ from mindspore import nn
 
 from mindgr.models.layers import last_positions
 
-# The encoder's inputs, in the order every encoder's construct / encode takes them (models/registry.py).
-ENCODER_FIELDS = ("ids", "positions", "offsets", "timestamps")
+# An evaluation batch's encoder inputs, in the order EncodeLast (and the sharded EncodeRows) take them.
+ENCODER_FIELDS = ("ids", "positions", "offsets", "timestamps", "request_times")
 
 
 def encoder_inputs(batch) -> tuple:
@@ -30,6 +30,7 @@ class StepInputs(NamedTuple):
     positions: np.ndarray      # [T_cap] int32 position of each token in its sequence
     offsets: np.ndarray        # [B_cap + 1] int32 row starts
     timestamps: np.ndarray     # [T_cap] int64 each token's time
+    request_times: np.ndarray  # [B_cap] int64 each row's request time (training: its last target's time)
     targets: np.ndarray        # [T_cap] int32 next item of each token (0 = no target)
     negatives: tuple           # per_token: (ids [T, R],); shared: (ids [K], log-correction [K])
     drop: np.ndarray           # [sites, T_cap, width] float32 dropout masks
@@ -39,8 +40,8 @@ class StepInputs(NamedTuple):
     def from_batch(cls, batch, negatives, drop, scale=None) -> "StepInputs":
         """From a packed batch (mindgr.datasets.packer) and its host draws."""
         negatives = negatives if isinstance(negatives, tuple) else (negatives,)
-        return cls(batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.targets, negatives, drop,
-                   None if scale is None else np.float32(scale))
+        return cls(batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.request_times, batch.targets,
+                   negatives, drop, None if scale is None else np.float32(scale))
 
     def encoder(self) -> tuple:
         return tuple(getattr(self, name) for name in ENCODER_FIELDS)
@@ -71,14 +72,15 @@ class TrainStep(nn.Cell):
 
 
 class EncodeLast(nn.Cell):
-    """The encoder's output at each row's last token (no dropout): the user embedding for ranking."""
+    """The encoder's output at each row's last token (no dropout): the user embedding for ranking.
+    request_times [B] int64: when each row's recommendation is requested (the held-out target's time)."""
 
     def __init__(self, encoder):
         super().__init__()
         self.encoder = encoder
 
-    def construct(self, ids, positions, offsets, timestamps):
-        return last_positions(self.encoder(ids, positions, offsets, timestamps), offsets)
+    def construct(self, ids, positions, offsets, timestamps, request_times):
+        return last_positions(self.encoder(ids, positions, offsets, timestamps, None, request_times), offsets)
 
 
 def build_optimizer(params, train_cfg):

@@ -111,22 +111,31 @@ def load_run(run_dir, which: str = "best", allow_data_change: bool = False, thre
     return LoadedRun(run_dir, cfg, data, model, path.name, meta.get("step"), data_note)
 
 
-def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_data_change: bool = False) -> dict:
+def ranks_file_name(split: str, which: str, filter_history: bool) -> str:
+    """RUN/ranks/ file of an evaluation: test-best.npz (history filtered), test-best-unfiltered.npz."""
+    return f"{split}-{which}{'' if filter_history else '-unfiltered'}.npz"
+
+
+def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_data_change: bool = False,
+                 filter_history: bool | None = None) -> dict:
     """Re-evaluate a saved run (`mindgr eval`): its own config, its best (or latest) checkpoint, on the data
-    it was trained on (refused if that changed, unless allow_data_change)."""
+    it was trained on (refused if that changed, unless allow_data_change). filter_history: None = the run's
+    eval.filter_history. Item-encoder runs; mindgr.train.run_eval.evaluate_any_run dispatches GR runs."""
     run = load_run(run_dir, which, allow_data_change)
+    if filter_history is None:
+        filter_history = run.cfg.eval.filter_history
     ranks_dir, ranks_note = _ranks_dir(run.run_dir)   # before the ranking, the long part
     from mindgr.train.evaluate import evaluate
     evalset = getattr(run.data.split, split)
     metrics, ranks, ties = evaluate(run.model.encode_last, run.model.item_table(), run.data.eval[split], evalset,
-                                    run.cfg.eval.ks, per_user=True)
+                                    run.cfg.eval.ks, per_user=True, filter_history=filter_history)
     # Per-user (greater, ties) pairs, for a paired comparison with another run (`mindgr compare`).
-    ranks_path = ranks_dir / f"{split}-{which}.npz"
+    ranks_path = ranks_dir / ranks_file_name(split, which, filter_history)
     atomic_write(ranks_path, lambda tmp: np.savez(tmp, ranks=ranks, ties=ties, checkpoint=run.checkpoint,
                                                   targets=np.asarray(evalset.targets, np.int64)),
                  tmp_suffix=".tmp.npz")
-    out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step, **metrics,
-           "ranks_file": str(ranks_path)}
+    out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
+           "filter_history": filter_history, **metrics, "ranks_file": str(ranks_path)}
     for key, note in (("ranks_note", ranks_note), ("data_note", run.data_note)):
         if note:
             out[key] = note

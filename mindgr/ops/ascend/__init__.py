@@ -1,14 +1,19 @@
 """Ascend backend of the jagged HSTU attention: AscendC custom ops run through MindSpore `ops.Custom`
 (func_type="aot", the aclnn path of MindSpore 2.10), with a bprop that calls the fused backward op.
 
-    hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, dv]
-        same contract as mindgr.ops.reference / mindgr.ops.cpu (w_ts=None: no time bias)
+    hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len, request_times=None) -> [T, H, dv]
+        same contract as mindgr.ops.reference / mindgr.ops.cpu (w_ts=None: no time bias; request_times
+        [B] int64, the query time of each row's last position; None: that position's own time)
     unavailable_reason() -> None when usable here, else a one-line reason
 
 Registered ops (sources in op_host/ and op_kernel/, built by scripts/build_ascend_ops.sh):
-    HstuJaggedAttention(q, k, v, offsets, timestamps, w_pos, w_ts; max_len) -> out
-    HstuJaggedAttentionGrad(dout, q, k, v, offsets, timestamps, w_pos, w_ts; max_len)
+    HstuJaggedAttention(q, k, v, offsets, timestamps, request_times, w_pos, w_ts; max_len) -> out
+    HstuJaggedAttentionGrad(dout, q, k, v, offsets, timestamps, request_times, w_pos, w_ts; max_len)
         -> dq, dk, dv, dw_pos, dw_ts
+The request_times input (the published convention's query time at each row's last position) was
+added to the AscendC sources to match the CPU kernels; it has NOT been compiled or run on Ascend
+hardware (no CANN toolchain here): tests/test_ops_ascend_sources.py checks the sources agree with
+this module and a numpy emulation of the kernels' decomposition against the reference.
 Without a time bias the wrapper passes w_ts = [0.0] (one bucket, zero weight): the kernels then add
 exactly 0 to every score, and the discarded dw_ts costs one reduction per chunk.
 
@@ -25,7 +30,7 @@ import threading
 OP_FWD = "HstuJaggedAttention"
 OP_BWD = "HstuJaggedAttentionGrad"
 # Input / output / attribute names: must equal the OpDef in op_host/*.cpp (tests parse both).
-FWD_INPUTS = ("q", "k", "v", "offsets", "timestamps", "w_pos", "w_ts")
+FWD_INPUTS = ("q", "k", "v", "offsets", "timestamps", "request_times", "w_pos", "w_ts")
 FWD_OUTPUTS = ("out",)
 BWD_INPUTS = ("dout",) + FWD_INPUTS
 BWD_OUTPUTS = ("dq", "dk", "dv", "dw_pos", "dw_ts")
@@ -83,6 +88,7 @@ def _reg_info(name, inputs, outputs, out_dtypes_of):
     for attr, kind in ATTRS:
         reg = reg.attr(attr, "required", kind)
     fixed = {"offsets": DataType.I32_Default, "timestamps": DataType.I64_Default,
+             "request_times": DataType.I64_Default,
              "w_pos": DataType.F32_Default, "w_ts": DataType.F32_Default,
              "dw_pos": DataType.F32_Default, "dw_ts": DataType.F32_Default}
     for act in (DataType.F32_Default, DataType.F16_Default, DataType.BF16_Default):
@@ -103,26 +109,26 @@ def _primitives():
 
         bwd = ops.Custom(
             "aclnn" + OP_BWD,
-            out_shape=lambda do, q, k, v, o, t, wp, wt, n: (q, k, v, wp, wt),
-            out_dtype=lambda do, q, k, v, o, t, wp, wt, n: (q, k, v, wp, wt),
+            out_shape=lambda do, q, k, v, o, t, r, wp, wt, n: (q, k, v, wp, wt),
+            out_dtype=lambda do, q, k, v, o, t, r, wp, wt, n: (q, k, v, wp, wt),
             func_type="aot", bprop=None,
             reg_info=_reg_info(OP_BWD, BWD_INPUTS, BWD_OUTPUTS, None))
 
-        def bprop(q, k, v, off, ts, wp, wt, n, out, dout):
-            dq, dk, dv, dwp, dwt = bwd(dout, q, k, v, off, ts, wp, wt, n)
-            return dq, dk, dv, ops.zeros_like(off), ops.zeros_like(ts), dwp, dwt, 0
+        def bprop(q, k, v, off, ts, req, wp, wt, n, out, dout):
+            dq, dk, dv, dwp, dwt = bwd(dout, q, k, v, off, ts, req, wp, wt, n)
+            return dq, dk, dv, ops.zeros_like(off), ops.zeros_like(ts), ops.zeros_like(req), dwp, dwt, 0
 
         fwd = ops.Custom(
             "aclnn" + OP_FWD,
-            out_shape=lambda q, k, v, o, t, wp, wt, n: (q[0], q[1], v[2]),
-            out_dtype=lambda q, k, v, o, t, wp, wt, n: q,
+            out_shape=lambda q, k, v, o, t, r, wp, wt, n: (q[0], q[1], v[2]),
+            out_dtype=lambda q, k, v, o, t, r, wp, wt, n: q,
             func_type="aot", bprop=bprop,
             reg_info=_reg_info(OP_FWD, FWD_INPUTS, FWD_OUTPUTS, None))
         _prims["fwd"], _prims["bwd"] = fwd, bwd
         return fwd, bwd
 
 
-def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
+def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int, request_times=None):
     """out_i = sum_{j<=i} SiLU(q_i.k_j + w_pos[N-1+j-i] (+ w_ts[bucket])) / N * v_j; see reference.
 
     q, k, v share one dtype (float32, float16 or bfloat16); the op computes in float32 and returns
@@ -150,7 +156,12 @@ def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
         w_ts = w_ts.astype(ms.float32)
     if timestamps.dtype != ms.int64:
         timestamps = timestamps.astype(ms.int64)
-    return fwd(q, k, v, offsets, timestamps, w_pos, w_ts, n)
+    if request_times is None:
+        from mindgr.ops.reference import default_request_times
+        request_times = default_request_times(offsets, timestamps, n)
+    elif request_times.dtype != ms.int64:
+        request_times = request_times.astype(ms.int64)
+    return fwd(q, k, v, offsets, timestamps, request_times, w_pos, w_ts, n)
 
 
 # The backend registry's view of this module (mindgr.ops.backend): the other ops run the reference.

@@ -1,7 +1,8 @@
 """CPU backend of the jagged ops: C++ kernels run as MindSpore custom AOT ops, with bprops.
 
-    hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, dv]
-    bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len) -> [T, H, C, dv]   (bias_attention.cc)
+    hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len, request_times=None) -> [T, H, dv]
+    bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len, request_times=None) -> [T, H, C, dv]
+                                                                                   (bias_attention.cc)
     jagged_to_padded(values, offsets, max_len) -> [B, N, *F]
     padded_to_jagged(padded, offsets, num_tokens) -> [T, *F]
     sampled_logits(out, table, ids, score_all=False) -> [T, R]  (score_all: ignored)
@@ -15,13 +16,14 @@ of an input (max_len, num_tokens) travel as the first dimension of a "carrier" i
 module never builds or fails. Kernels use MINDGR_CPU_THREADS threads (default: the usable cores).
 
 Registered ops (inputs -> outputs; N = carrier.shape[0]):
-    MindgrHstuFwd(q, k, v, offsets, timestamps, w_pos, w_ts, carrier_N) -> out
+    MindgrHstuFwd(q, k, v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N) -> out
     MindgrHstuFwdNoTs(q, k, v, offsets, w_pos, carrier_N) -> out
-    MindgrHstuBwd(q, k, v, offsets, timestamps, w_pos, w_ts, carrier_N, dout) -> dq, dk, dv, dw_pos, dw_ts
+    MindgrHstuBwd(q, k, v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N, dout)
+        -> dq, dk, dv, dw_pos, dw_ts
     MindgrHstuBwdNoTs(q, k, v, offsets, w_pos, carrier_N, dout) -> dq, dk, dv, dw_pos
-    MindgrBiasAttnFwd(v, offsets, timestamps, w_pos, w_ts, carrier_N) -> out [T, H, 2, dv]
+    MindgrBiasAttnFwd(v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N) -> out [T, H, 2, dv]
     MindgrBiasAttnFwdNoTs(v, offsets, w_pos, carrier_N) -> out [T, H, 1, dv]
-    MindgrBiasAttnBwd(v, offsets, timestamps, w_pos, w_ts, carrier_N, dout) -> dv, dw_pos, dw_ts
+    MindgrBiasAttnBwd(v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N, dout) -> dv, dw_pos, dw_ts
     MindgrBiasAttnBwdNoTs(v, offsets, w_pos, carrier_N, dout) -> dv, dw_pos
     MindgrJaggedToPadded(values, offsets, carrier_N) -> padded      (gradient: MindgrPaddedToJagged)
     MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
@@ -36,7 +38,10 @@ A kernel that rejects its inputs makes MindSpore raise "Return value from CPU AO
 10-16 wrong number/rank/dtype/shape of arguments, 17 offsets not non-decreasing from >= 0 to <= T
 (sampled_logits: an id outside [0, V+1)),
 18 w_pos shorter than 2N-1, 19 timestamps not int64 [T], 20 empty w_ts, 21-23 gradient/output
-shapes, 99 out of memory or threads unavailable.
+shapes, 24 request_times not int64 [B], 99 out of memory or threads unavailable.
+The time-bias variants take request_times [B] int64: the query time of each row's last position
+(t_{i+1} elsewhere); the ops below default it to the last position's own time (the pre-request-time
+convention) when None.
 """
 from __future__ import annotations
 
@@ -46,6 +51,8 @@ import threading
 
 import mindspore as ms
 from mindspore import ops
+
+from mindgr.ops.reference import default_request_times
 
 
 def _builder():
@@ -186,21 +193,22 @@ class _Primitives:
     def hstu_bwd_ts(self):
         return self._get("hstu_bwd_ts", lambda: _aot(
             "MindgrHstuBwd",
-            lambda q, k, v, o, t, wp, wt, c, d: (q, k, v, wp, wt),
-            lambda q, k, v, o, t, wp, wt, c, d: (q, k, v, wp, wt)))
+            lambda q, k, v, o, t, r, wp, wt, c, d: (q, k, v, wp, wt),
+            lambda q, k, v, o, t, r, wp, wt, c, d: (q, k, v, wp, wt)))
 
     @property
     def hstu_fwd_ts(self):
         def make():
             bwd = self.hstu_bwd_ts
 
-            def bprop(q, k, v, off, ts, wp, wt, car, out, dout):
-                dq, dk, dv, dwp, dwt = bwd(q, k, v, off, ts, wp, wt, car, dout)
-                return dq, dk, dv, ops.zeros_like(off), ops.zeros_like(ts), dwp, dwt, ops.zeros_like(car)
+            def bprop(q, k, v, off, ts, req, wp, wt, car, out, dout):
+                dq, dk, dv, dwp, dwt = bwd(q, k, v, off, ts, req, wp, wt, car, dout)
+                return (dq, dk, dv, ops.zeros_like(off), ops.zeros_like(ts), ops.zeros_like(req), dwp, dwt,
+                        ops.zeros_like(car))
 
             return _aot("MindgrHstuFwd",
-                        lambda q, k, v, o, t, wp, wt, c: v,
-                        lambda q, k, v, o, t, wp, wt, c: v, bprop)
+                        lambda q, k, v, o, t, r, wp, wt, c: v,
+                        lambda q, k, v, o, t, r, wp, wt, c: v, bprop)
         return self._get("hstu_fwd_ts", make)
 
     # HSTU attention without time bias ---------------------------------------------------------
@@ -230,21 +238,22 @@ class _Primitives:
     def bias_bwd_ts(self):
         return self._get("bias_bwd_ts", lambda: _aot(
             "MindgrBiasAttnBwd",
-            lambda v, o, t, wp, wt, c, d: (v, wp, wt),
-            lambda v, o, t, wp, wt, c, d: (v, wp, wt)))
+            lambda v, o, t, r, wp, wt, c, d: (v, wp, wt),
+            lambda v, o, t, r, wp, wt, c, d: (v, wp, wt)))
 
     @property
     def bias_fwd_ts(self):
         def make():
             bwd = self.bias_bwd_ts
 
-            def bprop(v, off, ts, wp, wt, car, out, dout):
-                dv, dwp, dwt = bwd(v, off, ts, wp, wt, car, dout)
-                return dv, ops.zeros_like(off), ops.zeros_like(ts), dwp, dwt, ops.zeros_like(car)
+            def bprop(v, off, ts, req, wp, wt, car, out, dout):
+                dv, dwp, dwt = bwd(v, off, ts, req, wp, wt, car, dout)
+                return (dv, ops.zeros_like(off), ops.zeros_like(ts), ops.zeros_like(req), dwp, dwt,
+                        ops.zeros_like(car))
 
             return _aot("MindgrBiasAttnFwd",
-                        lambda v, o, t, wp, wt, c: [v[0], v[1], 2, v[2]],
-                        lambda v, o, t, wp, wt, c: v, bprop)
+                        lambda v, o, t, r, wp, wt, c: [v[0], v[1], 2, v[2]],
+                        lambda v, o, t, r, wp, wt, c: v, bprop)
         return self._get("bias_fwd_ts", make)
 
     @property
@@ -398,7 +407,14 @@ def _as(x, dtype):
     return x if x.dtype == dtype else x.astype(dtype)
 
 
-def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
+def _request_times(offsets, timestamps, request_times, max_len: int):
+    """int64 [B]: the given request times, or (None) each row's last kept token's own time."""
+    if request_times is None:
+        return default_request_times(offsets, _as(timestamps, ms.int64), max_len)
+    return _as(request_times, ms.int64)
+
+
+def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int, request_times=None):
     """out_i = sum_{j<=i} SiLU(q_i.k_j + w_pos[N-1+j-i] (+ w_ts[bucket])) / N * v_j; see reference."""
     dtype = q.dtype
     q, k, v, w_pos = _as(q, ms.float32), _as(k, ms.float32), _as(v, ms.float32), _as(w_pos, ms.float32)
@@ -406,11 +422,13 @@ def hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: int):
     if w_ts is None:
         out = _P.hstu_fwd(q, k, v, offsets, w_pos, carrier)
     else:
-        out = _P.hstu_fwd_ts(q, k, v, offsets, _as(timestamps, ms.int64), w_pos, _as(w_ts, ms.float32), carrier)
+        req = _request_times(offsets, timestamps, request_times, max_len)
+        out = _P.hstu_fwd_ts(q, k, v, offsets, _as(timestamps, ms.int64), req, w_pos, _as(w_ts, ms.float32),
+                             carrier)
     return _as(out, dtype)
 
 
-def bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int):
+def bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int, request_times=None):
     """FuXi-alpha's positional (and, with w_ts, temporal) channel: [T, H, C, dv]; see reference."""
     dtype = v.dtype
     v, w_pos = _as(v, ms.float32), _as(w_pos, ms.float32)
@@ -418,7 +436,8 @@ def bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int):
     if w_ts is None:
         out = _P.bias_fwd(v, offsets, w_pos, carrier)
     else:
-        out = _P.bias_fwd_ts(v, offsets, _as(timestamps, ms.int64), w_pos, _as(w_ts, ms.float32), carrier)
+        req = _request_times(offsets, timestamps, request_times, max_len)
+        out = _P.bias_fwd_ts(v, offsets, _as(timestamps, ms.int64), req, w_pos, _as(w_ts, ms.float32), carrier)
     return _as(out, dtype)
 
 

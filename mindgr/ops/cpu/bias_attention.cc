@@ -2,7 +2,7 @@
 // AOT entry points.  Per row b (tokens s..s+L-1, L cut to N) and query i, over the same v [T, H, dv]:
 //   positional: out[i, h, 0, :] = sum_{j<=i} w_pos[N-1+j-i] * v[j, h, :]
 //   temporal:   out[i, h, 1, :] = sum_{j<=i} w_ts[bucket(|tq_i - t_j|)] * v[j, h, :]
-//               (tq_i = t_{i+1}, the last position its own t_i: HSTU's convention in MindGR)
+//               (tq_i = t_{i+1}; the last position, i = L - 1, the row's request time: HSTU's convention)
 // The weights are the raw biases (no SiLU, no 1/N) and shared by all heads, so a pair (i, j) is one
 // scaled add of the whole token vector v[j] (H*dv floats).  No [L, L] matrix is stored.
 // Backward: dv[j] = sum_{i>=j} w_pos[..] dpos[i] + w_ts[..] dts[i]; dw_pos[N-1+j-i] += dpos[i].v[j];
@@ -101,6 +101,7 @@ struct Rows {
   std::vector<int64_t> off;
   const float* v = nullptr;
   const int64_t* ts = nullptr;  // null without the temporal channel
+  const int64_t* req = nullptr; // [B] request time of each row (the last position's query time)
   const float* wpos = nullptr;
   const float* wts = nullptr;
   int nb = 0;                   // w_ts has nb + 1 entries
@@ -111,7 +112,7 @@ struct Rows {
   // bk[j] = the time bucket of (query i, key j) for j <= i
   void buckets_of(int b, int i, int32_t* bk) const {
     const int64_t s = start(b);
-    const int64_t tq = ts[s + (i + 1 < len(b) ? i + 1 : i)];
+    const int64_t tq = i + 1 < len(b) ? ts[s + i + 1] : req[b];
     for (int j = 0; j <= i; ++j) bk[j] = (*bucket)(tq - ts[s + j]);
   }
   // rows s..s+L-1 of v into [L][WP], zero-padded
@@ -267,12 +268,12 @@ bool backward(const Rows& r, const float* dout, int64_t len_wpos, float* dv, flo
   return true;
 }
 
-// Reads v, offsets, (timestamps), w_pos, (w_ts), carrier into r.  Returns 0 or an error code.
+// Reads v, offsets, (timestamps, request_times), w_pos, (w_ts), carrier into r.  Returns 0 or an error code.
 int read_inputs(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, bool with_ts,
                 int expected, Rows* r, int64_t* len_wpos) {
   if (nparam != expected) return 10;
-  const int iv = 0, io = 1, it = with_ts ? 2 : -1, ip = with_ts ? 3 : 2, iw = with_ts ? 4 : -1,
-            ic = with_ts ? 5 : 3;
+  const int iv = 0, io = 1, it = with_ts ? 2 : -1, ir = with_ts ? 3 : -1, ip = with_ts ? 4 : 2,
+            iw = with_ts ? 5 : -1, ic = with_ts ? 6 : 3;
   if (ndims[iv] != 3 || !is_f32(dtypes[iv])) return 11;
   if (ndims[io] != 1 || shapes[io][0] < 1) return 12;
   if (ndims[ip] != 1 || !is_f32(dtypes[ip])) return 13;
@@ -296,7 +297,9 @@ int read_inputs(int nparam, void** params, int* ndims, int64_t** shapes, const c
     if (ndims[it] != 1 || shapes[it][0] != r->T || !is_dtype(dtypes[it], "int64")) return 19;
     if (ndims[iw] != 1 || !is_f32(dtypes[iw])) return 15;
     if (shapes[iw][0] < 1) return 20;
+    if (ndims[ir] != 1 || shapes[ir][0] != r->B || !is_dtype(dtypes[ir], "int64")) return 24;
     r->ts = static_cast<const int64_t*>(params[it]);
+    r->req = static_cast<const int64_t*>(params[ir]);
     r->wts = static_cast<const float*>(params[iw]);
     r->nb = static_cast<int>(shapes[iw][0] - 1);
     r->bucket = &buckets_for(r->nb);
@@ -314,7 +317,7 @@ bool shape_is(int ndim, const int64_t* shape, std::initializer_list<int64_t> wan
 }
 
 int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, bool with_ts) {
-  const int nin = with_ts ? 6 : 4;
+  const int nin = with_ts ? 7 : 4;
   Rows r;
   int64_t len_wpos = 0;
   int err = read_inputs(nparam, params, ndims, shapes, dtypes, with_ts, nin + 1, &r, &len_wpos);
@@ -329,7 +332,7 @@ int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const c
 }
 
 int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, bool with_ts) {
-  const int nin = with_ts ? 6 : 4;  // then dout, then the gradients
+  const int nin = with_ts ? 7 : 4;  // then dout, then the gradients
   Rows r;
   int64_t len_wpos = 0;
   int err = read_inputs(nparam, params, ndims, shapes, dtypes, with_ts, nin + 1 + (with_ts ? 3 : 2), &r,
@@ -355,7 +358,7 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
 
 extern "C" {
 
-// (v, offsets, timestamps, w_pos, w_ts, carrier_N) -> out [T, H, 2, dv]
+// (v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N) -> out [T, H, 2, dv]
 int MindgrBiasAttnFwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
                       void*) {
   return mindgr::run_forward(nparam, params, ndims, shapes, dtypes, true);
@@ -367,7 +370,7 @@ int MindgrBiasAttnFwdNoTs(int nparam, void** params, int* ndims, int64_t** shape
   return mindgr::run_forward(nparam, params, ndims, shapes, dtypes, false);
 }
 
-// (v, offsets, timestamps, w_pos, w_ts, carrier_N, dout) -> dv, dw_pos, dw_ts
+// (v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N, dout) -> dv, dw_pos, dw_ts
 int MindgrBiasAttnBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
                       void*) {
   return mindgr::run_backward(nparam, params, ndims, shapes, dtypes, true);

@@ -1,6 +1,7 @@
 // Fused jagged HSTU attention for CPU: forward and backward, entry points with MindSpore's custom
 // AOT signature.  Per row b (tokens s..s+L-1) and head h, for query i and key j <= i:
-//   s_ij  = q_i.k_j + w_pos[N-1+j-i] + w_ts[bucket(tq_i - t_j)]      (tq_i = t_{i+1}, last: t_i)
+//   s_ij  = q_i.k_j + w_pos[N-1+j-i] + w_ts[bucket(tq_i - t_j)]
+//   (tq_i = t_{i+1}; at the row's last position, i = L - 1 with L cut to N, the row's request time)
 //   out_i = sum_j SiLU(s_ij) / N * v_j
 // The [L, L] score matrix is never stored: it is recomputed tile by tile (TILE x TILE) in both
 // passes, from operands packed contiguously (k transposed per tile; rows zero-padded to a multiple
@@ -155,6 +156,7 @@ struct Problem {
   std::vector<int64_t> off;  // [B+1]
   const float *q = nullptr, *k = nullptr, *v = nullptr;
   const int64_t* ts = nullptr;  // [T] or null (no time bias); converted to int64
+  const int64_t* req = nullptr; // [B] request time of each row (the last position's query time)
   const float* wts = nullptr;   // [nb+1] or null
   int nb = 0;
   std::vector<float> wpos;      // padded copy: wpos[WPAD + r] = w_pos[r], r in [0, 2N-2]
@@ -169,7 +171,7 @@ struct Problem {
 // Relative bias of the tile (queries i0.., keys j0..), for a row at token s with length L:
 // bias[i][j] for j < TILE (only j < limit[i] is meaningful), the number of valid keys per query
 // (j <= i and inside the row) and, with a time bias, the time bucket of each valid pair.
-void build_bias(const Problem& p, int64_t s, int L, int i0, int bq, int j0, float* bias, int* limit,
+void build_bias(const Problem& p, int b, int64_t s, int L, int i0, int bq, int j0, float* bias, int* limit,
                 int32_t* bucket) {
   const int N = p.N;
   const int bk = std::min(TILE, L - j0);
@@ -181,7 +183,7 @@ void build_bias(const Problem& p, int64_t s, int L, int i0, int bq, int j0, floa
     float* row = bias + i * TILE;
     for (int c = 0; c < TV; ++c) vstore(row + c * VL, vload(wp + c * VL));
     if (p.ts != nullptr && lim > 0) {
-      const int64_t tq = p.ts[s + (ig + 1 < L ? ig + 1 : ig)];
+      const int64_t tq = ig + 1 < L ? p.ts[s + ig + 1] : p.req[b];
       p.buckets->row(tq, p.ts + s + j0, lim, p.wts, row, bucket + i * TILE);
     }
   }
@@ -451,7 +453,7 @@ void forward(const Problem& p, float* out) {
       for (int h = 0; h < p.H; ++h)
         std::fill(acc.begin() + int64_t(h) * TILE * DVP, acc.begin() + (int64_t(h) * TILE + bq) * DVP, 0.0f);
       for (int j0 = 0; j0 <= i0 + bq - 1; j0 += TILE) {
-        build_bias(p, s, L, i0, bq, j0, bias.data(), limit.data(), bucket.data());
+        build_bias(p, b, s, L, i0, bq, j0, bias.data(), limit.data(), bucket.data());
         const bool shared = shared_base[b + 1] > shared_base[b];
         for (int h = 0; h < p.H; ++h) {
           const float* kt = kt_own.data();
@@ -591,7 +593,7 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
         }
         for (int i0 = j0; i0 < L; i0 += TILE) {
           const int bq = std::min(TILE, L - i0);
-          build_bias(p, s, L, i0, bq, j0, bias.data(), limit.data(), bucket.data());
+          build_bias(p, it.b, s, L, i0, bq, j0, bias.data(), limit.data(), bucket.data());
           first_queries(limit.data(), bq, bk, first.data());
           std::fill(qcount.begin(), qcount.end(), bq);
           std::fill(dsum.begin(), dsum.begin() + bq * TILE, 0.0f);
@@ -672,17 +674,18 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Argument parsing. Inputs: q, k, v, offsets, [timestamps], w_pos, [w_ts], carrier (shape [N]),
-// [dout]; then outputs.
+// Argument parsing. Inputs: q, k, v, offsets, [timestamps, request_times], w_pos, [w_ts], carrier
+// (shape [N]), [dout]; then outputs.
 int parse(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, bool with_ts,
           bool with_dout, int expected_outputs, Problem* p) {
-  const int nin = 6 + (with_ts ? 2 : 0) + (with_dout ? 1 : 0);
+  const int nin = 6 + (with_ts ? 3 : 0) + (with_dout ? 1 : 0);
   if (nparam != nin + expected_outputs) return 10;
   int iq = 0, ik = 1, iv = 2, ioff = 3;
   int its = with_ts ? 4 : -1;
-  int iwp = with_ts ? 5 : 4;
-  int iwt = with_ts ? 6 : -1;
-  int icar = with_ts ? 7 : 5;
+  int ireq = with_ts ? 5 : -1;
+  int iwp = with_ts ? 6 : 4;
+  int iwt = with_ts ? 7 : -1;
+  int icar = with_ts ? 8 : 5;
   if (ndims[iq] != 3 || ndims[ik] != 3 || ndims[iv] != 3) return 11;
   for (int i : {iq, ik, iv, iwp}) if (!is_f32(dtypes[i])) return 12;
   p->T = shapes[iq][0];
@@ -708,7 +711,9 @@ int parse(int nparam, void** params, int* ndims, int64_t** shapes, const char** 
   if (with_ts) {
     if (!is_dtype(dtypes[its], "int64") || numel(ndims[its], shapes[its]) != p->T) return 19;
     if (!is_f32(dtypes[iwt])) return 12;
+    if (!is_dtype(dtypes[ireq], "int64") || numel(ndims[ireq], shapes[ireq]) != p->B) return 24;
     p->ts = static_cast<const int64_t*>(params[its]);
+    p->req = static_cast<const int64_t*>(params[ireq]);
     p->wts = static_cast<const float*>(params[iwt]);
     const int64_t nts = numel(ndims[iwt], shapes[iwt]);
     if (nts < 1) return 20;
@@ -763,7 +768,7 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
 
 extern "C" {
 
-// out = hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts; N = len(carrier))
+// out = hstu_attention(q, k, v, offsets, timestamps, request_times, w_pos, w_ts; N = len(carrier))
 int MindgrHstuFwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                   void* /*stream*/, void* /*extra*/) {
   return mindgr::run_forward(nparam, params, ndims, shapes, dtypes, true);
@@ -775,7 +780,7 @@ int MindgrHstuFwdNoTs(int nparam, void** params, int* ndims, int64_t** shapes, c
   return mindgr::run_forward(nparam, params, ndims, shapes, dtypes, false);
 }
 
-// (dq, dk, dv, dw_pos, dw_ts) from (q, k, v, offsets, timestamps, w_pos, w_ts, carrier, dout)
+// (dq, dk, dv, dw_pos, dw_ts) from (q, k, v, offsets, timestamps, request_times, w_pos, w_ts, carrier, dout)
 int MindgrHstuBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                   void* /*stream*/, void* /*extra*/) {
   return mindgr::run_backward(nparam, params, ndims, shapes, dtypes, true);

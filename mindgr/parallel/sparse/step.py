@@ -23,8 +23,8 @@ class RowsLoss(nn.Cell):
         self.inv_tau = 1.0 / temperature
         self.score_all = score_all
 
-    def construct(self, rows, ids, positions, offsets, timestamps, targets, negatives, drop, scale):
-        out = self.encoder.encode(ops.gather(rows, ids, 0), positions, offsets, timestamps, drop)
+    def construct(self, rows, ids, positions, offsets, timestamps, request_times, targets, negatives, drop, scale):
+        out = self.encoder.encode(ops.gather(rows, ids, 0), positions, offsets, timestamps, drop, request_times)
         table = l2_normalize(rows)                                           # [U_cap, D]
         return sampled_softmax_mean(out, table, targets, negatives, self.inv_tau, self.score_all) * scale
 
@@ -56,5 +56,6 @@ class EncodeRows(nn.Cell):
         super().__init__()
         self.encoder = encoder
 
-    def construct(self, rows, ids, positions, offsets, timestamps):
-        return last_positions(self.encoder.encode(ops.gather(rows, ids, 0), positions, offsets, timestamps), offsets)
+    def construct(self, rows, ids, positions, offsets, timestamps, request_times):
+        out = self.encoder.encode(ops.gather(rows, ids, 0), positions, offsets, timestamps, None, request_times)
+        return last_positions(out, offsets)

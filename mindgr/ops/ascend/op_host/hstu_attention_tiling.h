@@ -120,8 +120,8 @@ inline ge::graphStatus CommonTiling(gert::TilingContext* ctx, HstuAttnTilingData
   const gert::StorageShape* q = ctx->GetInputShape(inBase + 0);
   const gert::StorageShape* v = ctx->GetInputShape(inBase + 2);
   const gert::StorageShape* off = ctx->GetInputShape(inBase + 3);
-  const gert::StorageShape* wpos = ctx->GetInputShape(inBase + 5);
-  const gert::StorageShape* wts = ctx->GetInputShape(inBase + 6);
+  const gert::StorageShape* wpos = ctx->GetInputShape(inBase + 6);   // after timestamps, request_times
+  const gert::StorageShape* wts = ctx->GetInputShape(inBase + 7);
   const gert::RuntimeAttrs* attrs = ctx->GetAttrs();
   if (q == nullptr || v == nullptr || off == nullptr || wpos == nullptr || wts == nullptr || attrs == nullptr) {
     return ge::GRAPH_FAILED;

@@ -6,7 +6,8 @@
  *   tokens of no row (the tail) and for tokens past position N of a row.
  *
  * Inputs : q [T,H,dqk], k [T,H,dqk], v [T,H,dv] (float32 | float16 | bfloat16, all the same),
- *          offsets [B+1] int32, timestamps [T] int64, w_pos [>= 2N-1] float32, w_ts [nb+1] float32
+ *          offsets [B+1] int32, timestamps [T] int64, request_times [B] int64 (the query time of
+ *          each row's last position; elsewhere tq_i = t_{i+1}), w_pos [>= 2N-1] float32, w_ts [nb+1] float32
  * Attr   : max_len (int, required) = N
  * Output : out [T,H,dv], dtype of q
  * No time bias: pass w_ts = [0.0] (nb = 0): every pair then adds w_ts[0] = 0, exactly the reference.
@@ -75,6 +76,7 @@ class HstuJaggedAttention : public OpDef {
     this->Input("v").ParamType(REQUIRED).DataType(act).Format(nd).UnknownShapeFormat(nd);
     this->Input("offsets").ParamType(REQUIRED).DataType(i32).Format(nd).UnknownShapeFormat(nd);
     this->Input("timestamps").ParamType(REQUIRED).DataType(i64).Format(nd).UnknownShapeFormat(nd);
+    this->Input("request_times").ParamType(REQUIRED).DataType(i64).Format(nd).UnknownShapeFormat(nd);
     this->Input("w_pos").ParamType(REQUIRED).DataType(f32).Format(nd).UnknownShapeFormat(nd);
     this->Input("w_ts").ParamType(REQUIRED).DataType(f32).Format(nd).UnknownShapeFormat(nd);
     this->Output("out").ParamType(REQUIRED).DataType(act).Format(nd).UnknownShapeFormat(nd);

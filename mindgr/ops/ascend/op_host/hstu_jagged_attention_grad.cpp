@@ -8,7 +8,7 @@
  * (in a fixed order), then, after an all-core barrier, the partials are summed in core order.
  *
  * Inputs : dout [T,H,dv], q, k [T,H,dqk], v [T,H,dv], offsets [B+1] int32, timestamps [T] int64,
- *          w_pos [>= 2N-1] float32, w_ts [nb+1] float32      Attr: max_len (int, required)
+ *          request_times [B] int64, w_pos [>= 2N-1] float32, w_ts [nb+1] float32      Attr: max_len (int, required)
  * Outputs: dq [T,H,dqk], dk [T,H,dqk], dv [T,H,dv] (dtype of q), dw_pos (shape of w_pos) float32,
  *          dw_ts [nb+1] float32
  */
@@ -44,8 +44,8 @@ static ge::graphStatus HstuJaggedAttentionGradTiling(gert::TilingContext* contex
 namespace ge {
 
 static ge::graphStatus HstuJaggedAttentionGradInferShape(gert::InferShapeContext* context) {
-  // outputs take the shapes of q, k, v, w_pos, w_ts (inputs 1, 2, 3, 6, 7)
-  const int inputOf[5] = {1, 2, 3, 6, 7};
+  // outputs take the shapes of q, k, v, w_pos, w_ts (inputs 1, 2, 3, 7, 8)
+  const int inputOf[5] = {1, 2, 3, 7, 8};
   for (int o = 0; o < 5; ++o) {
     const gert::Shape* in = context->GetInputShape(inputOf[o]);
     gert::Shape* out = context->GetOutputShape(o);
@@ -84,6 +84,7 @@ class HstuJaggedAttentionGrad : public OpDef {
     this->Input("v").ParamType(REQUIRED).DataType(act).Format(nd).UnknownShapeFormat(nd);
     this->Input("offsets").ParamType(REQUIRED).DataType(i32).Format(nd).UnknownShapeFormat(nd);
     this->Input("timestamps").ParamType(REQUIRED).DataType(i64).Format(nd).UnknownShapeFormat(nd);
+    this->Input("request_times").ParamType(REQUIRED).DataType(i64).Format(nd).UnknownShapeFormat(nd);
     this->Input("w_pos").ParamType(REQUIRED).DataType(f32).Format(nd).UnknownShapeFormat(nd);
     this->Input("w_ts").ParamType(REQUIRED).DataType(f32).Format(nd).UnknownShapeFormat(nd);
     this->Output("dq").ParamType(REQUIRED).DataType(act).Format(nd).UnknownShapeFormat(nd);

@@ -233,20 +233,22 @@ class DeadTokens {
 // ------------------------------------------------------------------------------------------------
 // Timestamps of one row split into 24-bit halves, cached in the worker's GM workspace:
 //   [0, kvPad)       hi(t_j)     [kvPad, 2 kvPad)     lo(t_j)
-//   [2 kvPad, ...)   hi(tq_j)    [3 kvPad, 4 kvPad)   lo(tq_j)    with tq_j = t_{j+1} if j+1 < Le else t_j
+//   [2 kvPad, ...)   hi(tq_j)    [3 kvPad, 4 kvPad)   lo(tq_j)    with tq_j = t_{j+1} if j+1 < Le, else the
+//   row's request time `lastTq` (request_times[row]: the published convention's time of the target)
 // Built by the scalar unit in UB (chunks of `chunk`) and copied out by MTE3.
 __aicore__ inline int32_t TimeHi(int64_t t) { return static_cast<int32_t>(t >> 24); }
 __aicore__ inline int32_t TimeLo(int64_t t) { return static_cast<int32_t>(t & 0xFFFFFF); }
 
-__aicore__ inline void SplitRowTimes(const GlobalTensor<int64_t>& ts, const RowSpan& sp, GlobalTensor<int32_t>& cache,
-                                     uint32_t kvPad, LocalTensor<int32_t>& buf, uint32_t chunk) {
+__aicore__ inline void SplitRowTimes(const GlobalTensor<int64_t>& ts, const RowSpan& sp, int64_t lastTq,
+                                     GlobalTensor<int32_t>& cache, uint32_t kvPad, LocalTensor<int32_t>& buf,
+                                     uint32_t chunk) {
   // buf holds 4 * chunk int32
   for (uint32_t c0 = 0; c0 < sp.le; c0 += chunk) {
     uint32_t len = (sp.le - c0) < chunk ? (sp.le - c0) : chunk;
     for (uint32_t x = 0; x < len; ++x) {
       uint32_t j = c0 + x;
       int64_t t = ts.GetValue(sp.s + j);
-      int64_t tq = (j + 1 < sp.le) ? ts.GetValue(sp.s + j + 1) : t;
+      int64_t tq = (j + 1 < sp.le) ? ts.GetValue(sp.s + j + 1) : lastTq;
       buf.SetValue(x, TimeHi(t));
       buf.SetValue(chunk + x, TimeLo(t));
       buf.SetValue(2 * chunk + x, TimeHi(tq));

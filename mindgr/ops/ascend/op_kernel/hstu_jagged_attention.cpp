@@ -5,7 +5,7 @@
  * (row, head, query block of up to 64 tokens [i0, i0+m)):
  *   1. Cube : S = Q_blk . K_row[0 : i0+m]^T                 (Matmul API, fp32 accumulation, -> GM ws)
  *   2. Vector, per query row i, over its keys j = 0..i in chunks (double-buffered DataCopyPad):
- *        s = S + w_pos[N-1+j-i] + w_ts[bucket(tq_i - t_j)];  P = SiLU(s) * float32(1/N)
+ *        s = S + w_pos[N-1+j-i] + w_ts[bucket(tq_i - t_j)]  (tq_i = t_{i+1}; last: request time);  P = SiLU(s) * float32(1/N)
  *        (keys j > i inside the diagonal block get P = 0: the causal mask)  -> GM ws (dtype of q)
  *   3. Cube : out_blk = P . V_row[0 : i0+m]                  (written straight into `out`)
  * Tokens cut off long rows and the unused tail get zeros. Nothing [B, N, N] is ever stored: the
@@ -28,8 +28,8 @@ class HstuFwdKernel {
 
   __aicore__ inline HstuFwdKernel() {}
 
-  __aicore__ inline void Init(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR offsets, GM_ADDR timestamps, GM_ADDR wPos,
-                              GM_ADDR wTs, GM_ADDR out, GM_ADDR user, const HstuAttnTilingData* td, TPipe* pipe) {
+  __aicore__ inline void Init(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR offsets, GM_ADDR timestamps,
+                              GM_ADDR requestTimes, GM_ADDR wPos, GM_ADDR wTs, GM_ADDR out, GM_ADDR user, const HstuAttnTilingData* td, TPipe* pipe) {
     td_ = td;
     pipe_ = pipe;
     me_ = GetBlockIdx();
@@ -39,6 +39,7 @@ class HstuFwdKernel {
     vGm_.SetGlobalBuffer((__gm__ T*)v, t * h * td->dimV);
     outGm_.SetGlobalBuffer((__gm__ T*)out, t * h * td->dimV);
     tsGm_.SetGlobalBuffer((__gm__ int64_t*)timestamps, t);
+    reqGm_.SetGlobalBuffer((__gm__ int64_t*)requestTimes, td->numRows);
     wPosGm_.SetGlobalBuffer((__gm__ float*)wPos, 2 * td->maxLen - 1);
     wTsGm_.SetGlobalBuffer((__gm__ float*)wTs, td->numBuckets + 1);
 
@@ -90,7 +91,7 @@ class HstuFwdKernel {
     while (plan_.Next(it)) {
       if (it.row != cachedRow && td_->numBuckets > 0) {
         LocalTensor<int32_t> sb = splitBuf_.Get<int32_t>();
-        SplitRowTimes(tsGm_, it.span, timeWs_, td_->kvPad, sb, chunk_);
+        SplitRowTimes(tsGm_, it.span, reqGm_.GetValue(it.row), timeWs_, td_->kvPad, sb, chunk_);
         cachedRow = it.row;
       }
       ProcessItem(it);
@@ -128,7 +129,8 @@ class HstuFwdKernel {
     LocalTensor<T> zeros = zeroBuf_.Get<T>();
     for (uint32_t r = 0; r < m; ++r) {
       const uint32_t i = i0 + r, cnt = i + 1;
-      const int64_t tq = (i + 1 < it.span.le) ? tsGm_.GetValue(s + i + 1) : tsGm_.GetValue(s + i);
+      // the query time: t_{i+1}, at the row's last position its request time (the target's time)
+      const int64_t tq = (i + 1 < it.span.le) ? tsGm_.GetValue(s + i + 1) : reqGm_.GetValue(it.row);
       for (uint32_t c0 = 0; c0 < cnt; c0 += chunk_) {
         const uint32_t len = (cnt - c0) < chunk_ ? (cnt - c0) : chunk_;
         CopyIn(r * td_->kvPad + c0, td_->maxLen - 1 - i + c0, c0, len);
@@ -209,7 +211,7 @@ class HstuFwdKernel {
   WorkPlan plan_;
   BiasScratch w_;
   GlobalTensor<T> qGm_, kGm_, vGm_, outGm_, pWs_;
-  GlobalTensor<int64_t> tsGm_;
+  GlobalTensor<int64_t> tsGm_, reqGm_;
   GlobalTensor<float> wPosGm_, wTsGm_, sWs_;
   GlobalTensor<int32_t> timeWs_;
   TQue<QuePosition::VECIN, 2> inS_, inPos_, inTime_;
@@ -218,7 +220,8 @@ class HstuFwdKernel {
 };
 
 extern "C" __global__ __aicore__ void hstu_jagged_attention(GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR offsets,
-                                                            GM_ADDR timestamps, GM_ADDR w_pos, GM_ADDR w_ts,
+                                                            GM_ADDR timestamps, GM_ADDR request_times,
+                                                            GM_ADDR w_pos, GM_ADDR w_ts,
                                                             GM_ADDR out, GM_ADDR workspace, GM_ADDR tiling) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
   GET_TILING_DATA(td, tiling);
@@ -229,6 +232,6 @@ extern "C" __global__ __aicore__ void hstu_jagged_attention(GM_ADDR q, GM_ADDR k
   // MIX mode: on the Cube core this registers the Matmul objects and serves the vector cores'
   // requests; the vector cores run Init/Process and drive the matmuls (Matmul API client side).
   REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), op.mmNT, &td.mmNT, op.mmNN, &td.mmNN);
-  op.Init(q, k, v, offsets, timestamps, w_pos, w_ts, out, user, &td, &pipe);
+  op.Init(q, k, v, offsets, timestamps, request_times, w_pos, w_ts, out, user, &td, &pipe);
   op.Process();
 }

@@ -33,7 +33,7 @@ class HstuBwdKernel {
   __aicore__ inline HstuBwdKernel() {}
 
   __aicore__ inline void Init(GM_ADDR dout, GM_ADDR q, GM_ADDR k, GM_ADDR v, GM_ADDR offsets, GM_ADDR timestamps,
-                              GM_ADDR wPos, GM_ADDR wTs, GM_ADDR dq, GM_ADDR dk, GM_ADDR dv, GM_ADDR dwPos,
+                              GM_ADDR requestTimes, GM_ADDR wPos, GM_ADDR wTs, GM_ADDR dq, GM_ADDR dk, GM_ADDR dv, GM_ADDR dwPos,
                               GM_ADDR dwTs, GM_ADDR user, const HstuAttnTilingData* td, TPipe* pipe) {
     td_ = td;
     me_ = GetBlockIdx();
@@ -46,6 +46,7 @@ class HstuBwdKernel {
     dkGm_.SetGlobalBuffer((__gm__ T*)dk, t * h * td->dimQK);
     dvGm_.SetGlobalBuffer((__gm__ T*)dv, t * h * td->dimV);
     tsGm_.SetGlobalBuffer((__gm__ int64_t*)timestamps, t);
+    reqGm_.SetGlobalBuffer((__gm__ int64_t*)requestTimes, td->numRows);
     wPosGm_.SetGlobalBuffer((__gm__ float*)wPos, td->wPosLen);
     wTsGm_.SetGlobalBuffer((__gm__ float*)wTs, td->numBuckets + 1);
     dwPosGm_.SetGlobalBuffer((__gm__ float*)dwPos, td->wPosLen);
@@ -126,7 +127,7 @@ class HstuBwdKernel {
     while (plan_.Next(it)) {
       if (it.row != cachedRow && td_->numBuckets > 0) {
         LocalTensor<int32_t> sb = splitBuf_.Get<int32_t>();
-        SplitRowTimes(tsGm_, it.span, timeWs_, td_->kvPad, sb, chunk_);
+        SplitRowTimes(tsGm_, it.span, reqGm_.GetValue(it.row), timeWs_, td_->kvPad, sb, chunk_);
         cachedRow = it.row;
       }
       if (it.kind == KIND_DQ) ProcessDq(it); else ProcessDkv(it);
@@ -296,7 +297,8 @@ class HstuBwdKernel {
     LocalTensor<T> zeros = zeroBuf_.Get<T>();
     for (uint32_t r = 0; r < m; ++r) {
       const uint32_t i = i0 + r, cnt = i + 1;
-      const int64_t tq = (i + 1 < it.span.le) ? tsGm_.GetValue(s + i + 1) : tsGm_.GetValue(s + i);
+      // the query time: t_{i+1}, at the row's last position its request time (the target's time)
+      const int64_t tq = (i + 1 < it.span.le) ? tsGm_.GetValue(s + i + 1) : reqGm_.GetValue(it.row);
       for (uint32_t c0 = 0; c0 < cnt; c0 += chunk_) {
         const uint32_t len = (cnt - c0) < chunk_ ? (cnt - c0) : chunk_;
         CopyIn(static_cast<uint64_t>(r) * kvPad + c0, nMax - 1 - i + c0, c0, len);
@@ -440,7 +442,7 @@ class HstuBwdKernel {
   BiasScratch w_;
   LocalTensor<float> acc_;
   GlobalTensor<T> doGm_, qGm_, kGm_, vGm_, dqGm_, dkGm_, dvGm_, aWs_, bWs_;
-  GlobalTensor<int64_t> tsGm_;
+  GlobalTensor<int64_t> tsGm_, reqGm_;
   GlobalTensor<float> wPosGm_, wTsGm_, dwPosGm_, dwTsGm_, sWs_, gWs_, posPart_, tsPart_;
   GlobalTensor<int32_t> timeWs_, syncGm_;
   TQue<QuePosition::VECIN, 2> inS_, inG_, inPos_, inTime_;
@@ -450,7 +452,8 @@ class HstuBwdKernel {
 };
 
 extern "C" __global__ __aicore__ void hstu_jagged_attention_grad(GM_ADDR dout, GM_ADDR q, GM_ADDR k, GM_ADDR v,
-                                                                 GM_ADDR offsets, GM_ADDR timestamps, GM_ADDR w_pos,
+                                                                 GM_ADDR offsets, GM_ADDR timestamps,
+                                                                 GM_ADDR request_times, GM_ADDR w_pos,
                                                                  GM_ADDR w_ts, GM_ADDR dq, GM_ADDR dk, GM_ADDR dv,
                                                                  GM_ADDR dw_pos, GM_ADDR dw_ts, GM_ADDR workspace,
                                                                  GM_ADDR tiling) {
@@ -461,6 +464,6 @@ extern "C" __global__ __aicore__ void hstu_jagged_attention_grad(GM_ADDR dout, G
   TPipe pipe;
   HstuBwdKernel<DTYPE_Q> op;
   REGIST_MATMUL_OBJ(&pipe, GetSysWorkSpacePtr(), op.mmNT, &td.mmNT, op.mmNN, &td.mmNN);
-  op.Init(dout, q, k, v, offsets, timestamps, w_pos, w_ts, dq, dk, dv, dw_pos, dw_ts, user, &td, &pipe);
+  op.Init(dout, q, k, v, offsets, timestamps, request_times, w_pos, w_ts, dq, dk, dv, dw_pos, dw_ts, user, &td, &pipe);
   op.Process();
 }

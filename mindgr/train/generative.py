@@ -1,0 +1,385 @@
+"""Generative retrieval through `mindgr train` / `mindgr eval`: the GR decoder trained by next-token
+prediction of semantic IDs, evaluated by trie-constrained beam search.
+
+A GR run is `model.arch: gr` with `loss.objective: ntp | page_ntp` and a semantic-ID table (`ids.codes:
+PATH` to a codes.parquet, or `ids.from_run: RUN` to tokenise that run's item table at start). The run
+directory keeps its own copy, RUN/ids/codes.parquet (+ its statistics), which eval, serve and --resume
+read: nothing outside the run dir is needed after the start. The data fingerprint (RUN/data.json) holds
+the table's sha256 under "codes", checked on --resume and on load.
+
+The GR-specific parts live outside the loop: rows and the batch plan in mindgr.train.gr_data, decoding
+evaluation in mindgr.train.gr_eval, the decoder/loss/optimizer cells in GRModel below, and
+GenerativeStrategy, the step strategy (mindgr.train.strategy) that the one training loop
+(mindgr.train.loop) runs: build_data (the code table against the catalogue, the GR rows and plan),
+on_run_dir (the table into the run dir and the fingerprint), build, prepare/execute, batch_flops,
+evaluate (beam search). The run dir, checkpoints, resume, logging, divergence checks and best-validation
+selection are the loop's own. GenerativeTrainer(cfg) is the loop with that strategy.
+
+The agreed interface with serving (notes/gr_interface.md): `load_generative_run`, `LoadedGenerativeRun`,
+`is_generative_config`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mindgr.config import Config, ConfigError
+from mindgr.paths import atomic_write
+from mindgr.train.checkpoint import CheckpointError, CheckpointManager, file_sha256, load_checkpoint, restore_parameters
+from mindgr.train.local import RetrievalStrategy
+from mindgr.train.loop import TrainLoop
+from mindgr.train.trainer import _ranks_dir, ranks_file_name, run_config, setup_mindspore
+
+CODES_FILE = "ids/codes.parquet"        # a GR run's own code table, relative to its run dir
+
+
+def is_generative_config(cfg: Config) -> bool:
+    """True when the run trains the GR decoder (model.arch gr, or a generative objective)."""
+    from mindgr.models.objectives import GENERATIVE_ARCH, _OBJECTIVES
+    spec = _OBJECTIVES.get(cfg.loss.objective)
+    return cfg.model.arch == GENERATIVE_ARCH or bool(spec is not None and spec.generative)
+
+
+# ---- the code table ----------------------------------------------------------------------------------
+@dataclass
+class CodeTable:
+    codes: np.ndarray        # int32 [V+1, Lt], row 0 zeros
+    level_sizes: list        # [Lt]
+    raw_ids: np.ndarray      # int64 [V+1], [0] = -1
+    stats: dict
+    source: str
+
+
+def _table_from_file(path) -> CodeTable:
+    from mindgr.ids.codes import load_codes, stats_path
+    codes, sizes, raw = load_codes(path)
+    side = stats_path(path)
+    stats = json.loads(side.read_text()) if side.is_file() else {}
+    return CodeTable(codes, [int(s) for s in sizes], raw, stats, str(path))
+
+
+def resolve_codes(cfg: Config) -> CodeTable:
+    """The configured source of semantic IDs (a fresh run): ids.codes, or tokenising ids.from_run's table."""
+    ids = cfg.ids
+    if ids.codes:
+        if not Path(ids.codes).is_file():
+            raise ConfigError(f"config: ids.codes = {ids.codes}: no such file (a codes.parquet of `mindgr ids build`)")
+        return _table_from_file(ids.codes)
+    if ids.from_run:
+        from mindgr.ids.tokenizer import tokenize
+        from mindgr.train.item_table import run_item_vectors
+        vectors, raw = run_item_vectors(ids.from_run, ids.checkpoint)
+        result = tokenize(vectors, levels=ids.levels, codes=ids.codes_per_level, seed=ids.seed)
+        stats = dict(result.stats, source={"run": str(ids.from_run), "checkpoint": ids.checkpoint})
+        return CodeTable(np.asarray(result.codes, np.int32), [int(s) for s in result.level_sizes], raw, stats,
+                         f"tokenised from {ids.from_run}")
+    raise ConfigError("config: model.arch = gr needs a semantic-ID table: set ids.codes (a codes.parquet) or "
+                      "ids.from_run (a trained run whose item table is tokenised)")
+
+
+def check_codes_catalogue(table: CodeTable, store):
+    """The table must give codes to exactly the data's items, in the same order (raw ids)."""
+    v = store.num_items
+    n = table.codes.shape[0] - 1
+    if n != v:
+        raise ConfigError(f"ids: {table.source}: has codes for {n} items, the data '{store.name}' has {v} "
+                          "(a table of another catalogue?)")
+    raw = np.asarray(store.item_raw_ids, np.int64)
+    diff = np.flatnonzero(raw[1:] != table.raw_ids[1:])
+    if diff.size:
+        i = int(diff[0]) + 1
+        raise ConfigError(f"ids: {table.source}: item {i} is raw id {int(table.raw_ids[i])} in the table but "
+                          f"{int(raw[i])} in the data (a table of another catalogue?)")
+
+
+def codes_fingerprint(run_dir: Path) -> dict:
+    p = Path(run_dir) / CODES_FILE
+    return {"file": CODES_FILE, "bytes": p.stat().st_size, "sha256": file_sha256(p)}
+
+
+def check_codes_fingerprint(run_dir: Path):
+    """The run dir's code table is the one it was trained with (RUN/data.json "codes")."""
+    from mindgr.train.data import FINGERPRINT_FILE
+    run_dir = Path(run_dir)
+    path = run_dir / CODES_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir}: a generative run without its code table ({CODES_FILE})")
+    fp = run_dir / FINGERPRINT_FILE
+    saved = json.loads(fp.read_text()).get("codes") if fp.is_file() else None
+    if saved and saved.get("sha256") != file_sha256(path):
+        raise CheckpointError(f"{path}: changed since the run was trained (sha256 differs from {fp.name}); a GR "
+                              "run decodes only with the code table it was trained on")
+
+
+# ---- the cells ---------------------------------------------------------------------------------------
+class GRModel:
+    """GR decoder, NTP loss, optimizer and the compiled train step (the Trainer's `model`)."""
+
+    def __init__(self, cfg: Config, level_sizes, num_items: int):
+        from mindgr.models.generative import build_decoder
+        from mindgr.models.objectives import build_objective, check_objective_arch
+        from mindgr.train.step import TrainStep, build_optimizer
+        check_objective_arch(cfg)
+        self.decoder = build_decoder(cfg.model, level_sizes, cfg.data.max_len, cfg.run.seed)
+        self.encoder = self.decoder          # the Trainer's name for the trained network
+        self.loss_net = build_objective(cfg, self.decoder, num_items)
+        self.optimizer = build_optimizer(self.decoder.trainable_params(), cfg.train)
+        self.train_step = TrainStep(self.loss_net, self.optimizer)
+
+
+def gr_train_data(cfg: Config, data, table: CodeTable):
+    """GRTrainData of a RunData: its training windows (and pages) as NTP rows over the code table."""
+    from mindgr.models.ntp import RowError
+    from mindgr.train.gr_data import GRTrainData, page_windows, training_windows
+    windows = training_windows(data.train.inputs, data.train.targets)
+    pages = page_windows(data.store, data.split, windows)
+    if cfg.loss.objective == "page_ntp" and pages is None:
+        raise ConfigError(f"config: loss.objective = page_ntp needs pages, and data '{data.store.name}' has none "
+                          "(a csv page_column, or use loss.objective=ntp)")
+    offsets = np.concatenate([[0], np.cumsum(table.level_sizes)]).astype(np.int64)
+    try:
+        return GRTrainData(windows, table.codes, offsets, int(offsets[-1]), cfg.loss.objective,
+                           cfg.model.token_merger, cfg.train.batch_size, cfg.run.seed, cfg.data.token_capacity,
+                           pages if cfg.loss.objective == "page_ntp" else None)
+    except RowError as e:
+        raise ConfigError(f"config: {e}") from None
+
+
+class GenerativeStrategy(RetrievalStrategy):
+    """The step strategy of a GR run (one process): its own task data (NTP token rows over the code table
+    and their batch plan, mindgr.train.gr_data), its own step inputs (mindgr.models.ntp.BATCH_KEYS + the
+    dropout masks), FLOPs (decoder + NTP head) and evaluation (trie-constrained beam search -> ranks ->
+    metrics, mindgr.train.gr_eval). The loop (run dir, checkpoints, resume, logging, `best`) is the one
+    every strategy uses; on_run_dir keeps the run's own code table in RUN/ids/."""
+
+    def check_config(self):
+        from mindgr.models import model_spec
+        from mindgr.models.objectives import check_objective_arch
+        model_spec(self.cfg.model.arch)
+        check_objective_arch(self.cfg)
+        if self.cfg.parallel.nproc > 1 or self.cfg.parallel.sparse != "none":
+            raise ConfigError("config: model.arch = gr trains in one process (parallel.nproc = 1, parallel.sparse = none)")
+        beam_width_of(self.cfg)
+
+    def build_data(self, run_dir, resuming: bool):
+        from mindgr.ids.trie import PrefixTrie
+        from mindgr.train.task import ItemRetrievalTask
+        self.task = ItemRetrievalTask(self.cfg, check_negatives=False)   # the store, split and eval sets
+        self.data = self.task.data
+        if resuming:                         # a resumed run decodes with its own table, nothing else
+            check_codes_fingerprint(run_dir)
+            self.codes = _table_from_file(Path(run_dir) / CODES_FILE)
+        else:
+            self.codes = resolve_codes(self.cfg)
+        check_codes_catalogue(self.codes, self.data.store)
+        self.train = gr_train_data(self.cfg, self.data, self.codes)
+        self.trie = PrefixTrie(self.codes.codes, self.codes.level_sizes)
+        self.plan = self.train.plan
+        return self.plan
+
+    def describe_data(self) -> str:
+        d, gd = self.data, self.train
+        return (f"{d.store.num_users} users, {d.num_items} items, {len(gd.windows)} GR examples, capacity "
+                f"{gd.token_capacity} tokens x {gd.row_capacity} rows, {gd.plan.num_batches(0)} batches/epoch "
+                f"({self.task.load_s:.1f}s)")
+
+    def on_run_dir(self, run_dir, fresh: bool):
+        if not fresh:
+            return
+        from mindgr.ids.codes import save_codes
+        from mindgr.paths import write_json_atomic
+        from mindgr.train.data import FINGERPRINT_FILE
+        t, run_dir = self.codes, Path(run_dir)
+        save_codes(run_dir / CODES_FILE, t.codes, t.level_sizes, t.raw_ids, dict(t.stats, copied_from=t.source))
+        fp_path = run_dir / FINGERPRINT_FILE
+        fp = json.loads(fp_path.read_text())
+        fp["codes"] = codes_fingerprint(run_dir)
+        write_json_atomic(fp_path, fp)
+
+    def build(self, run):
+        from mindgr.train.local import HostSampler
+        from mindgr.train.strategy import StepShape
+        self.run = run
+        gd = self.train
+        self.shape = StepShape.single(gd.token_capacity, gd.row_capacity)
+        self.model = GRModel(self.cfg, self.codes.level_sizes, self.data.num_items)
+        self.sampler = HostSampler(self.cfg, self.data.num_items, self.model.decoder, gd.token_capacity)
+        run.log.info(f"GR: {self.cfg.loss.objective}, token merger {self.cfg.model.token_merger}, codes "
+                     f"{'x'.join(str(s) for s in self.codes.level_sizes)} ({self.codes.source}); "
+                     f"{len(gd.windows)} examples, {int(gd.tokens.sum())} tokens/epoch; capacity "
+                     f"{gd.token_capacity} tokens x {gd.row_capacity} rows, {gd.plan.num_batches(0)} batches/epoch; "
+                     f"decoder max_len {self.model.decoder.max_len}")
+
+    def prepare(self, epoch: int, b: int, indices):
+        from mindgr.models.ntp import BATCH_KEYS
+        batch, info = self.train.batch(indices)
+        drop = self.sampler.masks.batch(epoch, b)
+        return tuple(batch[k] for k in BATCH_KEYS) + (drop,), info
+
+    def execute(self, prepared, step: int):
+        import time
+        from mindspore import Tensor
+        inputs, info = prepared
+        tensors = [Tensor(x) for x in inputs]
+        t0 = time.perf_counter()
+        loss = float(self.model.train_step(*tensors).asnumpy())
+        return loss, time.perf_counter() - t0, info
+
+    def batch_flops(self, info: dict) -> float:
+        from mindgr.models import model_spec
+        from mindgr.models.objectives import objective_spec
+        fwd = model_spec(self.cfg.model.arch).encoder_flops(self.cfg.model, info["lengths"])
+        fwd += objective_spec(self.cfg.loss.objective).flops(self.cfg.model, info["tokens"],
+                                                              self.model.decoder.num_codes)
+        return 3.0 * fwd
+
+    def split_metrics(self, split: str) -> dict:
+        from mindgr.train.gr_eval import generative_metrics
+        e = self.cfg.eval
+        evalset = getattr(self.data.split, split)
+        cap = e.max_users if split == "valid" else 0
+        metrics = generative_metrics(self.model.decoder, self.trie, self.codes.codes, evalset, e.ks,
+                                     self.cfg.data.max_len, beam_width_of(self.cfg), e.batch_size,
+                                     self.data.num_items, e.filter_history, cap, self.cfg.run.seed)
+        d = metrics["decode"]
+        capped = f" (eval.max_users = {cap} of {len(evalset.targets)})" if cap and cap < len(evalset.targets) else ""
+        self.run.log.info(f"decode {split}: {d['users']} users{capped}, beam {d['beam']}, history "
+                          f"{'filtered' if e.filter_history else 'not filtered'}, {d['users_per_s']:.0f} users/s, "
+                          f"prompt {d['prompt_tokens_mean']:.1f} tokens")
+        return metrics
+
+
+class GenerativeTrainer(TrainLoop):
+    """The training loop with the GR strategy (one process)."""
+
+    def __init__(self, cfg: Config, resume: bool = False, quiet: bool = False):
+        super().__init__(cfg, GenerativeStrategy(cfg), resume, quiet)
+
+
+def beam_width_of(cfg: Config) -> int:
+    from mindgr.ids.beam import BeamError
+    from mindgr.train.gr_eval import beam_width
+    try:
+        return beam_width(cfg.eval)
+    except BeamError as e:
+        raise ConfigError(f"config: {e}") from None
+
+
+# ---- loading a trained GR run (eval, serving) ------------------------------------------------------------
+@dataclass
+class LoadedGenerativeRun:
+    cfg: Config
+    run_dir: Path
+    decoder: object          # mindgr.models.generative.GRDecoder, the checkpoint's weights, set_train(False)
+    codes: np.ndarray        # int32 [V+1, Lt], row 0 = padding (zeros)
+    level_sizes: list
+    trie: object             # mindgr.ids.trie.PrefixTrie(codes, level_sizes)
+    raw_ids: np.ndarray      # int64 [V+1], the dataset's raw id of every item index ([0] unused)
+    max_history: int         # history items in a prompt (data.max_len)
+    checkpoint: str          # the checkpoint file loaded
+    step: int | None = None
+    data_note: str | None = None
+
+
+def load_generative_run(run_dir, which: str = "best", allow_data_change: bool = False,
+                        threads: int | None = None) -> LoadedGenerativeRun:
+    """A GR run with its best (or latest) checkpoint restored, its own code table and trie. The data it
+    was trained on must be unchanged (its fingerprint), unless allow_data_change."""
+    if which not in ("best", "latest"):
+        raise ValueError(f"checkpoint: {which!r} (expected best or latest)")
+    run_dir = Path(run_dir)
+    cfg = run_config(run_dir)
+    if not is_generative_config(cfg):
+        raise CheckpointError(f"{run_dir}: not a generative run (model.arch = {cfg.model.arch}); use mindgr.train.trainer.load_run")
+    if threads is not None:
+        cfg.parallel.threads = threads
+    ckpts = CheckpointManager(run_dir, cfg.run.keep_last)
+    path = ckpts.best() if which == "best" else ckpts.latest()
+    if path is None:
+        if which == "best" and ckpts.latest() is not None:
+            raise CheckpointError(f"{run_dir}: no best checkpoint (no validation has run: eval.every_epochs = "
+                                  f"{cfg.eval.every_epochs}); use the last one with --checkpoint latest")
+        raise CheckpointError(f"{run_dir}: no checkpoint to load")
+    check_codes_fingerprint(run_dir)
+    from mindgr.train.data import FINGERPRINT_FILE, data_fingerprint, fingerprint_mismatch
+    saved_fp = run_dir / FINGERPRINT_FILE
+    data_note = None
+    if saved_fp.is_file():
+        diff = fingerprint_mismatch(json.loads(saved_fp.read_text()), data_fingerprint(cfg.data))
+        if diff and not allow_data_change:
+            raise CheckpointError(f"{run_dir}: its data changed since it was trained ({diff}); pass "
+                                  "--allow-data-change to use the data as it is now")
+        data_note = f"evaluated on changed data ({diff})" if diff else None
+    table = _table_from_file(run_dir / CODES_FILE)
+    setup_mindspore(cfg)
+    model = GRModel(cfg, table.level_sizes, table.codes.shape[0] - 1)
+    tensors, meta = load_checkpoint(path)
+    restore_parameters(model.train_step, tensors, str(path))
+    model.decoder.set_train(False)
+    from mindgr.ids.trie import PrefixTrie
+    return LoadedGenerativeRun(cfg, run_dir, model.decoder, table.codes, table.level_sizes,
+                               PrefixTrie(table.codes, table.level_sizes), table.raw_ids, cfg.data.max_len,
+                               path.name, meta.get("step"), data_note)
+
+
+def _saved_ranks(path: Path, checkpoint_sha: str, users: int, max_users: int):
+    """(ranks, ties) of an earlier decode of the same checkpoint and users (None if there is none)."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path) as f:
+            if str(f["checkpoint_sha256"]) != checkpoint_sha or int(f["max_users"]) != max_users \
+                    or len(f["ranks"]) != users:
+                return None
+            return f["ranks"], f["ties"]
+    except (KeyError, ValueError, OSError):
+        return None
+
+
+def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", allow_data_change: bool = False,
+                            filter_history: bool | None = None, max_users: int = 0) -> dict:
+    """`mindgr eval` of a GR run: decode the split's users (all, or a fixed seeded sample of max_users) and
+    write RUN/ranks/ like the encoders' eval. One decode gives both rankings (history filtered and not),
+    so both ranks files are written; a later eval or `mindgr compare` of the same checkpoint reuses them
+    (the file records the checkpoint's sha256) instead of decoding again."""
+    from mindgr.train.data import RunData
+    from mindgr.train.gr_eval import generative_metrics
+    from mindgr.train.metrics import ranking_metrics
+    run = load_generative_run(run_dir, which, allow_data_change)
+    cfg = run.cfg
+    if filter_history is None:
+        filter_history = cfg.eval.filter_history
+    beam = beam_width_of(cfg)
+    ranks_dir, ranks_note = _ranks_dir(run.run_dir)
+    data = RunData(cfg)
+    evalset = getattr(data.split, split)
+    targets = np.asarray(evalset.targets, np.int64)
+    ckpt = CheckpointManager(run.run_dir, cfg.run.keep_last)
+    ckpt_path = ckpt.best() if which == "best" else ckpt.latest()
+    sha = file_sha256(ckpt_path.with_suffix(".json"))   # the sidecar names the committed weights file
+    paths = {f: ranks_dir / ranks_file_name(split, which, f) for f in (True, False)}
+    saved = _saved_ranks(paths[filter_history], sha, len(targets), max_users)
+    if saved is not None:
+        ranks, ties = saved
+        seen = ranks >= 0
+        metrics = ranking_metrics(ranks[seen], cfg.eval.ks, ties[seen])
+        metrics["decode"] = {"reused": str(paths[filter_history])}
+    else:
+        metrics, both = generative_metrics(run.decoder, run.trie, run.codes, evalset, cfg.eval.ks, run.max_history,
+                                           beam, cfg.eval.batch_size, data.num_items, filter_history,
+                                           max_users, cfg.run.seed, per_user=True)
+        for f, (_, r, t) in both.items():
+            atomic_write(paths[f], lambda tmp: np.savez(tmp, ranks=r, ties=t, targets=targets, checkpoint=run.checkpoint,
+                                                        checkpoint_sha256=sha, max_users=max_users, filter_history=f),
+                         tmp_suffix=".tmp.npz")
+    out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
+           "filter_history": filter_history, **metrics, "ranks_file": str(paths[filter_history])}
+    if max_users:
+        out["note"] = f"a fixed sample of {metrics['count']} of {len(targets)} users (--max-users)"
+    for key, note in (("ranks_note", ranks_note), ("data_note", run.data_note)):
+        if note:
+            out[key] = note
+    return out

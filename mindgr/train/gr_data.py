@@ -1,0 +1,123 @@
+"""Generative-retrieval training data: a run's training sequences -> next-token-prediction rows -> a
+reproducible plan of fixed-capacity batches. Independent of the Trainer (it needs only numpy arrays).
+
+One training example is one user's window of the last max_len + 1 training items (the items the
+item-encoder trainers see: their inputs plus the last target). Its rows are mindgr.models.ntp.user_rows
+(point-wise ntp: one flat row without a token merger, one row per target with one; page_ntp: one row
+per item of every page after the first, prompted by the earlier pages). Row token counts are computed
+in closed form first (`row_token_counts`, checked against the rows built), so the epoch plan
+(mindgr.datasets.EpochPlan, seeded by (seed, epoch)) packs whole examples by their GR token counts;
+the rows themselves are built when a batch is prepared (in the input thread).
+
+Capacities: T_cap tokens (data.token_capacity, or about train.batch_size examples' mean tokens, at
+least the longest example), and a row capacity that no batch can exceed: T_cap / (the shortest row),
+so every batch is one compiled shape.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mindgr.datasets import EpochPlan
+from mindgr.models.ntp import RowError, check_row_options, page_groups, pack_rows, tokens_per_prompt_item, user_rows
+
+
+def row_token_counts(n: int, lt: int, objective: str, token_merger: str, pages=None) -> list:
+    """Token counts of the rows of a history of n items (Lt codes per item), as user_rows builds them."""
+    per = tokens_per_prompt_item(lt, token_merger)
+    if n < 2:
+        return []
+    if objective == "ntp" and token_merger == "none":
+        return [n * lt - 1]
+    if objective == "ntp":
+        return [j * per + lt - 1 for j in range(1, n)]
+    out = []
+    for start, stop in page_groups(pages)[1:]:
+        out += [start * per + lt - 1] * (stop - start)
+    return out
+
+
+def training_windows(inputs, targets) -> list:
+    """The item window of each training example: its inputs and its last target."""
+    return [np.append(np.asarray(x, np.int64), np.int64(t[-1])) for x, t in zip(inputs, targets)]
+
+
+def page_windows(store, split, windows) -> list | None:
+    """Page ids aligned with each training window (None if the data has no pages)."""
+    if store.page_seqs is None:
+        return None
+    out = []
+    for k, (u, w) in enumerate(zip(split.train_users, windows)):
+        train_len = len(split.train[k])
+        pages = np.asarray(store.page_seqs[u][:train_len], np.int64)[-len(w):]
+        if pages.shape[0] != w.shape[0]:
+            raise RowError(f"training sequence {k}: {pages.shape[0]} page ids for {w.shape[0]} items")
+        out.append(pages)
+    return out
+
+
+def _round_up(x, multiple):
+    return int(math.ceil(x / multiple) * multiple)
+
+
+class GRTrainData:
+    """Rows and batches of the GR objective over training windows (item ids into codes [V+1, Lt])."""
+
+    def __init__(self, windows, codes, level_offsets, pad_id: int, objective: str, token_merger: str,
+                 batch_size: int, seed: int, token_capacity: int = 0, pages=None):
+        check_row_options(objective, token_merger, pages)
+        self.codes = np.asarray(codes)
+        self.level_offsets = np.asarray(level_offsets, np.int64)
+        self.pad_id, self.objective, self.token_merger = pad_id, objective, token_merger
+        lt = self.codes.shape[1]
+        self.group = {"none": 1, "item": lt, "pairs": 2}[token_merger]
+        counts = [row_token_counts(len(w), lt, objective, token_merger, None if pages is None else pages[i])
+                  for i, w in enumerate(windows)]
+        keep = [i for i, c in enumerate(counts) if c]
+        if not keep:
+            raise RowError(f"no training example gives a {objective} row (every window has one item or one page)")
+        self.windows = [windows[i] for i in keep]
+        self.pages = None if pages is None else [pages[i] for i in keep]
+        self.row_counts = [counts[i] for i in keep]
+        tokens = np.array([sum(c) for c in self.row_counts], np.int64)
+        self.tokens = tokens
+        t_cap = token_capacity or _round_up(max(batch_size * tokens.mean(), tokens.max(), 1), 64)
+        if tokens.max() > t_cap:
+            raise RowError(f"data.token_capacity = {t_cap}: a training example has {int(tokens.max())} GR tokens; "
+                           f"use at least that (or 0 = auto)")
+        shortest = min(min(c) for c in self.row_counts)
+        self.token_capacity = t_cap
+        self.row_capacity = _round_up(math.ceil(t_cap / shortest), 8)
+        self.plan = EpochPlan(tokens, t_cap, self.row_capacity, seed=seed)
+
+    @property
+    def inputs(self) -> list:
+        return self.windows
+
+    def rows(self, i: int) -> list:
+        rows = user_rows(self.windows[i], self.codes, self.level_offsets, self.objective, self.token_merger,
+                         None if self.pages is None else self.pages[i], self.pad_id)
+        if [r["slots"].shape[0] for r in rows] != self.row_counts[i]:
+            raise AssertionError(f"example {i}: rows differ from their planned token counts")
+        return rows
+
+    def batch(self, indices) -> tuple[dict, dict]:
+        """(arrays of one batch at the fixed capacities, info: real tokens, fill, row lengths, targets)."""
+        rows = [r for i in indices for r in self.rows(int(i))]
+        packed = pack_rows(rows or [_empty_row(self.group, self.pad_id)], self.token_capacity, self.row_capacity,
+                           self.group, self.pad_id)
+        if len(packed) != 1:
+            raise AssertionError("a planned batch does not fit its capacities")
+        batch = packed[0]
+        lengths = np.array([r["slots"].shape[0] for r in rows], np.int64)
+        n = int(lengths.sum())
+        info = {"tokens": n, "fill": n / self.token_capacity, "lengths": lengths,
+                "targets": int((batch["weight"] > 0).sum())}
+        return batch, info
+
+
+def _empty_row(group, pad_id):
+    z = np.zeros(1, np.int32)
+    return dict(slots=np.full((1, group), pad_id, np.int32), merged=np.zeros(1, np.float32), target=z,
+                level=z, weight=np.zeros(1, np.float32))

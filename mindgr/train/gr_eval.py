@@ -1,0 +1,115 @@
+"""Generative-retrieval evaluation: trie-constrained beam search (mindgr.ids.decode.DecodingEngine, the
+engine the server uses) -> per-user ranks in the layout of full-ranking evaluation (mindgr.train.metrics).
+
+Each user's prompt is its last `max_history` items (the run's data.max_len, as in training). The engine
+returns the `beam` best distinct items (beam >= max(eval.ks)); the target's 0-based position in that list
+is its rank, after removing the user's history items other than the target (filter_history, as the
+encoders' evaluation does), or in the list as it is (filter_history false: TIGER's protocol). A target
+outside the list is a miss: rank = the catalogue size (below every item, hit@K = 0 for every K) with no
+ties. A generated list has no ties, so ties are 0 and the tie-aware metrics are the plain ones.
+Independent of the Trainer: it takes a decoder, a trie, a code table and an EvalSet.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from mindgr.ids.beam import BeamError, beam_ranks
+from mindgr.train.metrics import ranking_metrics
+
+
+def beam_width(eval_cfg) -> int:
+    """eval.beam, or max(eval.ks) when 0; a beam shorter than the longest list is a one-line error."""
+    beam = eval_cfg.beam or max(eval_cfg.ks)
+    if beam < max(eval_cfg.ks):
+        raise BeamError(f"eval.beam = {beam} must be >= max(eval.ks) = {max(eval_cfg.ks)}: beam search returns "
+                        "at most beam items")
+    return beam
+
+
+def eval_users(num: int, max_users: int, seed: int = 0) -> np.ndarray:
+    """Indices of the users evaluated: all, or a fixed seeded sample of max_users (sorted)."""
+    if not max_users or max_users >= num:
+        return np.arange(num)
+    return np.sort(np.random.default_rng([seed, 31]).choice(num, max_users, replace=False))
+
+
+def history_buckets(max_history: int) -> list:
+    """Prompt capacities (in items) of the decoding engines: users are decoded by the smallest that holds
+    their prompt, so short histories are not padded to the longest (a fixed, small set of shapes)."""
+    caps = sorted({max(1, max_history // 4), max(1, max_history // 2), max_history})
+    return caps
+
+
+def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam: int, batch_users: int,
+                     num_items: int, filter_history=True, engine_options: dict | None = None):
+    """(greater, ties, stats) of evalset's users `rows`, decoded batch_users at a time; filter_history may be
+    a bool or a tuple of bools (then greater and ties are dicts by value: one decode gives both rankings).
+    Users are grouped by prompt length into a few engines (history_buckets); each user's list does not
+    depend on its group (the prompt's K/V and position biases are per user)."""
+    from mindgr.ids.decode import DecodingEngine
+    from mindgr.models.generative import max_prompt_tokens
+    flags = tuple(filter_history) if isinstance(filter_history, (tuple, list)) else (bool(filter_history),)
+    rows = np.asarray(rows, np.int64)
+    batch_users = max(1, min(batch_users, len(rows)))
+    per_item = max_prompt_tokens(decoder.num_levels, decoder.token_merger, 1)
+    lengths = np.array([min(len(evalset.histories[r]), max_history) for r in rows], np.int64)
+    caps = history_buckets(max_history)
+    bucket = np.searchsorted(np.asarray(caps), lengths)        # smallest cap >= the prompt's items
+    greater = {f: np.zeros(len(rows), np.int64) for f in flags}
+    prompt_tokens = 0
+    timings = {"prefill": 0.0, "model": 0.0}
+    t0 = time.perf_counter()
+    for b, cap in enumerate(caps):
+        members = np.flatnonzero(bucket == b)
+        if not len(members):
+            continue
+        n_users = max(1, min(batch_users, len(members)))
+        engine = DecodingEngine(decoder, trie, codes, beam, cap * per_item, n_users, **(engine_options or {}))
+        for lo in range(0, len(members), n_users):
+            idx = members[lo:lo + n_users]
+            chunk = rows[idx]
+            hist = [np.asarray(evalset.histories[r][-max_history:], np.int64) for r in chunk]
+            prompt_tokens += int(lengths[idx].sum()) * per_item
+            items, _ = engine.search(hist, beam)
+            for f in flags:
+                full = [evalset.histories[r] for r in chunk] if f else None
+                greater[f][idx] = beam_ranks(items, evalset.targets[chunk], full, num_items)
+        for key in timings:
+            timings[key] += engine.timings[key]
+    seconds = time.perf_counter() - t0
+    stats = {"users": int(len(rows)), "beam": beam, "decode_s": seconds,
+             "users_per_s": len(rows) / seconds if seconds > 0 else 0.0,
+             "prompt_tokens_mean": prompt_tokens / max(len(rows), 1), "prompt_caps_items": caps,
+             "prefill_s": timings["prefill"], "step_s": timings["model"]}
+    ties = {f: np.zeros(len(rows), np.int64) for f in flags}
+    if len(flags) == 1 and not isinstance(filter_history, (tuple, list)):
+        return greater[flags[0]], ties[flags[0]], stats
+    return greater, ties, stats
+
+
+def generative_metrics(decoder, trie, codes, evalset, ks, max_history: int, beam: int, batch_users: int,
+                       num_items: int, filter_history: bool = True, max_users: int = 0, seed: int = 0,
+                       per_user: bool = False):
+    """Ranking metrics of the decoded lists (and, with per_user, (greater, ties) per evalset user, -1 =
+    not evaluated, for `mindgr compare`). With per_user, the other ranking (history filtered or not) of
+    the same lists comes too: a dict {filter_history: (metrics, greater, ties)} under key "both"."""
+    rows = eval_users(len(evalset.targets), max_users, seed)
+    flags = (True, False)
+    greater, ties, stats = generative_ranks(decoder, trie, codes, evalset, rows, max_history, beam, batch_users,
+                                            num_items, flags)
+    both = {}
+    for f in flags:
+        m = ranking_metrics(greater[f], ks, ties[f])
+        m["decode"] = stats
+        by_user = np.full(len(evalset.targets), -1, np.int64)
+        ties_by_user = np.full(len(evalset.targets), -1, np.int64)
+        by_user[rows], ties_by_user[rows] = greater[f], ties[f]
+        both[f] = (m, by_user, ties_by_user)
+    metrics = dict(both[bool(filter_history)][0])
+    metrics["other_ranking"] = {"filter_history": not filter_history,
+                                **{k: v for k, v in both[not filter_history][0].items() if k != "decode"}}
+    if not per_user:
+        return metrics
+    return metrics, both

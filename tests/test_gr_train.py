@@ -1,0 +1,183 @@
+"""Generative retrieval end to end through `mindgr train` / `mindgr eval` / `mindgr compare`: a tiny GR
+decoder trained by next-token prediction on synthetic data, its decoded ranks, a bit-identical resume,
+a comparison with an HSTU run on the same users, and the one-line config errors."""
+import json
+
+import numpy as np
+import pytest
+
+from gr_fixtures import graph_mode, random_codes  # noqa: F401  (graph_mode: module fixture)
+from mindgr.config import load_config
+from mindgr.runtime import select_device
+
+select_device()
+
+SYNTH = ["data.kind=synthetic", "data.max_len=12", "data.synthetic.num_users=120", "data.synthetic.num_items=60",
+         "data.synthetic.median_len=10", "data.synthetic.max_len=20", "data.synthetic.num_clusters=4"]
+LEVELS = [6, 6, 3]
+
+
+def gr_overrides(out, name, codes, *extra):
+    return [f"run.out_dir={out}", f"run.name={name}", "run.log_every=1", *SYNTH, "model.arch=gr",
+            "model.dim=16", "model.num_blocks=1", "model.num_heads=2", "model.dropout=0.1",
+            "loss.objective=ntp", "train.batch_size=16", "train.epochs=2", "train.lr=0.005",
+            "eval.every_epochs=1", "eval.ks=[1,5,10]", "eval.beam=10", "eval.max_users=40",
+            "eval.batch_size=64", "ids.from_run=", f"ids.codes={codes}", "ops.backend=cpu", *extra]
+
+
+@pytest.fixture(scope="module")
+def gr_setup(tmp_path_factory):
+    """A random code table of the synthetic catalogue and one trained GR run."""
+    from mindgr.ids.codes import save_codes
+    from mindgr.train.data import load_store
+    from mindgr.train.generative import GenerativeTrainer
+    out = tmp_path_factory.mktemp("gr")
+    store = load_store(load_config(None, SYNTH).data)
+    codes = random_codes(np.random.default_rng(3), store.num_items, LEVELS)
+    path = save_codes(out / "codes.parquet", codes, LEVELS, store.item_raw_ids, {"note": "random"})
+    cfg = load_config(None, gr_overrides(out, "gr", path))
+    result = GenerativeTrainer(cfg, quiet=True).fit()
+    return {"out": out, "codes": path, "run": out / "gr", "result": result, "num_items": store.num_items}
+
+
+def test_train_eval_ranks_file_better_than_chance(gr_setup, capsys):
+    from mindgr.cli import main
+    run, result = gr_setup["run"], gr_setup["result"]
+    assert (run / "ids" / "codes.parquet").is_file() and (run / "checkpoints" / "best.json").is_file()
+    assert "codes" in json.loads((run / "data.json").read_text())
+    assert result["checkpoint"]["name"] == "best" and result["valid"]["count"] == 40  # eval.max_users
+    assert main(["eval", "--run", str(run)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["count"] == result["test"]["count"] and out["filter_history"] is True
+    assert all(np.isfinite(out[k]) for k in ("hr@10", "ndcg@10", "mrr"))
+    assert out["hr@10"] == pytest.approx(result["test"]["hr@10"])   # eval decodes what training's test did
+    assert out["hr@10"] > 2 * 10 / gr_setup["num_items"]              # well above a random list of 10
+    with np.load(out["ranks_file"]) as f:
+        ranks, ties = f["ranks"], f["ties"]
+    assert ranks.shape == ties.shape and (ties == 0).all() and ranks.max() == gr_setup["num_items"]  # misses
+    assert main(["eval", "--run", str(run), "--filter-history", "false"]) == 0
+    unf = json.loads(capsys.readouterr().out)
+    assert unf["ranks_file"].endswith("test-best-unfiltered.npz") and unf["hr@10"] <= out["hr@10"] + 1e-9
+
+
+def test_eval_equals_plain_beam_search(gr_setup):
+    """The engine's lists (mindgr eval's decoder) equal ids/beam.py's plain search on the same checkpoint."""
+    from mindgr.ids.beam import beam_ranks, beam_search
+    from mindgr.models.generative import RecomputeScorer, max_prompt_tokens
+    from mindgr.train.data import RunData
+    from mindgr.train.generative import load_generative_run
+    from mindgr.train.gr_eval import generative_ranks
+    run = load_generative_run(gr_setup["run"])
+    data = RunData(run.cfg)
+    ev = data.split.test
+    rows = np.arange(12)
+    greater, _, _ = generative_ranks(run.decoder, run.trie, run.codes, ev, rows, run.max_history, 10, 12,
+                                     data.num_items)
+    hist = [np.asarray(ev.histories[r][-run.max_history:]) for r in rows]
+    p_cap = max_prompt_tokens(run.decoder.num_levels, run.decoder.token_merger, run.max_history)
+    items, _ = beam_search(run.trie, RecomputeScorer(run.decoder, hist, run.codes, 10, p_cap), len(rows), 10, 10)
+    assert np.array_equal(greater, beam_ranks(items, ev.targets[rows], [ev.histories[r] for r in rows],
+                                              data.num_items))
+
+
+def _losses(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r and "eval" not in r}
+
+
+def test_resume_is_bit_identical(gr_setup):
+    from mindgr.train.checkpoint import load_checkpoint
+    from mindgr.train.generative import GenerativeTrainer
+    out, codes = gr_setup["out"], gr_setup["codes"]
+    GenerativeTrainer(load_config(None, gr_overrides(out, "cut", codes, "train.max_steps=5")), quiet=True).fit()
+    GenerativeTrainer(load_config(None, gr_overrides(out, "cut", codes)), resume=True, quiet=True).fit()
+    straight, resumed = _losses(gr_setup["run"]), _losses(out / "cut")
+    assert len(straight) > 5 and straight == resumed
+    a, _ = load_checkpoint(out / "gr" / "checkpoints" / "best.safetensors")
+    b, _ = load_checkpoint(out / "cut" / "checkpoints" / "best.safetensors")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_compare_with_an_hstu_run(gr_setup, capsys):
+    from mindgr.cli import main
+    from mindgr.train.trainer import Trainer
+    out = gr_setup["out"]
+    hstu = load_config(None, [f"run.out_dir={out}", "run.name=hstu", *SYNTH, "model.dim=16", "model.num_blocks=1",
+                              "model.num_heads=2", "loss.num_negatives=8", "train.batch_size=16", "train.epochs=1",
+                              "eval.every_epochs=1", "eval.ks=[5,10,50]", "ops.backend=cpu"])
+    Trainer(hstu, quiet=True).fit()
+    assert main(["compare", str(out / "hstu"), str(gr_setup["run"]), "--samples", "200"]) == 0
+    text = capsys.readouterr().out
+    assert "paired comparison over" in text and "hr@10" in text and "hr@50" not in text  # K both evaluated
+    # ids.from_run: the HSTU run's item table tokenised at start, catalogue-checked
+    from mindgr.train.data import load_store
+    from mindgr.train.generative import check_codes_catalogue, resolve_codes
+    cfg = load_config(None, gr_overrides(out, "fr", gr_setup["codes"], "ids.codes=", f"ids.from_run={out / 'hstu'}",
+                                         "ids.levels=2", "ids.codes_per_level=4"))
+    table = resolve_codes(cfg)
+    check_codes_catalogue(table, load_store(cfg.data))
+    assert table.codes.shape == (gr_setup["num_items"] + 1, 3) and table.level_sizes[:2] == [4, 4]
+    assert len({tuple(c) for c in table.codes[1:]}) == gr_setup["num_items"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["ids.codes=/nonexistent/codes.parquet"], "ids.codes = /nonexistent/codes.parquet: no such file"),
+    (["data.synthetic.num_items=50"], "items, the data"),
+    (["eval.beam=5"], "eval.beam = 5"),
+    (["loss.objective=sampled_softmax"], "model.arch = gr is trained by next-token prediction"),
+    (["model.arch=hstu"], "loss.objective = ntp trains the generative decoder"),
+    (["loss.objective=page_ntp"], "page_ntp needs pages"),
+    (["ids.codes="], "needs a semantic-ID table"),
+])
+def test_bad_configs_are_one_line(gr_setup, capsys, extra, message):
+    from mindgr.cli import main
+    args = gr_overrides(gr_setup["out"], "bad", gr_setup["codes"], *extra)
+    assert main(["train", *args]) != 0
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_row_counts_match_rows():
+    """The plan's closed-form token counts equal the rows built, for every objective and merger."""
+    from mindgr.models.ntp import user_rows
+    from mindgr.train.gr_data import row_token_counts
+    rng = np.random.default_rng(0)
+    codes = random_codes(rng, 40, [5, 5, 3])
+    offsets = np.concatenate([[0], np.cumsum([5, 5, 3])])
+    for _ in range(20):
+        n = int(rng.integers(1, 12))
+        items = rng.integers(1, 41, n)
+        pages = np.cumsum(np.r_[0, rng.random(n - 1) < 0.5]) if n > 1 else np.zeros(n, np.int64)
+        for objective in ("ntp", "page_ntp"):
+            for merger in ("none", "item", "pairs"):
+                rows = user_rows(items, codes, offsets, objective, merger, pages if objective == "page_ntp" else None)
+                want = [r["slots"].shape[0] for r in rows]
+                assert row_token_counts(n, 3, objective, merger, pages) == want
+
+
+def test_hstu_eval_without_history_filter():
+    """eval.filter_history=false: evaluate() ranks against every item, history included."""
+    from mindgr.train.data import RunData
+    from mindgr.train.evaluate import evaluate
+    from mindgr.train.metrics import target_ranks
+    data = RunData(load_config(None, SYNTH + ["model.time_bias=false"]))
+    rng = np.random.default_rng(1)
+    table = rng.normal(size=(data.num_items + 1, 8)).astype(np.float32)
+    users = {}
+
+    class FakeEncoder:               # a user vector per row, fixed by the row's first item id
+        def __call__(self, ids, positions, offsets, timestamps, request_times):
+            off = offsets.asnumpy()
+            first = ids.asnumpy()[np.minimum(off[:-1], len(ids.asnumpy()) - 1)]
+            vec = np.stack([users.setdefault(int(i), rng.normal(size=8).astype(np.float32)) for i in first])
+            return type("T", (), {"asnumpy": lambda self: vec})()
+
+    ev = data.split.test
+    got = {}
+    for flt in (True, False):
+        _, ranks, _ = evaluate(FakeEncoder(), table, data.eval["test"], ev, [10], per_user=True, filter_history=flt)
+        got[flt] = ranks
+    assert (got[False] >= got[True]).all() and (got[False] > got[True]).any()
+    scores = np.stack([users[int(h[-12:][0])] for h in ev.histories]) @ table.T
+    want, _ = target_ranks(scores, ev.targets, [()] * len(ev.targets))
+    assert np.array_equal(got[False], want)

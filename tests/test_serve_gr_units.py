@@ -1,0 +1,53 @@
+"""The GR recommender in-process: request validation, and overlap (two workers, one model thread) and the
+naive baseline giving the engine's lists when batches run concurrently."""
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from gr_fixtures import graph_mode  # noqa: F401
+
+from mindgr.serve import generative as gr
+from mindgr.serve.recommend import RequestError
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return gr.random_bundle(num_items=80, prompt_tokens=16, dim=8, blocks=1, heads=2, level_sizes=(4, 4, 4, 2),
+                            seed=3)
+
+
+def test_gr_parse_refuses_bad_requests_in_one_line(bundle):
+    rec = gr.GenerativeRecommender(bundle, beam=4, shapes=(1,))
+    raw = gr.RAW_ID_BASE
+    cases = [(([raw + 1, 7],), {}, "history[1]: unknown item id 7"), (([],), {}, "history: empty"),
+             (([raw + 1],), {"k": 5}, "more than the beam width 4"), (([raw + 1],), {"k": 0}, "k: 0"),
+             (([raw + 1] * 5000,), {}, "more than the limit")]
+    for args, kw, words in cases:
+        with pytest.raises(RequestError) as e:
+            rec.parse(*args, **{"k": 3, **kw})
+        assert words in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="decode: 'fast'"):
+        gr.GenerativeRecommender(bundle, beam=4, decode="fast")
+    with pytest.raises(ValueError, match="--random-gr: 'width=3'"):
+        gr.parse_random_spec("items=10,width=3")
+
+
+def test_gr_overlap_and_naive_give_the_engine_lists_concurrently(bundle):
+    rng = np.random.default_rng(0)
+    qs = [[gr.RAW_ID_BASE + int(i) for i in rng.integers(1, 81, int(rng.integers(1, 9)))] for _ in range(8)]
+    plain = gr.GenerativeRecommender(bundle, beam=6, shapes=(1, 2))
+    want = [plain.recommend([plain.parse(h, k=6, exclude_history=False)], 1)[0] for h in qs]
+    for kind in ("overlap", "naive"):
+        rec = gr.GenerativeRecommender(bundle, beam=6, decode="naive" if kind == "naive" else "engine",
+                                       shapes=(1, 2), overlap=True)
+        try:
+            rec.warm_up()
+            batches = [[rec.parse(h, k=6, exclude_history=False) for h in qs[i:i + 2]] for i in range(0, 8, 2)]
+            with ThreadPoolExecutor(2) as pool:             # two batches in flight at once
+                got = [r for out in pool.map(lambda b: rec.recommend(b, 2), batches) for r in out]
+        finally:
+            rec.close()
+        for (gi, gs), (wi, ws) in zip(got, want):
+            np.testing.assert_array_equal(gi, wi)
+            np.testing.assert_allclose(gs, ws, rtol=1e-5, atol=2e-5)
