@@ -47,18 +47,19 @@ def cmd_train(args) -> int:
     from mindgr.train.generative import is_generative_config
     check_objective_arch(cfg)      # next-token prediction for an item encoder (or the reverse): one line
     if is_generative_config(cfg):  # the GR decoder (mindgr.train.generative), one process
-        from mindgr.train.generative import GenerativeTrainer as Trainer
+        from mindgr.train.generative import GenerativeStrategy as Strategy
     elif under_msrun():  # a rank of a multi-process job (or msrun's scheduler, which stops in init)
         if cfg.parallel.sparse != "none":
-            from mindgr.parallel.sparse.trainer import SparseTrainer as Trainer
+            from mindgr.parallel.sparse.strategy import ShardedTableStrategy as Strategy
         else:
-            from mindgr.parallel.trainer import DistributedTrainer as Trainer
+            from mindgr.parallel.strategy import DataParallelStrategy as Strategy
     elif cfg.parallel.nproc > 1:
         from mindgr.parallel.launch import launch_train
         return launch_train(cfg, args.argv)
     else:
-        from mindgr.train.trainer import Trainer
-    result = Trainer(cfg, resume=args.resume).fit()
+        from mindgr.train.local import LocalStrategy as Strategy
+    from mindgr.train.loop import TrainLoop
+    result = TrainLoop(cfg, Strategy(cfg), resume=args.resume).fit()
     print(json.dumps({k: result[k] for k in ("valid", "test", "checkpoint")}, indent=1))
     return 0
 

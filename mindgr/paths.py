@@ -34,3 +34,34 @@ def unwritable_reason(target) -> str | None:
         reason = what.get(e.errno, e.strerror or str(e))
         return f"{probe_dir}: cannot write ({reason})" + (f", needed for {target}" if probe_dir != target else "")
     return None
+
+
+def atomic_write(path, content, fsync: bool = False, tmp_suffix: str = ".tmp"):
+    """Write `path` so that a reader sees the old file or the new one, never a part: into PATH + tmp_suffix
+    beside it, then one rename. `content` is str, bytes, or a function given the temporary path that writes
+    it (numpy, parquet, safetensors writers); `fsync` flushes the bytes to disk before the rename."""
+    path = Path(path)
+    tmp = path.with_name(path.name + tmp_suffix)
+    try:
+        if callable(content):
+            content(tmp)
+        else:
+            with open(tmp, "wb" if isinstance(content, bytes) else "w") as f:
+                f.write(content)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        if fsync and callable(content):
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path, data, indent: int | None = 1, sort_keys: bool = True):
+    """`data` as JSON, written atomically (atomic_write)."""
+    import json
+    return atomic_write(path, json.dumps(data, indent=indent, sort_keys=sort_keys))

@@ -27,8 +27,6 @@ LAYERS = {
 
 # (importing module, imported module) -> why it stays for now.
 EXCEPTIONS = {
-    ("mindgr.train.trainer", "mindgr.parallel.sparse.checkpoint"):
-        "evaluate_run reassembles a sharded item table; moves with the one-loop refactor (issue 15, next step)",
 }
 
 PACKAGE = REPO / "mindgr"
@@ -136,4 +134,4 @@ def test_the_checker_finds_what_it_must():
     graph = _graph()
     assert "mindgr.ops.backend" in graph["mindgr.ops.attention"]     # from-imports resolve to modules
     assert "mindgr.runtime" in graph["mindgr.train.trainer"]
-    assert "mindgr.parallel.sparse.checkpoint" in graph["mindgr.train.trainer"]   # lazy imports count
+    assert "mindgr.train.table_checkpoint" in graph["mindgr.train.trainer"]   # lazy imports count

@@ -225,21 +225,23 @@ def test_encoder_flops_counts_every_term():
 def test_fuxi_trains_and_its_mfu_counts_fuxi_flops(tmp_path, tiny_overrides, monkeypatch):
     """The normal training path (cpu kernels when they build), and the logged MFU uses the FuXi count."""
     from mindgr.train import trainer as trainer_mod
+    from mindgr.train.local import LocalStrategy
+    from mindgr.train.loop import TrainLoop
     from mindgr.train.flops import train_flops
     backend = "cpu" if HAVE_CXX else "reference"
     cfg = load_config(None, tiny_overrides + ["model.arch=fuxi", "model.ffn_multiply=2", f"ops.backend={backend}",
                                               "train.max_steps=4", "run.log_every=1", "eval.every_epochs=0"])
-    monkeypatch.setattr(trainer_mod.Trainer, "_peak", lambda self: 1.0)
+    monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
     seen = []
-    original = trainer_mod.Trainer._execute
+    original = LocalStrategy.execute
 
-    def execute(self, prepared):
-        loss, step_s, batch = original(self, prepared)
+    def execute(self, prepared, step):
+        loss, step_s, batch = original(self, prepared, step)
         seen.append(train_flops(self.cfg.model, batch["lengths"], batch["targets"],
                                 self.sampler.negatives.num_candidates) / batch["tokens"])
         return loss, step_s, batch
 
-    monkeypatch.setattr(trainer_mod.Trainer, "_execute", execute)
+    monkeypatch.setattr(LocalStrategy, "execute", execute)
     trainer = trainer_mod.Trainer(cfg, quiet=True)
     assert isinstance(trainer.model.encoder, FuXiAlpha)
     result = trainer.fit()

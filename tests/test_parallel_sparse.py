@@ -6,7 +6,7 @@ import pytest
 
 from mindgr.config import ConfigError, load_config
 from mindgr.models.layers import trunc_normal
-from mindgr.parallel.sparse import checkpoint as ck
+from mindgr.train import table_checkpoint as ck
 from mindgr.parallel.sparse.init import ShardDraw, owned_rows
 from mindgr.parallel.sparse.row_adam import RowAdam
 from mindgr.parallel.sparse.topology import resolve

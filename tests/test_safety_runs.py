@@ -119,7 +119,7 @@ def test_kill_mid_save_keeps_the_previous_best_loadable(tmp_path, monkeypatch):
 
     def dies(*a, **k):
         raise KeyboardInterrupt("killed")
-    for where in ("_atomic_write_text", "file_sha256"):      # after the new weights, before the sidecar
+    for where in ("_write_sidecar", "file_sha256"):      # after the new weights, before the sidecar
         with monkeypatch.context() as m:
             m.setattr(ck, where, dies)
             with pytest.raises(KeyboardInterrupt):

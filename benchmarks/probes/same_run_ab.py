@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 TIMING = {"seconds", "tokens_per_s", "step_time_s", "mfu", "compute_fraction", "input_wait_s", "pause_s",
-          "cpu_util"}
+          "cpu_util", "time", "attempt"}   # time, attempt: the log's wall-clock stamp and attempt id
 
 
 def train(repo: Path, config: str, overrides: list, out: Path) -> Path:

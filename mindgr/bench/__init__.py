@@ -1,11 +1,7 @@
 """Benchmarks behind `mindgr bench`: they print measured figures; none of them is a test."""
 
 import json
-import time
 from pathlib import Path
-from types import SimpleNamespace
-
-_NO_SIGNAL = SimpleNamespace(signum=None)
 
 
 def write_result(result, out, default=None):
@@ -16,27 +12,17 @@ def write_result(result, out, default=None):
     return result
 
 
-def run_block(trainer, steps: int) -> dict:
-    """`steps` more training steps of a built Trainer, inside a benchmark that alternates blocks: wall
-    seconds (checkpoint/eval pauses excluded), real tokens, seconds inside the compiled step, input wait,
-    process CPU and the CPU of the input thread's batch preparation."""
-    trainer.cfg.train.max_steps = trainer.step + steps
-    host = [0.0]
-    prepare = trainer._prepare
+def run_block(loop, steps: int) -> dict:
+    """`steps` more training steps of a built training loop (mindgr.train.loop.TrainLoop.run_steps), inside
+    a benchmark that alternates blocks: wall seconds (checkpoint/eval pauses excluded), real tokens, seconds
+    inside the compiled step, input wait, process CPU and the CPU of the input thread's batch preparation."""
+    rec = loop.run_steps(steps)
+    return {k: rec[k] for k in ("wall_s", "tokens", "steps", "step_s", "wait_s", "cpu_s", "host_cpu_s")}
 
-    def timed_prepare(*args):
-        c0 = time.thread_time()
-        try:
-            return prepare(*args)
-        finally:
-            host[0] += time.thread_time() - c0
-    trainer._prepare = timed_prepare
-    window = {"loss": 0.0, "n": 0, "tokens": 0, "fill": 0.0, "step_s": 0.0, "flops": 0.0, "wait_s": 0.0,
-              "pause_s": 0.0, "t0": time.perf_counter(), "cpu0": time.process_time()}
-    try:
-        trainer._epochs(window, 1.0, _NO_SIGNAL)
-    finally:
-        del trainer._prepare
-    wall = time.perf_counter() - window["t0"] - window["pause_s"]
-    return {"wall_s": wall, "tokens": window["tokens"], "steps": window["n"], "step_s": window["step_s"],
-            "wait_s": window["wait_s"], "cpu_s": time.process_time() - window["cpu0"], "host_cpu_s": host[0]}
+
+def quiet_run(cfg):
+    """A benchmark's training config: no evaluation, checkpoint or log window gets in the way of the steps,
+    and the epochs never run out (the steps go on through the epochs' batch plans)."""
+    cfg.train.epochs, cfg.train.max_steps = 10 ** 6, 0
+    cfg.eval.every_epochs, cfg.run.ckpt_every, cfg.run.log_every = 0, 10 ** 9, 10 ** 9
+    return cfg

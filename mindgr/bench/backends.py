@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -65,8 +64,8 @@ def bench_variants(cfg_path: str, overrides, variants: dict, steps: int = 10, me
         if skip:
             print(f"bench skipped: {skip}")
             return {"skipped": skip}
+    from mindgr.bench import quiet_run
     from mindgr.config import load_config
-    from mindgr.train.flops import train_flops
     from mindgr.train.peak import peak_flops
     from mindgr.train.trainer import Trainer
     peak = peak_flops()["flops_per_s"]
@@ -74,32 +73,27 @@ def bench_variants(cfg_path: str, overrides, variants: dict, steps: int = 10, me
     trainers, compile_s = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            c = load_config(cfg_path, list(overrides) + list(variants[name]))
+            c = quiet_run(load_config(cfg_path, list(overrides) + list(variants[name])))
             c.run.out_dir, c.run.name = tmp, f"bench-{len(trainers)}"
             t = Trainer(c, quiet=True)
-            t0 = time.perf_counter()
-            t._train_batch(0, 0, t.data.plan.batches(0)[0])
-            compile_s[name] = time.perf_counter() - t0
+            compile_s[name] = t.run_steps(1)["step_s"]            # the first step includes the compile
             trainers[name] = t
-        plan = trainers[names[0]].data.plan.batches(0)
         times = {name: [] for name in names}
         flops = {name: 0.0 for name in names}
         tokens = 0.0
-        for i in range(1, steps + 1):
-            for name in names:                       # alternate: same batch, same moment
-                t = trainers[name]
-                _, step_s, info = t._train_batch(0, i % len(plan), plan[i % len(plan)])
-                times[name].append(step_s)
-                flops[name] += train_flops(t.cfg.model, info["lengths"], info["targets"],
-                                           t.sampler.negatives.num_candidates)
-            tokens += info["tokens"]
+        for _ in range(steps):
+            for name in names:                       # alternate: same batch (same plan), same moment
+                block = trainers[name].run_steps(1)
+                times[name].append(block["step_s"])
+                flops[name] += block["flops"]
+            tokens += block["tokens"]
     first = trainers[names[0]].data.train
     result = {"config": cfg_path, "overrides": list(overrides), "steps": steps, "peak_gflops": peak / 1e9,
               "token_capacity": first.token_capacity, "row_capacity": first.row_capacity, "variants": {}}
     for name in names:
         total = float(np.sum(times[name]))
         result["variants"][name] = {
-            "overrides": list(variants[name]), "negatives_per_position": trainers[name].sampler.negatives.num_candidates,
+            "overrides": list(variants[name]), "negatives_per_position": trainers[name].strategy.sampler.negatives.num_candidates,
             "step_time_s_median": float(np.median(times[name])), "real_tokens_per_s": tokens / total,
             "mfu": flops[name] / total / peak, "first_step_s_incl_compile": compile_s[name]}
     if memory:

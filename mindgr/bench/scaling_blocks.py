@@ -4,7 +4,7 @@ short blocks of 1- and 2-process training inside the same two long-lived process
     python -m mindgr.parallel.launch --nproc 2 --threads 1 --log-dir D -- \
         -m mindgr.bench.scaling_blocks --out D/blocks.json --rounds 12 --steps 10 [--rank-tokens T] [SECTION.KEY=VALUE ...]
 
-Every rank builds two trainers on the benchmark model: the data-parallel one (DistributedTrainer, global
+Every rank builds two trainers on the benchmark model: the data-parallel one (DataParallelStrategy, global
 batch = 2 x the per-rank capacity) and a single-process one (Trainer, own weights, batch = the per-rank
 capacity, no collective). Each round runs, in a rotating order and each after a barrier:
   two     both ranks train the data-parallel model together (gradient AllReduce every step);
@@ -21,13 +21,13 @@ the per-round ratios show what is left of the noise. tokens/s = real tokens / wa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
 import numpy as np
 
 from mindgr.bench.distributed_common import RANK_TOKENS
+from mindgr.paths import write_json_atomic
 
 VARIANTS = ("two", "local", "pair", "alone")
 
@@ -36,13 +36,11 @@ def run_dp_block(trainer, steps: int) -> dict:
     """mindgr.bench.run_block, plus the data-parallel trainer's split of its steps (forward + backward,
     all-reduce + update)."""
     from mindgr.bench import run_block
+    from mindgr.parallel.strategy import DataParallelStrategy
     rec = run_block(trainer, steps)
     rec["local_s"] = rec["apply_s"] = 0.0
-    win = getattr(trainer, "_win", None)               # the DP trainer's per-step balance records
-    if win is not None:
-        rec["local_s"], rec["apply_s"] = float(sum(win["local"])), float(sum(win["apply"]))
-        for v in win.values():
-            v.clear()
+    if isinstance(trainer.strategy, DataParallelStrategy):    # its per-step split of the block
+        rec["local_s"], rec["apply_s"] = trainer.strategy.take_step_split()
     return rec
 
 
@@ -79,15 +77,17 @@ def main(argv=None) -> int:
     ctx = init_distributed(1, two_cfg.parallel.bind_cores)     # msrun's scheduler process stops in here
     if ctx.world != 2:
         raise SystemExit(f"scaling_blocks: needs exactly 2 ranks, got {ctx.world}")
-    from mindgr.parallel.trainer import DistributedTrainer
+    from mindgr.parallel.strategy import DataParallelStrategy
+    from mindgr.train.loop import TrainLoop
     from mindgr.train.trainer import Trainer
 
     one_cfg = load_config(args.config, common + one_capacity + [f"run.name=one-rank{ctx.rank}",
                                                                 f"run.seed={ctx.rank + 1}"])
     t, b = one_cfg.data.token_capacity, one_cfg.data.row_capacity
-    dp = DistributedTrainer(two_cfg, quiet=True)
+    dp = TrainLoop(two_cfg, DataParallelStrategy(two_cfg), quiet=True)
+    watchdog = dp.strategy.watchdog
     one = Trainer(one_cfg, quiet=True)
-    dp.watchdog.timeout = max(dp.watchdog.timeout, 60.0 * args.steps)   # the peer may be busy for a block
+    watchdog.timeout = max(watchdog.timeout, 60.0 * args.steps)   # the peer may be busy for a block
     run_dp_block(dp, args.warmup)
     run_dp_block(one, args.warmup)
 
@@ -96,15 +96,15 @@ def main(argv=None) -> int:
         order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
         for variant in order:
             comm.barrier()
-            dp.watchdog.beat(f"block {variant} of round {r}")
+            watchdog.beat(f"block {variant} of round {r}")
             if variant == "two":
                 rec = run_dp_block(dp, args.steps)                # tokens: the global batch's, on each rank
             elif variant == "local":
-                dp.dp.apply = lambda loss, grads: float(loss.asnumpy())
+                dp.strategy.apply_updates = False
                 try:
                     rec = run_dp_block(dp, args.steps)
                 finally:
-                    del dp.dp.apply
+                    dp.strategy.apply_updates = True
             elif variant == "pair" or ctx.rank == r % 2:
                 rec = run_dp_block(one, args.steps)
             else:
@@ -126,11 +126,9 @@ def main(argv=None) -> int:
                 row[f] = int(row[f])
         result = {"rank_tokens": t, "rank_rows": b, "rounds": args.rounds, "steps_per_block": args.steps,
                   "overrides": args.overrides, "cores": cores, "blocks": rows}
-        tmp = Path(args.out).with_suffix(".tmp")
-        tmp.write_text(json.dumps(result))
-        tmp.replace(args.out)
+        write_json_atomic(args.out, result, indent=None, sort_keys=False)
     comm.barrier()
-    dp.watchdog.close()
+    watchdog.close()
     return 0
 
 

@@ -35,7 +35,7 @@ def _rank_ids(cfg, steps: int, world: int, measured_world: int = 4):
     from mindgr.parallel.plan import RankPlanner, local_rows, rank_capacities
     from mindgr.train.data import RunData
     from mindgr.train.negatives import item_frequencies
-    from mindgr.train.trainer import HostSampler
+    from mindgr.train.local import HostSampler
     cfg = copy.deepcopy(cfg)
     cfg.model.dropout = 0.0                                   # masks do not change the ids: skip them
     data = RunData(cfg)

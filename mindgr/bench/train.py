@@ -5,7 +5,7 @@ import tempfile
 
 import numpy as np
 
-from mindgr.bench import write_result
+from mindgr.bench import quiet_run, write_result
 
 
 def _kernel_isa(backend: str) -> str | None:
@@ -17,28 +17,21 @@ def _kernel_isa(backend: str) -> str | None:
 
 
 def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -> dict:
-    from mindgr.train.flops import train_flops
     from mindgr.train.peak import busy_reason, measure_peak
     from mindgr.train.trainer import Trainer
     with tempfile.TemporaryDirectory() as tmp:
         cfg.run.out_dir, cfg.run.name = tmp, "bench"
+        quiet_run(cfg)
         trainer = Trainer(cfg, quiet=True)
         data = trainer.data
-        plan = data.plan.batches(0)
         from mindgr.bench.backends import peak_rss_mb, rss_mb
-        times, tokens, flops, fills = [], 0, 0.0, []
-        compile_s = None
         rss_before = rss_mb()
-        for i in range(warmup + steps):
-            _, dt, info = trainer._train_batch(0, i % len(plan), plan[i % len(plan)])
-            if i == 0:
-                compile_s = dt
-            if i >= warmup:
-                times.append(dt)
-                tokens += info["tokens"]
-                fills.append(info["fill"])
-                flops += train_flops(cfg.model, info["lengths"], info["targets"],
-                                     trainer.sampler.negatives.num_candidates)
+        compile_s = trainer.run_steps(1)["step_s"]          # the first step includes the compile
+        if warmup > 1:
+            trainer.run_steps(warmup - 1)
+        block = trainer.run_steps(steps)
+        times, tokens, flops = block["step_times"], block["tokens"], block["flops"]
+        fill = block["fill"] / max(block["steps"], 1)
         # the MFU denominator measured now, in this process, under the same host load as the steps
         measured = measure_peak()
         peak = measured["flops_per_s"]
@@ -48,7 +41,7 @@ def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -
         "arch": cfg.model.arch, "backend": trainer.backend, "token_capacity": data.train.token_capacity,
         "row_capacity": data.train.row_capacity, "steps": steps, "first_step_s_incl_compile": compile_s,
         "step_time_s_median": float(np.median(times)), "real_tokens_per_s": tokens / total,
-        "fill": float(np.mean(fills)), "model_tflops_per_step": flops / steps / 1e12,
+        "fill": float(fill), "model_tflops_per_step": flops / steps / 1e12,
         "mfu": flops / total / peak, "peak_gflops": peak / 1e9,
         "rss_before_mb": rss_before, "peak_rss_mb": peak_rss_mb(), "kernel_isa": isa,
         "peak_busy": busy_reason(measured),

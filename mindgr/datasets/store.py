@@ -5,11 +5,12 @@ tables have no holes; ``item_raw_ids`` maps them back to the source ids.
 """
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from mindgr.paths import atomic_write
 
 from .errors import DataError
 
@@ -108,15 +109,7 @@ def _list_array(seqs, value_type):
 
 def _atomic_write(path, write_fn):
     # Write beside the target then rename, so readers never see a half file.
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write_fn(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, write_fn, tmp_suffix=f".{os.getpid()}.tmp{path.suffix}")  # per process: concurrent writers
 
 
 def write_store(store, out_dir):

@@ -3,9 +3,9 @@ from mindgr.models import fuxi, generative, hstu, sasrec
 from mindgr.models.registry import ModelSpec, check_encoder, model_spec, register_model
 
 # One line per model (mindgr.models.registry documents the entry and the encoder contract).
-register_model(ModelSpec("hstu", hstu.build, hstu.encoder_flops))
+register_model(ModelSpec("hstu", hstu.build, hstu.encoder_flops, uses_timestamps=True))
 register_model(ModelSpec("sasrec", sasrec.build, sasrec.encoder_flops))
-register_model(ModelSpec("fuxi", fuxi.build, fuxi.encoder_flops))
+register_model(ModelSpec("fuxi", fuxi.build, fuxi.encoder_flops, uses_timestamps=True))
 register_model(ModelSpec("gr", generative.build, generative.encoder_flops))  # the GR decoder: see generative.py
 
 

@@ -1,12 +1,15 @@
 """The model registry: `model.arch` -> a ModelSpec that builds the encoder and counts its FLOPs.
 
-An entry is ModelSpec(name, build, encoder_flops):
+An entry is ModelSpec(name, build, encoder_flops, uses_timestamps=False):
     build(model_cfg, num_items, max_len, seed, item_init=None) -> nn.Cell (the encoder)
         item_init(rng, shape, std), when given, replaces the item table's draw (a sharded table keeps
         only its own rows, mindgr.parallel.sparse.init); None = the model's default draw.
     encoder_flops(model_cfg, lengths) -> float
         forward FLOPs of the encoder blocks for rows of these lengths (np.ndarray); the loss's FLOPs are
         the objective's (mindgr.models.objectives), the conventions are in mindgr.train.flops.
+    uses_timestamps
+        True when the model reads the tokens' timestamps (a time bias, model.time_bias): the data must
+        then have them (mindgr.train.data refuses data without timestamps when model.time_bias is on).
 Adding a model = its file (with module-level `build` and `encoder_flops`) + one `register_model` line in
 mindgr/models/build.py + a config.
 
@@ -45,6 +48,7 @@ class ModelSpec:
     name: str
     build: Callable
     encoder_flops: Callable
+    uses_timestamps: bool = False
 
 
 _BUILD_PARAMS = ("model_cfg", "num_items", "max_len", "seed", "item_init")

@@ -8,7 +8,8 @@ carry the collectives.
     calibrate timed probe that fits a, b, c0 on the compiled step
     plan      global batch -> this rank's packed batch (+ host draws mapped token by token)
     dp        data-parallel step: local grads of a globally normalised loss, summed by all-reduce
-    trainer   DistributedTrainer: the single-process loop with rank-aware outputs and evaluation
+    strategy  DataParallelStrategy: the step strategy of the one training loop (mindgr.train.loop) on every
+              rank: its share of the batch, rank-aware outputs, checkpoints and evaluation
     watchdog  a rank that stops making progress exits (no hang)
     launch    msrun wrapper used by `mindgr train --nproc N`
     sparse/   the item table sharded over node groups, semi-asynchronous cross-node exchange (docs/sparse.md)

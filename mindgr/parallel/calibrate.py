@@ -70,21 +70,21 @@ def synthetic_batch(lengths, num_items: int, token_capacity: int, row_capacity: 
     """Random items with the given lengths at fixed capacities, plus negatives and all-ones dropout masks:
     (batch, negatives, drop), what the step consumes."""
     from mindgr.datasets import build_batch
+    from mindgr.train.negatives import uniform_items
     rng = np.random.default_rng([seed, 5])
     inputs = [rng.integers(1, num_items + 1, n).astype(np.int32) for n in lengths]
     targets = [rng.integers(1, num_items + 1, n).astype(np.int32) for n in lengths]
     times = [(1_600_000_000 + np.cumsum(rng.integers(1, 5000, n))).astype(np.int64) for n in lengths]
     batch = build_batch(np.arange(len(lengths)), inputs, times, targets, token_capacity, row_capacity)
-    negatives = rng.integers(1, num_items + 1, (token_capacity, num_negatives), dtype=np.int32)
+    negatives = uniform_items(rng, num_items, (token_capacity, num_negatives))
     drop = np.ones((drop_sites, token_capacity, drop_width), np.float32)
     return batch, negatives, drop
 
 
 def step_inputs(batch, negatives, drop, scale: float):
     """Tensors in the order of the local-gradient cell (mindgr.parallel.dp.LocalGrads)."""
-    from mindspore import Tensor
-    return (Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets), Tensor(batch.timestamps),
-            Tensor(batch.request_times), Tensor(batch.targets), Tensor(negatives), Tensor(drop), Tensor(np.float32(scale)))
+    from mindgr.train.step import StepInputs
+    return tuple(StepInputs.from_batch(batch, negatives, drop, scale).tensors())
 
 
 def grads_timer(local_grads, num_items: int, token_capacity: int, row_capacity: int, num_negatives: int,

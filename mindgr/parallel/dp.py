@@ -26,8 +26,9 @@ class ScaledLoss(nn.Cell):
         super().__init__()
         self.loss_net = loss_net
 
-    def construct(self, ids, positions, offsets, timestamps, request_times, targets, negatives, drop, scale):
-        return self.loss_net(ids, positions, offsets, timestamps, request_times, targets, negatives, drop) * scale
+    def construct(self, *inputs):
+        # StepInputs.as_tuple() with the rank's loss weight last
+        return self.loss_net(*inputs[:-1]) * inputs[-1]
 
 
 class LocalGrads(nn.Cell):
@@ -38,8 +39,8 @@ class LocalGrads(nn.Cell):
         self.scaled = ScaledLoss(loss_net)
         self.grad_fn = ms.value_and_grad(self.scaled, None, params)
 
-    def construct(self, ids, positions, offsets, timestamps, request_times, targets, negatives, drop, scale):
-        return self.grad_fn(ids, positions, offsets, timestamps, request_times, targets, negatives, drop, scale)
+    def construct(self, *inputs):
+        return self.grad_fn(*inputs)
 
 
 class FlatSum(nn.Cell):

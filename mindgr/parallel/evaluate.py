@@ -12,6 +12,7 @@ import numpy as np
 from mindgr.datasets import plan_batches
 from mindgr.parallel import comm
 from mindgr.train.metrics import ranking_metrics, target_ranks
+from mindgr.train.step import encoder_inputs
 
 
 def evaluate_sharded(encode_last, item_table: np.ndarray, examples, evalset, ks, rank: int, world: int,
@@ -28,8 +29,7 @@ def evaluate_sharded(encode_last, item_table: np.ndarray, examples, evalset, ks,
         if encode_batch is not None:
             user = encode_batch(batch)[: batch.num_rows]
         else:
-            user = encode_last(Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets),
-                               Tensor(batch.timestamps), Tensor(batch.request_times)).asnumpy()[: batch.num_rows]
+            user = encode_last(*[Tensor(x) for x in encoder_inputs(batch)]).asnumpy()[: batch.num_rows]
         rows = batch.rows[: batch.num_rows]
         scores = score(user) if score is not None else user @ item_table.T
         g, t = target_ranks(scores, evalset.targets[rows], [evalset.histories[i] for i in rows])

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mindgr.parallel.balance import CostModel, partition
+from mindgr.train.negatives import uniform_items
 
 
 def rank_capacities(token_capacity: int, row_capacity: int, world: int, slack: float) -> tuple[int, int]:
@@ -107,7 +108,7 @@ class SequenceDraws:
         at = 0
         for i, n in zip(indices, lengths):
             rng = np.random.default_rng([self.seed, epoch, int(i), 13])
-            negatives[at: at + n] = rng.integers(1, self.num_items + 1, (n, self.num_negatives), dtype=np.int32)
+            negatives[at: at + n] = uniform_items(rng, self.num_items, (n, self.num_negatives))
             if self.p > 0:
                 keep = rng.random((self.sites, n, self.width), dtype=np.float32) >= self.p
                 drop[:, at: at + n] = keep * np.float32(1.0 / (1.0 - self.p))

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
+
+from mindgr.paths import atomic_write
 
 
 class CheckpointError(RuntimeError):
@@ -29,16 +30,12 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str):
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 SIDECAR_FIELDS = ("weights", "sha256", "bytes")
+
+
+def _write_sidecar(path: Path, sidecar: dict):
+    """The commit of a checkpoint: its JSON sidecar, flushed to disk, in one rename."""
+    atomic_write(path, json.dumps(sidecar, indent=1, sort_keys=True), fsync=True)
 
 
 def read_sidecar(path: Path) -> dict:
@@ -78,15 +75,12 @@ def save_checkpoint(path: Path, tensors: dict, meta: dict) -> Path:
     weights = path.with_suffix(".safetensors")
     if old == weights.name:                      # never write over the weights the committed sidecar names
         weights = path.with_name(path.name + ".alt.safetensors")
-    tmp = weights.with_name(weights.name + ".tmp.safetensors")
     items = [{"name": k, "data": v if isinstance(v, ms.Tensor) else ms.Tensor(np.asarray(v))}
              for k, v in tensors.items()]
-    ms.save_checkpoint(items, str(tmp), format="safetensors")
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, weights)
+    atomic_write(weights, lambda tmp: ms.save_checkpoint(items, str(tmp), format="safetensors"), fsync=True,
+                 tmp_suffix=".tmp.safetensors")
     sidecar = dict(meta, weights=weights.name, sha256=file_sha256(weights), bytes=weights.stat().st_size)
-    _atomic_write_text(path.with_suffix(".json"), json.dumps(sidecar, indent=1, sort_keys=True))
+    _write_sidecar(path.with_suffix(".json"), sidecar)
     if old and old != weights.name:              # the replaced checkpoint's weights, no longer named
         (path.parent / old).unlink(missing_ok=True)
     return weights

@@ -68,7 +68,8 @@ class RunData:
     def __init__(self, cfg):
         d = cfg.data
         self.store = load_store(d)
-        if cfg.model.arch in ("hstu", "fuxi") and cfg.model.time_bias and not self.store.has_timestamps:
+        from mindgr.models import model_spec
+        if model_spec(cfg.model.arch).uses_timestamps and cfg.model.time_bias and not self.store.has_timestamps:
             raise ValueError(f"model.time_bias = true, but data '{self.store.name}' has no timestamps: "
                              "set model.time_bias=false")
         self.num_items = self.store.num_items

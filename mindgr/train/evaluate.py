@@ -6,6 +6,7 @@ import numpy as np
 from mindspore import Tensor
 
 from mindgr.train.metrics import check_finite, ranking_metrics, target_ranks
+from mindgr.train.step import encoder_inputs
 
 
 def evaluate(encode_last, item_table: np.ndarray, examples, evalset, ks, per_user: bool = False,
@@ -18,8 +19,7 @@ def evaluate(encode_last, item_table: np.ndarray, examples, evalset, ks, per_use
     check_finite(item_table[1:], "item table")
     greater, ties, rows_seen = [], [], []
     for batch in examples.in_order():
-        user = encode_last(Tensor(batch.ids), Tensor(batch.positions), Tensor(batch.offsets),
-                           Tensor(batch.timestamps), Tensor(batch.request_times)).asnumpy()[: batch.num_rows]
+        user = encode_last(*[Tensor(x) for x in encoder_inputs(batch)]).asnumpy()[: batch.num_rows]
         check_finite(user, "user embeddings")
         rows = batch.rows[: batch.num_rows]
         scores = user @ item_table.T

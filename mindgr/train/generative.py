@@ -7,12 +7,13 @@ directory keeps its own copy, RUN/ids/codes.parquet (+ its statistics), which ev
 read: nothing outside the run dir is needed after the start. The data fingerprint (RUN/data.json) holds
 the table's sha256 under "codes", checked on --resume and on load.
 
-The GR-specific parts live outside the Trainer: rows and the batch plan in mindgr.train.gr_data, decoding
-evaluation in mindgr.train.gr_eval, the decoder/loss/optimizer cells in GRModel below. GenerativeTrainer
-is a thin adapter over mindgr.train.trainer.Trainer overriding hooks only (_check_catalogue: the code
-table against the catalogue and the GR data; _check_data: the table into the run dir and the
-fingerprint; _build_model, _prepare, _split_metrics, _train_flops), so that the run dir, checkpoints,
-resume, logging, divergence checks and best-validation selection are the Trainer's own.
+The GR-specific parts live outside the loop: rows and the batch plan in mindgr.train.gr_data, decoding
+evaluation in mindgr.train.gr_eval, the decoder/loss/optimizer cells in GRModel below, and
+GenerativeStrategy, the step strategy (mindgr.train.strategy) that the one training loop
+(mindgr.train.loop) runs: build_data (the code table against the catalogue, the GR rows and plan),
+on_run_dir (the table into the run dir and the fingerprint), build, prepare/execute, batch_flops,
+evaluate (beam search). The run dir, checkpoints, resume, logging, divergence checks and best-validation
+selection are the loop's own. GenerativeTrainer(cfg) is the loop with that strategy.
 
 The agreed interface with serving (notes/gr_interface.md): `load_generative_run`, `LoadedGenerativeRun`,
 `is_generative_config`.
@@ -20,15 +21,17 @@ The agreed interface with serving (notes/gr_interface.md): `load_generative_run`
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mindgr.config import Config, ConfigError
+from mindgr.paths import atomic_write
 from mindgr.train.checkpoint import CheckpointError, CheckpointManager, file_sha256, load_checkpoint, restore_parameters
-from mindgr.train.trainer import Trainer, _ranks_dir, ranks_file_name, run_config, setup_mindspore
+from mindgr.train.local import RetrievalStrategy
+from mindgr.train.loop import TrainLoop
+from mindgr.train.trainer import _ranks_dir, ranks_file_name, run_config, setup_mindspore
 
 CODES_FILE = "ids/codes.parquet"        # a GR run's own code table, relative to its run dir
 
@@ -127,16 +130,6 @@ class GRModel:
         self.train_step = TrainStep(self.loss_net, self.optimizer)
 
 
-class _GRRunData:
-    """The Trainer's RunData with the GR training examples and plan in place of the item-encoder ones."""
-
-    def __init__(self, base, train):
-        self._base, self.train, self.plan = base, train, train.plan
-
-    def __getattr__(self, name):
-        return getattr(self._base, name)
-
-
 def gr_train_data(cfg: Config, data, table: CodeTable):
     """GRTrainData of a RunData: its training windows (and pages) as NTP rows over the code table."""
     from mindgr.models.ntp import RowError
@@ -155,68 +148,95 @@ def gr_train_data(cfg: Config, data, table: CodeTable):
         raise ConfigError(f"config: {e}") from None
 
 
-class GenerativeTrainer(Trainer):
-    """The Trainer for a GR run: hooks only (see the module docstring)."""
+class GenerativeStrategy(RetrievalStrategy):
+    """The step strategy of a GR run (one process): its own task data (NTP token rows over the code table
+    and their batch plan, mindgr.train.gr_data), its own step inputs (mindgr.models.ntp.BATCH_KEYS + the
+    dropout masks), FLOPs (decoder + NTP head) and evaluation (trie-constrained beam search -> ranks ->
+    metrics, mindgr.train.gr_eval). The loop (run dir, checkpoints, resume, logging, `best`) is the one
+    every strategy uses; on_run_dir keeps the run's own code table in RUN/ids/."""
 
-    def __init__(self, cfg: Config, resume: bool = False, quiet: bool = False):
+    def check_config(self):
+        from mindgr.models import model_spec
         from mindgr.models.objectives import check_objective_arch
-        check_objective_arch(cfg)
-        if cfg.parallel.nproc > 1 or cfg.parallel.sparse != "none":
+        model_spec(self.cfg.model.arch)
+        check_objective_arch(self.cfg)
+        if self.cfg.parallel.nproc > 1 or self.cfg.parallel.sparse != "none":
             raise ConfigError("config: model.arch = gr trains in one process (parallel.nproc = 1, parallel.sparse = none)")
-        beam_width_of(cfg)
-        super().__init__(cfg, resume, quiet)
+        beam_width_of(self.cfg)
 
-    def _check_catalogue(self):
-        own = self.run_dir / CODES_FILE
-        if self.resume_meta is not None:     # a resumed run decodes with its own table, nothing else
-            check_codes_fingerprint(self.run_dir)
-            self.codes = _table_from_file(own)
+    def build_data(self, run_dir, resuming: bool):
+        from mindgr.ids.trie import PrefixTrie
+        from mindgr.train.task import ItemRetrievalTask
+        self.task = ItemRetrievalTask(self.cfg, check_negatives=False)   # the store, split and eval sets
+        self.data = self.task.data
+        if resuming:                         # a resumed run decodes with its own table, nothing else
+            check_codes_fingerprint(run_dir)
+            self.codes = _table_from_file(Path(run_dir) / CODES_FILE)
         else:
             self.codes = resolve_codes(self.cfg)
         check_codes_catalogue(self.codes, self.data.store)
-        self.data = _GRRunData(self.data, gr_train_data(self.cfg, self.data, self.codes))
-        from mindgr.ids.trie import PrefixTrie
+        self.train = gr_train_data(self.cfg, self.data, self.codes)
         self.trie = PrefixTrie(self.codes.codes, self.codes.level_sizes)
+        self.plan = self.train.plan
+        return self.plan
 
-    def _check_data(self, resume: bool):
-        super()._check_data(resume)
-        if not self.writer or self.resume_meta is not None:
+    def describe_data(self) -> str:
+        d, gd = self.data, self.train
+        return (f"{d.store.num_users} users, {d.num_items} items, {len(gd.windows)} GR examples, capacity "
+                f"{gd.token_capacity} tokens x {gd.row_capacity} rows, {gd.plan.num_batches(0)} batches/epoch "
+                f"({self.task.load_s:.1f}s)")
+
+    def on_run_dir(self, run_dir, fresh: bool):
+        if not fresh:
             return
         from mindgr.ids.codes import save_codes
+        from mindgr.paths import write_json_atomic
         from mindgr.train.data import FINGERPRINT_FILE
-        from mindgr.train.logger import write_json_atomic
-        t = self.codes
-        save_codes(self.run_dir / CODES_FILE, t.codes, t.level_sizes, t.raw_ids, dict(t.stats, copied_from=t.source))
-        fp_path = self.run_dir / FINGERPRINT_FILE
+        t, run_dir = self.codes, Path(run_dir)
+        save_codes(run_dir / CODES_FILE, t.codes, t.level_sizes, t.raw_ids, dict(t.stats, copied_from=t.source))
+        fp_path = run_dir / FINGERPRINT_FILE
         fp = json.loads(fp_path.read_text())
-        fp["codes"] = codes_fingerprint(self.run_dir)
+        fp["codes"] = codes_fingerprint(run_dir)
         write_json_atomic(fp_path, fp)
 
-    def _build_model(self):
-        m = GRModel(self.cfg, self.codes.level_sizes, self.data.num_items)
-        gd = self.data.train
-        self.log.info(f"GR: {self.cfg.loss.objective}, token merger {self.cfg.model.token_merger}, codes "
-                      f"{'x'.join(str(s) for s in self.codes.level_sizes)} ({self.codes.source}); "
-                      f"{len(gd.windows)} examples, {int(gd.tokens.sum())} tokens/epoch; capacity "
-                      f"{gd.token_capacity} tokens x {gd.row_capacity} rows, {gd.plan.num_batches(0)} batches/epoch; "
-                      f"decoder max_len {m.decoder.max_len}")
-        return m
+    def build(self, run):
+        from mindgr.train.local import HostSampler
+        from mindgr.train.strategy import StepShape
+        self.run = run
+        gd = self.train
+        self.shape = StepShape.single(gd.token_capacity, gd.row_capacity)
+        self.model = GRModel(self.cfg, self.codes.level_sizes, self.data.num_items)
+        self.sampler = HostSampler(self.cfg, self.data.num_items, self.model.decoder, gd.token_capacity)
+        run.log.info(f"GR: {self.cfg.loss.objective}, token merger {self.cfg.model.token_merger}, codes "
+                     f"{'x'.join(str(s) for s in self.codes.level_sizes)} ({self.codes.source}); "
+                     f"{len(gd.windows)} examples, {int(gd.tokens.sum())} tokens/epoch; capacity "
+                     f"{gd.token_capacity} tokens x {gd.row_capacity} rows, {gd.plan.num_batches(0)} batches/epoch; "
+                     f"decoder max_len {self.model.decoder.max_len}")
 
-    def _prepare(self, epoch: int, b: int, indices):
+    def prepare(self, epoch: int, b: int, indices):
         from mindgr.models.ntp import BATCH_KEYS
-        batch, info = self.data.train.batch(indices)
+        batch, info = self.train.batch(indices)
         drop = self.sampler.masks.batch(epoch, b)
         return tuple(batch[k] for k in BATCH_KEYS) + (drop,), info
 
-    def _train_flops(self, batch: dict) -> float:
+    def execute(self, prepared, step: int):
+        import time
+        from mindspore import Tensor
+        inputs, info = prepared
+        tensors = [Tensor(x) for x in inputs]
+        t0 = time.perf_counter()
+        loss = float(self.model.train_step(*tensors).asnumpy())
+        return loss, time.perf_counter() - t0, info
+
+    def batch_flops(self, info: dict) -> float:
         from mindgr.models import model_spec
         from mindgr.models.objectives import objective_spec
-        fwd = model_spec(self.cfg.model.arch).encoder_flops(self.cfg.model, batch["lengths"])
-        fwd += objective_spec(self.cfg.loss.objective).flops(self.cfg.model, batch["tokens"],
+        fwd = model_spec(self.cfg.model.arch).encoder_flops(self.cfg.model, info["lengths"])
+        fwd += objective_spec(self.cfg.loss.objective).flops(self.cfg.model, info["tokens"],
                                                               self.model.decoder.num_codes)
         return 3.0 * fwd
 
-    def _split_metrics(self, examples, split: str) -> dict:
+    def split_metrics(self, split: str) -> dict:
         from mindgr.train.gr_eval import generative_metrics
         e = self.cfg.eval
         evalset = getattr(self.data.split, split)
@@ -226,10 +246,17 @@ class GenerativeTrainer(Trainer):
                                      self.data.num_items, e.filter_history, cap, self.cfg.run.seed)
         d = metrics["decode"]
         capped = f" (eval.max_users = {cap} of {len(evalset.targets)})" if cap and cap < len(evalset.targets) else ""
-        self.log.info(f"decode {split}: {d['users']} users{capped}, beam {d['beam']}, history "
-                      f"{'filtered' if e.filter_history else 'not filtered'}, {d['users_per_s']:.0f} users/s, "
-                      f"prompt {d['prompt_tokens_mean']:.1f} tokens")
+        self.run.log.info(f"decode {split}: {d['users']} users{capped}, beam {d['beam']}, history "
+                          f"{'filtered' if e.filter_history else 'not filtered'}, {d['users_per_s']:.0f} users/s, "
+                          f"prompt {d['prompt_tokens_mean']:.1f} tokens")
         return metrics
+
+
+class GenerativeTrainer(TrainLoop):
+    """The training loop with the GR strategy (one process)."""
+
+    def __init__(self, cfg: Config, resume: bool = False, quiet: bool = False):
+        super().__init__(cfg, GenerativeStrategy(cfg), resume, quiet)
 
 
 def beam_width_of(cfg: Config) -> int:
@@ -345,10 +372,9 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
                                            beam, cfg.eval.batch_size, data.num_items, filter_history,
                                            max_users, cfg.run.seed, per_user=True)
         for f, (_, r, t) in both.items():
-            tmp = paths[f].with_name(paths[f].stem + ".tmp.npz")
-            np.savez(tmp, ranks=r, ties=t, targets=targets, checkpoint=run.checkpoint, checkpoint_sha256=sha,
-                     max_users=max_users, filter_history=f)
-            os.replace(tmp, paths[f])
+            atomic_write(paths[f], lambda tmp: np.savez(tmp, ranks=r, ties=t, targets=targets, checkpoint=run.checkpoint,
+                                                        checkpoint_sha256=sha, max_users=max_users, filter_history=f),
+                         tmp_suffix=".tmp.npz")
     out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
            "filter_history": filter_history, **metrics, "ranks_file": str(paths[filter_history])}
     if max_users:

@@ -14,6 +14,8 @@ import time
 import uuid
 from pathlib import Path
 
+from mindgr.paths import atomic_write
+
 
 def new_attempt_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
@@ -49,9 +51,7 @@ class MetricsLog:
         step = resume_at["step"]                      # a checkpoint from before positions were recorded
         kept = [line for line in self.path.read_text().splitlines(keepends=True)
                 if not line.strip() or json.loads(line).get("step", -1) <= step]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, "".join(kept))
 
     def position(self) -> int:
         """Bytes written so far (flushed): where a resume from a checkpoint saved now cuts the file."""
@@ -76,12 +76,6 @@ class MetricsLog:
 def format_metrics(metrics: dict) -> str:
     keys = [k for k in metrics if k.startswith(("hr@", "ndcg@", "mrr"))]
     return " ".join(f"{k}={metrics[k]:.4f}" for k in keys)
-
-
-def write_json_atomic(path: Path, data: dict):
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def warn(text: str):

@@ -19,6 +19,13 @@ import numpy as np
 STRATEGIES = ("per_token", "shared_pool", "in_batch", "mixed")
 
 
+def uniform_items(rng: np.random.Generator, num_items: int, shape) -> np.ndarray:
+    """Item ids drawn uniformly from 1..num_items (never 0, the padding), int32 of `shape`: the one
+    uniform negative draw (per-token negatives, a uniform pool, per-sequence draws of a rank, the
+    calibration probe's synthetic batches)."""
+    return rng.integers(1, num_items + 1, shape, dtype=np.int32)
+
+
 def item_frequencies(train_seqs, num_items: int) -> np.ndarray:
     """[V+1] unigram frequency of each item among training targets (+1 smoothing; index 0 = 0)."""
     counts = np.ones(num_items + 1, np.float64)
@@ -57,7 +64,7 @@ class NegativeSampler:
             ids = np.searchsorted(self.pool_cdf, rng.random(self.pool_size) * self.pool_cdf[-1], side="right") + 1
             ids = np.minimum(ids, self.num_items).astype(np.int32)
         else:
-            ids = rng.integers(1, self.num_items + 1, self.pool_size, dtype=np.int32)
+            ids = uniform_items(rng, self.num_items, self.pool_size)
         return ids, np.log(self.pool_size * self.pool_q[ids])
 
     def _in_batch(self, rng, targets):
@@ -75,7 +82,7 @@ class NegativeSampler:
     def draw(self, rng, targets: np.ndarray):
         """per_token: (ids [T, R],); shared: (ids [K] int32, correction [K] float32)."""
         if self.strategy == "per_token":
-            return (rng.integers(1, self.num_items + 1, (self.token_capacity, self.num_negatives), dtype=np.int32),)
+            return (uniform_items(rng, self.num_items, (self.token_capacity, self.num_negatives)),)
         parts = []
         if self.strategy in ("shared_pool", "mixed"):
             parts.append(self._pool(rng))

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mindgr.paths import atomic_write
+
 BUSY_SHARE = 0.15       # other processes' share of the CPUs above which a measurement is not cached
 SPREAD = 0.25           # (median - best) / best of the repeats above which it is not cached either
 _uncached: dict = {}    # this process's measurement when it could not be cached
@@ -118,8 +120,6 @@ def peak_flops(refresh: bool = False, log=None) -> dict:
         return result
     machines[key] = result
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"machines": machines}, indent=1))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps({"machines": machines}, indent=1))
     _uncached.pop(key, None)
     return dict(result, cached=True)

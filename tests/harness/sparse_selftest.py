@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from mindgr.parallel import context
     ctx = context.init_distributed()
     from mindgr.parallel import comm
-    from mindgr.parallel.sparse import checkpoint as ck
+    from mindgr.train import table_checkpoint as ck
     from mindgr.parallel.sparse.exchange import BoundedStaleness, StalenessError, exchange_replicas
     from mindgr.parallel.sparse.init import owned_rows
     from mindgr.parallel.sparse.row_adam import RowAdam

@@ -8,7 +8,7 @@
     exchange      the cross-node gradient exchange, synchronous or one step behind (bounded staleness)
     traffic       bytes per step inside / across nodes and the two-bandwidth cost model
     step          the compiled step that takes the gathered rows as an input and returns their gradient
-    checkpoint    save / load the shards, resharding to another rank count
-    trainer       SparseTrainer: DistributedTrainer with the item table sharded
+    strategy      ShardedTableStrategy: the data-parallel strategy with the item table sharded
+The shards' checkpoint files (save / load, resharding to another rank count) are mindgr.train.table_checkpoint.
 The msrun self-check of these pieces is tests/harness/sparse_selftest.py.
 """

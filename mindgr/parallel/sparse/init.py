@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from mindgr.train.table_checkpoint import owned_rows  # noqa: F401  (row ownership: the file format's)
+
 _CHUNK = 1 << 22          # values drawn at a time
-
-
-def owned_rows(num_rows: int, shards: int, shard: int) -> np.ndarray:
-    """Ids of the rows shard `shard` of `shards` owns: id % shards == shard (row-wise, round robin)."""
-    return np.arange(shard, num_rows, shards, dtype=np.int64)
 
 
 class ShardDraw:

@@ -36,9 +36,8 @@ class RowsGrads(nn.Cell):
         super().__init__()
         self.grad_fn = ms.value_and_grad(loss_net, 0, dense_params)
 
-    def construct(self, rows, ids, positions, offsets, timestamps, request_times, targets, negatives, drop, scale):
-        return self.grad_fn(rows, ids, positions, offsets, timestamps, request_times, targets, negatives, drop,
-                            scale)
+    def construct(self, rows, *inputs):
+        return self.grad_fn(rows, *inputs)
 
 
 class DenseState(nn.Cell):

@@ -3,20 +3,27 @@
 `NAME.table-SofN.npz` holds shard S of N: the rows with ids S, S+N, S+2N, ... (row-wise round robin) and
 their moments. Replicas are identical, so only node group 0 writes. Loading into a layout of N' shards
 takes, for each of its ids, the row from the file that holds it: the same ids with any rank count
-(reshard), bit for bit. Files are written to a temp name and renamed.
+(reshard), bit for bit. Files are written atomically (mindgr.paths.atomic_write).
+
+The file format lives in the train layer so that loading a trained run (mindgr.train.trainer.load_run)
+can reassemble a sharded table; the sharded-table strategy (mindgr.parallel.sparse) writes and reads it.
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 
-from mindgr.parallel.sparse.init import owned_rows
+from mindgr.paths import atomic_write
 from mindgr.train.checkpoint import CheckpointError
 
 _NAME = re.compile(r"^(?P<name>.+)\.table-(?P<shard>\d+)of(?P<shards>\d+)\.npz$")
+
+
+def owned_rows(num_rows: int, shards: int, shard: int) -> np.ndarray:
+    """Ids of the rows shard `shard` of `shards` owns: id % shards == shard (row-wise, round robin)."""
+    return np.arange(shard, num_rows, shards, dtype=np.int64)
 
 
 def shard_path(directory: Path, name: str, shard: int, shards: int) -> Path:
@@ -26,10 +33,8 @@ def shard_path(directory: Path, name: str, shard: int, shards: int) -> Path:
 def save_shard(directory: Path, name: str, shard: int, shards: int, num_rows: int, rows, m, v) -> Path:
     path = shard_path(directory, name, shard, shards)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, rows=rows, m=m, v=v, num_rows=np.int64(num_rows), shard=np.int64(shard),
-             shards=np.int64(shards))
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: np.savez(tmp, rows=rows, m=m, v=v, num_rows=np.int64(num_rows),
+                                            shard=np.int64(shard), shards=np.int64(shards)), tmp_suffix=".tmp.npz")
     return path
 
 

@@ -1,7 +1,7 @@
-"""SparseTrainer: the data-parallel trainer with the item table sharded (parallel.sparse).
+"""ShardedTableStrategy: the data-parallel step strategy with the item table sharded (parallel.sparse).
 
 Per step s, on every rank (docs/sparse.md):
-  input thread  its share of the global batch (as DistributedTrainer), the distinct ids of its tokens,
+  input thread  its share of the global batch (as DataParallelStrategy), the distinct ids of its tokens,
                 targets and negatives, every id remapped to its slot in that list (padded to U_cap)
   lookup        the rows of those ids from their owners (ShardedTable.lookup, inside the shard group)
   background    (staleness >= 1) the cross-node exchange of step s-1's embedding gradient
@@ -13,8 +13,6 @@ Evaluations and checkpoints first flush the outstanding exchange.
 """
 from __future__ import annotations
 
-import json
-import os
 import time
 import zlib
 
@@ -22,9 +20,10 @@ import numpy as np
 
 from mindgr.config import ConfigError
 from mindgr.parallel import comm
-from mindgr.parallel.trainer import DistributedTrainer, _inject_fault, _step_cpu
-from mindgr.parallel.sparse import checkpoint as table_ckpt
-from mindgr.parallel.sparse.layout import unique_capacity  # noqa: F401  (moved to the layout plan)
+from mindgr.parallel.strategy import DataParallelStrategy, _step_cpu
+from mindgr.train import table_checkpoint as table_ckpt
+from mindgr.train.step import StepInputs
+from mindgr.train.strategy import StepShape
 
 
 def remap(uniq: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -87,34 +86,45 @@ class _SparseLocal:
     def __init__(self, model):
         self.model = model
 
-    def local(self, ids, positions, offsets, timestamps, request_times, targets, negatives, drop, scale):
+    def local(self, *tensors):
         from mindspore import Tensor
         m = self.model
-        ids, targets, negatives = ids.asnumpy(), targets.asnumpy(), negatives.asnumpy()
+        k = StepInputs._fields.index("negatives")                    # calibrate.step_inputs' tensors
+        x = StepInputs(*tensors[:k], (tensors[k],), *tensors[k + 1:])
+        ids, targets, negatives = x.ids.asnumpy(), x.targets.asnumpy(), x.negatives[0].asnumpy()
         uniq = np.unique(np.concatenate([[0], ids, targets, negatives.ravel()]))[: m.u_cap]
         rows = np.zeros((m.u_cap, m.table.dim), np.float32)
         rows[: len(uniq)] = np.random.default_rng(0).standard_normal((len(uniq), m.table.dim)) * 0.02
         clip = len(uniq) - 1
-        loss, grads = m.grads(Tensor(rows), Tensor(np.minimum(remap(uniq, ids), clip)), positions, offsets,
-                              timestamps, request_times, Tensor(np.minimum(remap(uniq, targets), clip)),
-                              Tensor(np.minimum(remap(uniq, negatives), clip)), drop, scale)
-        return loss, grads
+        x = x._replace(ids=Tensor(np.minimum(remap(uniq, ids), clip)),
+                       targets=Tensor(np.minimum(remap(uniq, targets), clip)),
+                       negatives=(Tensor(np.minimum(remap(uniq, negatives), clip)),))
+        return m.grads(Tensor(rows), *x.as_tuple())
 
 
-class SparseTrainer(DistributedTrainer):
+class ShardedTableStrategy(DataParallelStrategy):
+    """Data parallel for the dense weights; the item table sharded over each node group's ranks."""
+
     # ---- setup -----------------------------------------------------------------------------------
-    def _build_model(self):
-        from mindgr.parallel.sparse.exchange import BoundedStaleness, exchange_replicas
+    def plan_shape(self) -> StepShape:
+        """The topology and the table's layout (TableLayout), whose per-rank capacities are the step's."""
         from mindgr.parallel.sparse.layout import plan_table
-        from mindgr.parallel.sparse.topology import Groups, host_names, resolve
-        from mindgr.parallel.sparse.traffic import Bandwidth, Traffic
+        from mindgr.parallel.sparse.topology import host_names, resolve
         p, world, rank = self.cfg.parallel, self.ctx.world, self.ctx.rank
         hosts = host_names(world) if p.nodes == 0 and p.local_ranks == 0 else None
         self.topo = resolve(p.nodes, p.local_ranks, world, rank, hosts)
-        self.traffic = Traffic(self.topo.node_of(np.arange(world)), rank)
-        self.bandwidth = Bandwidth(p.intra_gbps, p.inter_gbps)
         tr = self.data.train
-        layout = plan_table(self.topo, self.cfg, self.data.num_items, tr.token_capacity, tr.row_capacity)
+        self.layout = plan_table(self.topo, self.cfg, self.data.num_items, tr.token_capacity, tr.row_capacity)
+        lay = self.layout
+        return StepShape(tr.token_capacity, tr.row_capacity, lay.rank_tokens, lay.rank_rows, lay.unique_capacity)
+
+    def build_model(self):
+        from mindgr.parallel.sparse.exchange import BoundedStaleness, exchange_replicas
+        from mindgr.parallel.sparse.topology import Groups
+        from mindgr.parallel.sparse.traffic import Bandwidth, Traffic
+        p, world, layout = self.cfg.parallel, self.ctx.world, self.layout
+        self.traffic = Traffic(self.topo.node_of(np.arange(world)), self.ctx.rank)
+        self.bandwidth = Bandwidth(p.intra_gbps, p.inter_gbps)
         if layout.kind == "hierarchical":
             self.groups = Groups(self.topo)
             group, inter = self.groups.intra, (self.groups.inter, list(layout.replicas))
@@ -124,37 +134,35 @@ class SparseTrainer(DistributedTrainer):
         self.stale = BoundedStaleness(layout.staleness,
                                       lambda s, g: exchange_replicas(s, g, inter[0], inter[1], self.traffic),
                                       model.row_opt.apply)
-        self._sparse_win = {"intra": [], "inter": [], "lookup_s": [], "exchange_wait_s": [], "unique": []}
-        self.log.info(f"sparse: {p.sparse} item table, {self.topo.nodes} node groups x {self.topo.local_ranks} "
-                      f"local ranks, {layout.shards} shards of ~{len(model.table.rows)} rows x "
-                      f"{model.table.dim}, staleness {self.stale.tau}, U_cap {model.u_cap}, row update "
-                      f"{p.sparse_update}")
+        self.sparse_win = {"intra": [], "inter": [], "lookup_s": [], "exchange_wait_s": [], "unique": []}
+        self.run.log.info(f"sparse: {p.sparse} item table, {self.topo.nodes} node groups x {self.topo.local_ranks} "
+                          f"local ranks, {layout.shards} shards of ~{len(model.table.rows)} rows x "
+                          f"{model.table.dim}, staleness {self.stale.tau}, U_cap {model.u_cap}, row update "
+                          f"{p.sparse_update}")
         return model
 
-    def _make_step(self):
+    def make_local_step(self):
         return _SparseLocal(self.model)
 
     # ---- a step ----------------------------------------------------------------------------------
-    def _prepare(self, epoch: int, b: int, indices):
-        inputs, info = super()._prepare(epoch, b, indices)
-        ids, positions, offsets, timestamps, request_times, targets, negatives, drop, scale = inputs
+    def prepare(self, epoch: int, b: int, indices):
+        inputs, info = super().prepare(epoch, b, indices)
+        ids, targets, (negatives,) = inputs.ids, inputs.targets, inputs.negatives
         uniq = np.unique(np.concatenate([np.zeros(1, ids.dtype), ids, targets, negatives.ravel()]).astype(np.int64))
-        if len(uniq) > self.model.u_cap:
-            raise ConfigError(f"config: parallel.unique_capacity = {self.model.u_cap}: a rank's batch holds "
+        u_cap = self.shape.unique_capacity
+        if len(uniq) > u_cap:
+            raise ConfigError(f"config: parallel.unique_capacity = {u_cap}: a rank's batch holds "
                               f"{len(uniq)} distinct item ids (batch {b} of epoch {epoch}); raise it")
         info["unique"] = uniq
-        mapped = (remap(uniq, ids), positions, offsets, timestamps, request_times, remap(uniq, targets),
-                  remap(uniq, negatives), drop, scale)
+        mapped = inputs._replace(ids=remap(uniq, ids), targets=remap(uniq, targets),
+                                 negatives=(remap(uniq, negatives),))
         return mapped, info
 
-    def _execute(self, prepared):
+    def execute(self, prepared, step: int):
         from mindspore import Tensor, mutable
         inputs, info = prepared
-        share, step = info["share"], self.step + 1
         m, uniq = self.model, info["unique"]
-        self.watchdog.beat(f"training step {step}")
-        if self._fault and self._fault[:2] == (self.ctx.rank, step):
-            _inject_fault(self._fault[2], self.ctx.rank, step)
+        self.before_step(step)
         t0 = time.perf_counter()
         rows = np.empty((m.u_cap, m.table.dim), np.float32)
         rows[len(uniq):] = 0.0
@@ -162,7 +170,7 @@ class SparseTrainer(DistributedTrainer):
         t_lookup = time.perf_counter()
         self.stale.start_background()                     # step s-1's cross-node exchange, during compute
         c0 = _step_cpu()
-        loss, (row_grads, dense_grads) = m.grads(Tensor(rows), *[Tensor(x) for x in inputs])
+        loss, (row_grads, dense_grads) = m.grads(Tensor(rows), *inputs.tensors())
         loss.asnumpy()
         t1, c1 = time.perf_counter(), _step_cpu()
         self.stale.join()
@@ -173,8 +181,8 @@ class SparseTrainer(DistributedTrainer):
         self.stale.apply_due(step)
         t2 = time.perf_counter()
         intra, inter = self.traffic.end_step()
-        self._record_step(step, share, t1 - t_lookup, c1 - c0, t2 - t1)
-        sw = self._sparse_win
+        self.record_step(step, info["share"], t1 - t_lookup, c1 - c0, t2 - t1)
+        sw = self.sparse_win
         sw["intra"].append(intra)
         sw["inter"].append(inter)
         sw["lookup_s"].append(t_lookup - t0)
@@ -182,9 +190,9 @@ class SparseTrainer(DistributedTrainer):
         sw["unique"].append(len(uniq))
         return loss, t2 - t0, info
 
-    def _window_extra(self):
-        extra, text = super()._window_extra()
-        sw = self._sparse_win
+    def window_extra(self):
+        extra, text = super().window_extra()
+        sw = self.sparse_win
         if not sw["intra"]:
             return extra, text
         mine = np.array([np.mean(sw["intra"]), np.mean(sw["inter"])], np.float64)
@@ -201,48 +209,44 @@ class SparseTrainer(DistributedTrainer):
         return extra, text + (f" emb {extra['sparse_intra_bytes'] / 1e6:.2f}/{extra['sparse_inter_bytes'] / 1e6:.2f}"
                               " MB intra/inter")
 
-    # ---- evaluation, checkpoints -------------------------------------------------------------------
-    def evaluate(self, split: str) -> dict:
+    # ---- evaluation ------------------------------------------------------------------------------
+    def evaluate(self, split: str, step: int) -> dict:
         """Full ranking needs every item: the node group's shards are assembled (one copy of the table per
         rank); users are encoded from gathered rows and scored against the raw rows times 1 / norm (the
         cosine of l2_normalize, eps 1e-6), so no second copy of the table is made."""
-        self.stale.flush(self.step)
+        self.stale.flush(step)
         full = self.model.full_table()
         inv_norm = 1.0 / np.sqrt(np.einsum("ij,ij->i", full, full) + np.float32(1e-12))
-        self._eval_table = (full, inv_norm.astype(np.float32))
+        self.eval_table = (full, inv_norm.astype(np.float32))
         try:
-            return super().evaluate(split)
+            return super().evaluate(split, step)
         finally:
-            self._eval_table = None
+            self.eval_table = None
 
-    def _encode_batch(self, batch) -> np.ndarray:
+    def encode_batch(self, batch) -> np.ndarray:
         from mindspore import Tensor
-        full, _ = self._eval_table
+        from mindgr.train.step import encoder_inputs
+        full, _ = self.eval_table
         uniq = np.unique(np.concatenate([[0], batch.ids]).astype(np.int64))
         rows = np.zeros((len(batch.ids) + 1, full.shape[1]), np.float32)      # static shape: T_cap + 1
         rows[: len(uniq)] = full[uniq]
-        return self.model.encode_rows(Tensor(rows), Tensor(remap(uniq, batch.ids)), Tensor(batch.positions),
-                                      Tensor(batch.offsets), Tensor(batch.timestamps),
-                                      Tensor(batch.request_times)).asnumpy()
+        ids, *rest = encoder_inputs(batch)
+        return self.model.encode_rows(Tensor(rows), Tensor(remap(uniq, ids)), *[Tensor(x) for x in rest]).asnumpy()
 
-    def _split_metrics(self, examples, split: str) -> dict:
+    def split_metrics(self, split: str) -> dict:
         from mindgr.parallel.evaluate import evaluate_sharded
-        full, inv_norm = self._eval_table
-        return evaluate_sharded(None, None, examples, getattr(self.data.split, split), self.cfg.eval.ks,
+        full, inv_norm = self.eval_table
+        return evaluate_sharded(None, None, self.data.eval[split], getattr(self.data.split, split), self.cfg.eval.ks,
                                 self.ctx.rank, self.ctx.world, beat=self.watchdog.beat,
-                                encode_batch=self._encode_batch, score=lambda u: (u @ full.T) * inv_norm[None, :])
+                                encode_batch=self.encode_batch, score=lambda u: (u @ full.T) * inv_norm[None, :])
 
-    def _shard_state(self, step: int):
-        """DistributedTrainer's rank state plus a digest of this rank's table shard: replicas of a shard
-        (same local rank, other node groups) must show the same one."""
-        state = super()._shard_state(step)
-        state["table"] = {"shard": self.model.layout.shard, "shards": self.model.layout.shards,
-                          "node": self.topo.node,
+    # ---- state, checkpoints ----------------------------------------------------------------------
+    def rank_state(self, step: int, cursor: dict) -> dict:
+        """The data-parallel rank state plus a digest of this rank's table shard: replicas of a shard (same
+        local rank, other node groups) must show the same one."""
+        state = super().rank_state(step, cursor)
+        state["table"] = {"shard": self.layout.shard, "shards": self.layout.shards, "node": self.topo.node,
                           "rows_crc32": zlib.crc32(np.ascontiguousarray(self.model.table.rows).tobytes())}
-        path = self.ckpts.dir / "ranks" / f"ckpt-step{step:08d}.rank{self.ctx.rank}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, path)
         return state
 
     def _writes_table(self) -> bool:
@@ -250,56 +254,50 @@ class SparseTrainer(DistributedTrainer):
         return self.cfg.parallel.sparse == "flat" or self.topo.node == 0
 
     def _save_table(self, name: str):
-        m = self.model
+        m, ckpt_dir = self.model, self.run.ckpt_dir
         if self._writes_table():
-            table_ckpt.save_shard(self.ckpts.dir, name, m.layout.shard, m.layout.shards, m.num_rows,
+            table_ckpt.save_shard(ckpt_dir, name, m.layout.shard, m.layout.shards, m.num_rows,
                                   m.table.rows, m.row_opt.m, m.row_opt.v)
         comm.barrier()                         # every shard is on disk before the checkpoint is committed
         if self.writer:                        # e.g. `best` of the run this one resumed with other ranks
-            table_ckpt.drop_other_layouts(self.ckpts.dir, name, m.layout.shards)
+            table_ckpt.drop_other_layouts(ckpt_dir, name, m.layout.shards)
 
     def _load_table(self, name: str):
         m = self.model
-        rows, mom1, mom2 = table_ckpt.load_shard(self.ckpts.dir, name, m.num_rows, m.layout.shards,
+        rows, mom1, mom2 = table_ckpt.load_shard(self.run.ckpt_dir, name, m.num_rows, m.layout.shards,
                                                  m.layout.shard)
         m.table.rows[...], m.row_opt.m[...], m.row_opt.v[...] = rows, mom1, mom2
 
-    def ensure_finite(self):
-        super().ensure_finite()
-        if not np.isfinite(self.model.table.rows).all():
-            raise self._diverged(f"rank {self.ctx.rank}'s item table shard holds non-finite values")
+    def restore(self, tensors: dict, path):
+        super().restore(tensors, path)
+        self._load_table(path.name)
 
-    def save(self):
-        self.stale.flush(self.step)
-        self.ensure_finite()
-        self._save_table(f"ckpt-step{self.step:08d}")
-        path = super().save()
+    def check_finite(self) -> str | None:
+        if not np.isfinite(self.model.table.rows).all():
+            return f"rank {self.ctx.rank}'s item table shard holds non-finite values"
+        return None
+
+    def settle(self, what: str, step: int):
+        self.stale.flush(step)
+        super().settle(what, step)
+
+    def save_checkpoint(self, step: int, cursor: dict, commit):
+        self._save_table(f"ckpt-step{step:08d}")
+        path = super().save_checkpoint(step, cursor, commit)
         if self.writer:
-            keep = {p.stem for p in self.ckpts.dir.glob("ckpt-step*.json")} | {"best"}
-            table_ckpt.prune(self.ckpts.dir, keep)
+            keep = {p.stem for p in self.run.ckpt_dir.glob("ckpt-step*.json")} | {"best"}
+            table_ckpt.prune(self.run.ckpt_dir, keep)
         return path
 
-    def _save_best(self):
-        self.stale.flush(self.step)
-        self.ensure_finite()
+    def save_best(self, commit):
         self._save_table("best")
-        super()._save_best()
+        super().save_best(commit)
 
-    def _resume(self):
-        super()._resume()
-        self._load_table(self.ckpts.latest().name)
-
-    def _meta(self) -> dict:
-        meta = super()._meta()
-        m = getattr(self, "model", None)
-        if m is not None:
-            meta["parallel"]["table"] = {"layout": self.cfg.parallel.sparse, "shards": m.layout.shards,
-                                         "rows": m.num_rows, "staleness": self.stale.tau}
+    def meta(self) -> dict:
+        meta = super().meta()
+        meta["parallel"]["table"] = {"layout": self.cfg.parallel.sparse, "shards": self.layout.shards,
+                                     "rows": self.model.num_rows, "staleness": self.stale.tau}
         return meta
 
-    def finish(self) -> dict:
-        self.stale.flush(self.step)
-        if self.ckpts.best() is not None:
-            self._load_table("best")
+    def training_done(self):
         self.model.row_opt.m = self.model.row_opt.v = None   # training is over (saved): room for the eval table
-        return super().finish()

@@ -1,4 +1,5 @@
-"""DistributedTrainer: the single-process training loop, run by every rank of an msrun job.
+"""DataParallelStrategy: the step strategy every rank of an msrun job runs under the one training loop
+(mindgr.train.loop).
 
 Per step every rank takes the same global batch (the single-process EpochPlan), keeps its cost-balanced
 part (mindgr.parallel.plan), computes the gradients of its share of the globally normalised loss, and
@@ -23,20 +24,9 @@ from mindgr.parallel.balance import CostModel, imbalance
 from mindgr.parallel.context import CollectiveError, collective_failure, init_distributed
 from mindgr.parallel.watchdog import Watchdog
 from mindgr.train.checkpoint import named_parameters
-from mindgr.train.trainer import Trainer
-
-
-class _NoLog:
-    """Ranks other than 0 write no metrics file and print nothing."""
-
-    def write(self, record, text=None):
-        pass
-
-    def info(self, text):
-        pass
-
-    def close(self):
-        pass
+from mindgr.train.local import RetrievalStrategy
+from mindgr.train.step import StepInputs
+from mindgr.train.strategy import RunContext, StepShape
 
 
 def param_digest(cell) -> int:
@@ -82,7 +72,7 @@ class _AgreedStop:
     """Ranks receive a stop signal at different moments; they must stop at the SAME step boundary, or rank 0
     would save while the others wait in the next step's collective.
 
-    While training, this replaces the single-process SIGINT/SIGTERM handler (mindgr.train.trainer.StopSignals)
+    While training, this replaces the single-process SIGINT/SIGTERM handler (mindgr.train.loop.StopSignals)
     with one that only notes the signal. Before every step the ranks all-reduce (max) the noted signal; when
     any rank has one, every rank hands it to the saved handler at once, so the loop stops on all of them after
     that same step (and rank 0 saves). A second signal on a rank that already noted one ends it at once.
@@ -98,7 +88,7 @@ class _AgreedStop:
         import threading
         if threading.current_thread() is not threading.main_thread():
             return
-        from mindgr.train.trainer import StopSignals
+        from mindgr.train.loop import StopSignals
         for sig in (signal.SIGINT, signal.SIGTERM):
             current = signal.getsignal(sig)
             # Only fit's own handler is deferred: outside fit (a benchmark driving the loop) nothing changes,
@@ -150,45 +140,71 @@ class _AgreeingStream:
         return self._inner.close(*args, **kwargs)
 
 
-class DistributedTrainer(Trainer):
-    def __init__(self, cfg, resume: bool = False, quiet: bool = False):
+class DataParallelStrategy(RetrievalStrategy):
+    """Every rank trains its cost-balanced share of the global batch; dense gradients are summed."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
         self.ctx = init_distributed(cfg.parallel.threads, cfg.parallel.bind_cores)  # msrun's scheduler stops here
-        self._fault = _fault_plan()
+        self.fault = _fault_plan()
         if cfg.loss.negatives != "per_token":
             raise ConfigError(f"config: loss.negatives = {cfg.loss.negatives!r}: only per_token is supported with "
                               "more than one process so far")
         self.watchdog = Watchdog(cfg.parallel.timeout, self.ctx.rank)
-        self._win = {"pred": [], "pred_step": [], "local": [], "local_cpu": [], "apply": [], "steps": [], "costs": [],
-                     "tokens": []}
-        self._win_cpu0 = time.process_time()
-        super().__init__(cfg, resume, quiet)
-        self._setup_parallel()
+        self.win = {"pred": [], "pred_step": [], "local": [], "local_cpu": [], "apply": [], "steps": [], "costs": [],
+                    "tokens": []}
+        self.win_cpu0 = time.process_time()
+        self.agreed_stop = _AgreedStop()
+        self.apply_updates = True     # False: forward + backward only (`mindgr bench distributed`'s `local` blocks)
 
     @property
     def writer(self) -> bool:
         return self.ctx.is_writer
 
-    def _make_log(self, quiet: bool):
-        return super()._make_log(quiet) if self.writer else _NoLog()
+    @property
+    def eval_ranks(self) -> int:
+        return self.ctx.world
+
+    def barrier(self):
+        comm.barrier()
 
     # ---- setup -----------------------------------------------------------------------------------
-    def _setup_parallel(self):
-        from mindgr.parallel.plan import RankPlanner, rank_capacities
+    def plan_shape(self) -> StepShape:
+        """The step's per-rank capacities: the global ones / world with parallel.capacity_slack headroom."""
+        from mindgr.parallel.plan import rank_capacities
+        tr = self.data.train
+        tokens, rows = rank_capacities(tr.token_capacity, tr.row_capacity, self.ctx.world,
+                                       self.cfg.parallel.capacity_slack)
+        return StepShape(tr.token_capacity, tr.row_capacity, tokens, rows)
+
+    def build_model(self):
+        from mindgr.train.local import Model
+        return Model(self.cfg, self.data.num_items)
+
+    def make_local_step(self):
+        """The step whose `local(*inputs)` the calibration times (a sharded table replaces it)."""
+        from mindgr.parallel.dp import DataParallelStep
+        return DataParallelStep(self.model.loss_net, self.model.optimizer)
+
+    def build(self, run: RunContext):
+        from mindgr.parallel.plan import RankPlanner
+        self.run = run
         cfg, tr, world = self.cfg, self.data.train, self.ctx.world
-        self.rank_tokens, self.rank_rows = rank_capacities(tr.token_capacity, tr.row_capacity, world,
-                                                           cfg.parallel.capacity_slack)
+        self.shape = self.plan_shape()
         longest = int(tr.lengths.max())
-        if longest > self.rank_tokens:
+        if longest > self.shape.rank_tokens:
             raise ConfigError(f"config: data.token_capacity = {tr.token_capacity} over {world} ranks leaves "
-                              f"{self.rank_tokens} tokens per rank, less than the longest sequence ({longest}): "
+                              f"{self.shape.rank_tokens} tokens per rank, less than the longest sequence ({longest}): "
                               "raise data.token_capacity (or train.batch_size)")
-        self.dp = self._make_step()
+        self.model = self.build_model()
+        self.sampler = self.make_sampler(self.model.encoder)
+        self.dp = self.make_local_step()
         self.calibration = self._calibrate() if cfg.parallel.calibrate else None
         p = cfg.parallel
         self.cost_model = self.calibration["model"] if self.calibration else CostModel(p.cost_a, p.cost_b, p.cost_c0)
         self.fixed_s = self.calibration["fixed_s"] if self.calibration else 0.0   # per-step cost every rank pays
-        self.planner = RankPlanner(tr, world, self.ctx.rank, self.rank_tokens, self.rank_rows, self.cost_model,
-                                   p.balance, cfg.run.seed)
+        self.planner = RankPlanner(tr, world, self.ctx.rank, self.shape.rank_tokens, self.shape.rank_rows,
+                                   self.cost_model, p.balance, cfg.run.seed)
         self.seq_draws = None
         if p.draws == "sequence":
             from mindgr.parallel.plan import SequenceDraws
@@ -196,32 +212,27 @@ class DistributedTrainer(Trainer):
             self.seq_draws = SequenceDraws(cfg.run.seed, self.data.num_items, cfg.loss.num_negatives,
                                            cfg.model.dropout, sites, width)
         elif world > 8:
-            self.log.info(f"note: parallel.draws=global makes every rank draw the negatives of the whole global "
-                          f"batch ({world} ranks' tokens); parallel.draws=sequence draws only its own")
-        cm = self.cost_model
-        self.log.info(f"parallel: {world} ranks ({self.ctx.backend}), per rank {self.rank_tokens} tokens x "
-                      f"{self.rank_rows} rows (global {tr.token_capacity} x {tr.row_capacity}, slack "
-                      f"{p.capacity_slack:g}), balance {p.balance}, cost c(L) = {cm.c0:.3g} + {cm.a:.3g} L + "
-                      f"{cm.b:.3g} L^2" + (f" (calibrated in {self.calibration['probe_s']:.1f}s, fixed "
-                                            f"{self.calibration['fixed_s'] * 1e3:.1f} ms/step)"
-                                            if self.calibration else " (given)"))
+            run.log.info(f"note: parallel.draws=global makes every rank draw the negatives of the whole global "
+                         f"batch ({world} ranks' tokens); parallel.draws=sequence draws only its own")
+        cm, sh = self.cost_model, self.shape
+        run.log.info(f"parallel: {world} ranks ({self.ctx.backend}), per rank {sh.rank_tokens} tokens x "
+                     f"{sh.rank_rows} rows (global {sh.token_capacity} x {sh.row_capacity}, slack "
+                     f"{p.capacity_slack:g}), balance {p.balance}, cost c(L) = {cm.c0:.3g} + {cm.a:.3g} L + "
+                     f"{cm.b:.3g} L^2" + (f" (calibrated in {self.calibration['probe_s']:.1f}s, fixed "
+                                           f"{self.calibration['fixed_s'] * 1e3:.1f} ms/step)"
+                                           if self.calibration else " (given)"))
         if self.calibration:
-            self.log.write({"calibration": {**cm.as_dict(), "fixed_s": self.calibration["fixed_s"],
-                                            "rel_residual": self.calibration["rel_residual"],
-                                            "probe": self.calibration["probe"], "world": world}})
-
-    def _make_step(self):
-        """The step whose `local(*inputs)` the calibration times (a sharded table replaces it)."""
-        from mindgr.parallel.dp import DataParallelStep
-        return DataParallelStep(self.model.loss_net, self.model.optimizer)
+            run.log.write({"calibration": {**cm.as_dict(), "fixed_s": self.calibration["fixed_s"],
+                                           "rel_residual": self.calibration["rel_residual"],
+                                           "probe": self.calibration["probe"], "world": world}})
 
     def _calibrate(self) -> dict:
         from mindgr.parallel.calibrate import calibrate, grads_timer
         self.watchdog.beat("calibrating the cost model")
         sites, _, width = self.sampler.shape
-        time_step = grads_timer(self.dp.local, self.data.num_items, self.rank_tokens, self.rank_rows,
+        time_step = grads_timer(self.dp.local, self.data.num_items, self.shape.rank_tokens, self.shape.rank_rows,
                                 self.cfg.loss.num_negatives, sites, width, seed=self.cfg.run.seed)
-        result = calibrate(time_step, self.rank_tokens, self.rank_rows, self.cfg.data.max_len)
+        result = calibrate(time_step, self.shape.rank_tokens, self.shape.rank_rows, self.cfg.data.max_len)
         m = result["model"]
         # Every rank must split batches identically: average the fits, then take rank 0's bytes.
         mean = comm.all_reduce(np.array([m.a, m.b, m.c0, result["fixed_s"]], np.float32)) / self.ctx.world
@@ -230,65 +241,60 @@ class DistributedTrainer(Trainer):
         result["fixed_s"] = float(mean[3])
         return result
 
-    # ---- training --------------------------------------------------------------------------------
-    def _input_stream(self, epoch: int):
+    # ---- a step ----------------------------------------------------------------------------------
+    def stream(self, items):
         # Called inside fit's signal handling, before the epoch's first step: from here on a signal is only
         # noted, and acted on when the ranks agree (_AgreedStop).
-        if not hasattr(self, "_agreed_stop"):
-            self._agreed_stop = _AgreedStop()
-        self._agreed_stop.install()
-        return _AgreeingStream(super()._input_stream(epoch), self._agreed_stop)
+        self.agreed_stop.install()
+        return _AgreeingStream(items, self.agreed_stop)
 
-    def fit(self) -> dict:
-        try:
-            return super().fit()
-        except RuntimeError as e:
-            name = collective_failure(e)
-            if name is None:
-                raise
-            raise CollectiveError(f"rank {self.ctx.rank}: collective {name} failed after step {self.step}; another "
-                                  "rank has probably died or hung (see its log)") from None
+    def failure(self, error, step: int):
+        name = collective_failure(error)
+        if name is None:
+            return None
+        return CollectiveError(f"rank {self.ctx.rank}: collective {name} failed after step {step}; another "
+                               "rank has probably died or hung (see its log)")
 
-    def _prepare(self, epoch: int, b: int, indices):
+    def prepare(self, epoch: int, b: int, indices):
         """Host work for global batch `b` (in the input thread): this rank's part, packed, with its draws."""
         from mindgr.datasets import build_batch
         from mindgr.parallel.plan import local_rows
-        tr = self.data.train
+        tr, sh = self.data.train, self.shape
         share = self.planner.share(epoch, b, indices)
-        batch = build_batch(share.indices, tr.inputs, tr.times, tr.targets, self.rank_tokens, self.rank_rows,
+        batch = build_batch(share.indices, tr.inputs, tr.times, tr.targets, sh.rank_tokens, sh.rank_rows,
                             tr.request_times)
         if self.seq_draws is not None:
             negatives, drop = self.seq_draws.draw(epoch, share.indices, self.planner.lengths[share.indices],
-                                                  self.rank_tokens)
+                                                  sh.rank_tokens)
         else:                    # the single-process draws: negatives of the global batch, masks of own rows
             negatives = self.sampler.draw_negatives(epoch, b)
-            negatives = local_rows(negatives, share.token_src, self.rank_tokens, fill=1)
-            drop = self.sampler.masks.rows(epoch, b, share.token_src, self.rank_tokens)
-        inputs = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.request_times, batch.targets,
-                  negatives, drop, np.float32(share.scale))
+            negatives = local_rows(negatives, share.token_src, sh.rank_tokens, fill=1)
+            drop = self.sampler.masks.rows(epoch, b, share.token_src, sh.rank_tokens)
+        inputs = StepInputs.from_batch(batch, negatives, drop, share.scale)
         return inputs, {"tokens": share.global_tokens,
-                        "fill": share.global_tokens / (self.ctx.world * self.rank_tokens),
+                        "fill": share.global_tokens / (self.ctx.world * sh.rank_tokens),
                         "lengths": share.lengths, "targets": share.global_targets, "share": share}
 
-    def _execute(self, prepared):
-        from mindspore import Tensor
-        inputs, info = prepared
-        share, step = info["share"], self.step + 1
-        tensors = [Tensor(x) for x in inputs]
+    def before_step(self, step: int):
         self.watchdog.beat(f"training step {step}")
-        if self._fault and self._fault[:2] == (self.ctx.rank, step):
-            _inject_fault(self._fault[2], self.ctx.rank, step)
+        if self.fault and self.fault[:2] == (self.ctx.rank, step):
+            _inject_fault(self.fault[2], self.ctx.rank, step)
+
+    def execute(self, prepared, step: int):
+        inputs, info = prepared
+        tensors = inputs.tensors()
+        self.before_step(step)
         t0, c0 = time.perf_counter(), _step_cpu()
         loss, grads = self.dp.grads(*tensors)
         t1, c1 = time.perf_counter(), _step_cpu()
-        loss = self.dp.apply(loss, grads)
+        loss = self.dp.apply(loss, grads) if self.apply_updates else float(loss.asnumpy())
         t2 = time.perf_counter()
-        self._record_step(step, share, t1 - t0, c1 - c0, t2 - t1)
+        self.record_step(step, info["share"], t1 - t0, c1 - c0, t2 - t1)
         return loss, t2 - t0, info
 
-    def _record_step(self, step: int, share, local_s: float, local_cpu_s: float, apply_s: float):
+    def record_step(self, step: int, share, local_s: float, local_cpu_s: float, apply_s: float):
         """One step's predicted and measured per-rank figures, for the logging window's balance report."""
-        w = self._win
+        w = self.win
         w["pred"].append(imbalance(share.rank_cost))
         w["pred_step"].append(imbalance(share.rank_cost + self.fixed_s))
         w["local"].append(local_s)
@@ -298,18 +304,26 @@ class DistributedTrainer(Trainer):
         w["costs"].append(share.rank_cost)
         w["tokens"].append(share.rank_tokens)
 
-    def _window_extra(self):
+    def take_step_split(self) -> tuple[float, float]:
+        """(forward + backward seconds, all-reduce + update seconds) summed over the steps since the last
+        logging window (or the last call), and cleared: a benchmark's attribution of a block."""
+        split = float(sum(self.win["local"])), float(sum(self.win["apply"]))
+        for v in self.win.values():
+            v.clear()
+        return split
+
+    def window_extra(self):
         """Per-rank compute times of the window, gathered: measured imbalance next to the predicted one.
 
         Wall time is what the step costs; CPU time (one compute thread per process) is the same work
         without the time other processes on a shared machine took the core away.
         """
-        w = self._win
+        w = self.win
         if not w["local"]:
             return {}, ""
         cpu_now = time.process_time()
-        mine = np.concatenate([w["local"], w["local_cpu"], [cpu_now - self._win_cpu0]]).astype(np.float32)
-        self._win_cpu0 = cpu_now
+        mine = np.concatenate([w["local"], w["local_cpu"], [cpu_now - self.win_cpu0]]).astype(np.float32)
+        self.win_cpu0 = cpu_now
         every = comm.all_gather(mine[None, :])                                     # [rank, 2 n + 1]
         n = len(w["local"])
         times, cpu, window_cpu = every[:, :n], every[:, n: 2 * n], every[:, 2 * n]
@@ -321,7 +335,7 @@ class DistributedTrainer(Trainer):
                  "rank_step_cpu_s": cpu.mean(1).tolist(), "rank_cpu_s": window_cpu.tolist(),
                  "reduce_apply_s": float(np.mean(w["apply"]))}
         if self.writer:
-            with open(self.run_dir / "balance.jsonl", "a") as f:
+            with open(self.run.run_dir / "balance.jsonl", "a") as f:
                 for k, step in enumerate(w["steps"]):
                     f.write(json.dumps({"step": step, "pred_cost": np.round(w["costs"][k], 9).tolist(),
                                         "tokens": w["tokens"][k].tolist(), "step_s": times[:, k].tolist(),
@@ -334,66 +348,48 @@ class DistributedTrainer(Trainer):
         return extra, (f" imb {extra['imbalance_pred'] * 100:.1f}% pred / "
                        f"{extra['imbalance_measured'] * 100:.1f}% meas")
 
-    # ---- outputs ---------------------------------------------------------------------------------
-    def _prepare_run_dir(self, resume: bool):
-        super()._prepare_run_dir(resume)     # the writer takes the run dir's lock; every rank checks the data
-        comm.barrier()
+    # ---- evaluation ------------------------------------------------------------------------------
+    def split_metrics(self, split: str) -> dict:
+        from mindgr.parallel.evaluate import evaluate_sharded
+        return evaluate_sharded(self.model.encode_last, self.model.item_table(), self.data.eval[split],
+                                getattr(self.data.split, split), self.cfg.eval.ks, self.ctx.rank,
+                                self.ctx.world, beat=self.watchdog.beat)
 
-    def _meta(self) -> dict:
-        cm = getattr(self, "cost_model", None)
-        return dict(super()._meta(), parallel={"world": self.ctx.world,
-                                               "cost_model": cm.as_dict() if cm else None})
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def settle(self, what: str, step: int):
+        self.watchdog.beat(what)
 
-    def _shard_state(self, step: int):
+    def meta(self) -> dict:
+        return {"parallel": {"world": self.ctx.world, "cost_model": self.cost_model.as_dict()}}
+
+    def rank_state(self, step: int, cursor: dict) -> dict:
         """This rank's own state at a checkpoint: who it was and a digest of its weights."""
-        d = self.ckpts.dir / "ranks"
-        d.mkdir(parents=True, exist_ok=True)
-        state = {"rank": self.ctx.rank, "world": self.ctx.world, "step": step, "pid": os.getpid(),
-                 "cores": list(self.ctx.cores),
-                 "param_crc32": param_digest(self.model.train_step),
-                 "next": {"epoch": self.epoch, "batch": self.next_batch}}
-        path = d / f"ckpt-step{step:08d}.rank{self.ctx.rank}.json"
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, path)
-        return state
+        return {"rank": self.ctx.rank, "world": self.ctx.world, "step": step, "pid": os.getpid(),
+                "cores": list(self.ctx.cores), "param_crc32": param_digest(self.model.train_step),
+                "next": dict(cursor)}
 
-    def save(self):
-        self.watchdog.beat("saving a checkpoint")
-        self.ensure_finite()                  # every rank (identical weights): all stop at the same step
-        state = self._shard_state(self.step)
+    def save_checkpoint(self, step: int, cursor: dict, commit):
+        from mindgr.paths import write_json_atomic
+        d = self.run.ckpt_dir / "ranks"
+        d.mkdir(parents=True, exist_ok=True)
+        state = self.rank_state(step, cursor)
+        write_json_atomic(d / f"ckpt-step{step:08d}.rank{self.ctx.rank}.json", state, sort_keys=False)
         crcs = comm.all_gather(np.array([state["param_crc32"]], np.int64))
         if len(set(crcs.tolist())) > 1:
-            self.log.info(f"warning: step {self.step}: weights differ between ranks (crc32 {crcs.tolist()})")
-        path = super().save() if self.writer else self.ckpts.dir / f"ckpt-step{self.step:08d}"
+            self.run.log.info(f"warning: step {step}: weights differ between ranks (crc32 {crcs.tolist()})")
+        path = commit() if self.writer else self.run.ckpt_dir / f"ckpt-step{step:08d}"
         comm.barrier()                        # nobody runs ahead of a checkpoint that is not committed yet
         if self.writer:                       # shard files of pruned checkpoints (any world size) go too
-            keep = {p.name for p in self.ckpts.dir.glob("ckpt-step*.json")}
-            for old in (self.ckpts.dir / "ranks").glob("ckpt-step*.rank*.json"):
+            keep = {p.name for p in self.run.ckpt_dir.glob("ckpt-step*.json")}
+            for old in d.glob("ckpt-step*.rank*.json"):
                 if old.name.split(".rank")[0] + ".json" not in keep:
                     old.unlink(missing_ok=True)
         return path
 
-    def _save_best(self):
-        self.watchdog.beat("saving the best checkpoint")
-        self.ensure_finite()
+    def save_best(self, commit):
         if self.writer:
-            super()._save_best()
+            commit()
         comm.barrier()
 
-    @property
-    def eval_ranks(self) -> int:
-        return self.ctx.world
-
-    def _split_metrics(self, examples, split: str) -> dict:
-        from mindgr.parallel.evaluate import evaluate_sharded
-        return evaluate_sharded(self.model.encode_last, self.model.item_table(), examples,
-                                getattr(self.data.split, split), self.cfg.eval.ks, self.ctx.rank,
-                                self.ctx.world, beat=self.watchdog.beat)
-
-    def finish(self) -> dict:
-        self.watchdog.beat("final evaluation")
-        try:
-            return super().finish()
-        finally:
-            self.watchdog.close()
+    def close(self):
+        self.watchdog.close()

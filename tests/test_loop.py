@@ -1,0 +1,122 @@
+"""The one training loop with a strategy of its own (no model, no compile): the seam a new task (e.g.
+generative retrieval) plugs into; run_steps; the step's inputs as one named structure."""
+import json
+
+import numpy as np
+
+from mindgr.config import load_config
+from mindgr.runtime import select_device
+
+select_device()
+
+
+class _Plan:
+    """Three batches an epoch, batch b = [b]."""
+
+    def num_batches(self, epoch):
+        return 3
+
+    def iter_batches(self, epoch, start):
+        for b in range(start, 3):
+            yield b, [b]
+
+
+def _toy_strategy(cfg):
+    from mindspore import Parameter, Tensor
+    from mindgr.train.strategy import StepShape, StepStrategy
+
+    class Toy(StepStrategy):
+        """A task with its own data, step, FLOPs and evaluation: the loop only calls the interface."""
+
+        def build_data(self, run_dir, resuming):
+            self.plan = _Plan()
+            return self.plan
+
+        def describe_data(self):
+            return "toy: 3 batches/epoch"
+
+        def build(self, run):
+            self.shape = StepShape.single(1, 1)
+            self.w = Parameter(Tensor(np.zeros(2, np.float32)), name="w")
+            self.prepared, self.restored = [], None
+
+        def prepare(self, epoch, b, indices):
+            self.prepared.append((epoch, b))
+            return (epoch, b), {"tokens": 4, "fill": 1.0}
+
+        def execute(self, prepared, step):
+            self.w.set_data(Tensor(np.full(2, step, np.float32)))
+            return 1.0 / step, 0.001, prepared[1]
+
+        def batch_flops(self, info):
+            return 10.0 * info["tokens"]
+
+        def can_evaluate(self, split):
+            return True
+
+        def evaluate(self, split, step):
+            score = float(self.w.asnumpy()[0]) / 100
+            return {"count": 1, "ndcg@10": score, "mrr": score}
+
+        def named_state(self):
+            return {"w": self.w.value()}
+
+        def restore(self, tensors, path):
+            self.restored = path.name
+            self.w.set_data(Tensor(tensors["w"]))
+
+    return Toy(cfg)
+
+
+def _toy_cfg(tmp_path, *extra):
+    return load_config(None, [f"run.out_dir={tmp_path}", "run.name=toy", "data.kind=synthetic",
+                              "data.synthetic.num_users=50", "data.synthetic.num_items=20", "train.epochs=2",
+                              "eval.every_epochs=1", "run.log_every=2", "ops.backend=reference", *extra])
+
+
+def test_a_strategy_with_its_own_data_trains_evaluates_checkpoints_and_resumes(tmp_path, monkeypatch):
+    from mindgr.train.loop import TrainLoop
+    monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
+    cfg = _toy_cfg(tmp_path)
+    loop = TrainLoop(cfg, _toy_strategy(cfg), quiet=True)
+    result = loop.fit()
+    assert loop.step == 6 and loop.epoch == 2
+    assert result["checkpoint"]["name"] == "best" and result["checkpoint"]["step"] == 6
+    assert loop.strategy.restored == "best"                     # the final evaluation is of `best`
+    rows = [json.loads(line) for line in (tmp_path / "toy" / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in windows] == [2, 4, 6]
+    assert windows[0]["loss"] == (1.0 + 1 / 2) / 2             # the window's mean loss
+    assert [r["step"] for r in rows if r.get("eval") == "valid"][:2] == [3, 6]
+    # resumed with more epochs: continues at epoch 2, batch 0, from the last checkpoint
+    cfg = _toy_cfg(tmp_path, "train.epochs=3")
+    resumed = TrainLoop(cfg, _toy_strategy(cfg), resume=True, quiet=True)
+    assert resumed.strategy.restored == "ckpt-step00000006" and (resumed.step, resumed.epoch) == (6, 2)
+    assert float(resumed.strategy.w.asnumpy()[0]) == 6.0
+    resumed.fit()
+    assert resumed.strategy.prepared[:3] == [(2, 0), (2, 1), (2, 2)] and resumed.step == 9
+
+
+def test_run_steps_trains_n_more_steps_across_epochs(tmp_path):
+    from mindgr.train.loop import TrainLoop
+    cfg = _toy_cfg(tmp_path, "train.epochs=100", "eval.every_epochs=0", "run.ckpt_every=1000")
+    loop = TrainLoop(cfg, _toy_strategy(cfg), quiet=True)
+    block = loop.run_steps(4)
+    assert block["steps"] == 4 and loop.step == 4 and (loop.epoch, loop.next_batch) == (1, 1)
+    assert block["tokens"] == 16 and block["flops"] == 160.0 and len(block["step_times"]) == 4
+    assert loop.run_steps(2)["steps"] == 2 and loop.step == 6
+    loop.lock.release()
+
+
+def test_step_inputs_are_one_named_structure():
+    from mindgr.datasets import build_batch
+    from mindgr.train.step import ENCODER_FIELDS, StepInputs, encoder_inputs
+    batch = build_batch([0, 1], [np.array([1, 2, 3]), np.array([4, 5])], None,
+                        [np.array([2, 3, 0]), np.array([5, 0])], 8, 4)
+    neg, drop = np.ones((8, 3), np.int32), np.ones((1, 8, 2), np.float32)
+    x = StepInputs.from_batch(batch, neg, drop)
+    assert x.as_tuple()[: len(ENCODER_FIELDS)] == encoder_inputs(batch) == x.encoder()
+    assert len(x.as_tuple()) == len(ENCODER_FIELDS) + 3 and x.as_tuple()[-1] is drop
+    pooled = StepInputs.from_batch(batch, (neg[0], np.zeros(3, np.float32)), drop, scale=0.5)
+    assert len(pooled.as_tuple()) == len(ENCODER_FIELDS) + 5
+    assert pooled.as_tuple()[-1] == np.float32(0.5) and pooled.as_tuple()[-1].dtype == np.float32
