@@ -77,7 +77,7 @@ def test_nan_weights_are_an_error_naming_what(where, words):
     batch = SimpleNamespace(ids=np.zeros(4, np.int32), positions=np.zeros(4, np.int32),
                             offsets=np.array([0, 2, 4], np.int32), timestamps=np.zeros(4, np.int64),
                             request_times=np.zeros(2, np.int64), num_rows=2, rows=np.array([0, 1]))
-    examples = SimpleNamespace(in_order=lambda: iter([batch]))
+    examples = SimpleNamespace(plan=lambda: [None], batch=lambda idx: batch)
     evalset = SimpleNamespace(targets=np.array([1, 2]), histories=[np.array([], int), np.array([], int)])
     encode = lambda *a: SimpleNamespace(asnumpy=lambda: user)    # noqa: E731
     with pytest.raises(FloatingPointError, match=words) as e:
@@ -94,7 +94,7 @@ def test_constant_model_through_evaluate_is_chance_level():
     batch = SimpleNamespace(ids=np.zeros(5, np.int32), positions=np.zeros(5, np.int32),
                             offsets=np.arange(6, dtype=np.int32), timestamps=np.zeros(5, np.int64),
                             request_times=np.zeros(users, np.int64), num_rows=users, rows=np.arange(users))
-    examples = SimpleNamespace(in_order=lambda: iter([batch]))
+    examples = SimpleNamespace(plan=lambda: [None], batch=lambda idx: batch)
     evalset = SimpleNamespace(targets=np.arange(1, users + 1), histories=[np.array([], int)] * users)
     encode = lambda *a: SimpleNamespace(asnumpy=lambda: np.ones((users, 4), np.float32))    # noqa: E731
     m, ranks, ties = evaluate(encode, table, examples, evalset, (1, 10), per_user=True)

@@ -8,12 +8,12 @@ statistics for people.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from mindgr.ids.tokenizer import TokenizerError
+from mindgr.paths import atomic_write
 
 
 def stats_path(path) -> Path:
@@ -32,11 +32,8 @@ def save_codes(path, codes: np.ndarray, level_sizes, raw_ids, stats: dict) -> Pa
                "raw_item": np.asarray(raw_ids, np.int64)[1:]}
     columns.update({f"c{j}": codes[1:, j] for j in range(codes.shape[1])})
     table = pa.table(columns).replace_schema_metadata({"mindgr.level_sizes": json.dumps(level_sizes)})
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    side = stats_path(path)
-    side.write_text(json.dumps(dict(stats, level_sizes=level_sizes, table=path.name), indent=1) + "\n")
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    atomic_write(stats_path(path), json.dumps(dict(stats, level_sizes=level_sizes, table=path.name), indent=1) + "\n")
     return path
 
 

@@ -9,30 +9,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from mindgr.datasets import plan_batches
 from mindgr.parallel import comm
-from mindgr.train.metrics import ranking_metrics, target_ranks
-from mindgr.train.step import encoder_inputs
+from mindgr.train.evaluate import batch_ranks, encode_with
+from mindgr.train.metrics import check_finite, ranking_metrics
 
 
 def evaluate_sharded(encode_last, item_table: np.ndarray, examples, evalset, ks, rank: int, world: int,
-                     beat=None, encode_batch=None, score=None) -> dict:
+                     beat=None, encode_batch=None, score=None, filter_history: bool = True) -> dict:
     """`encode_batch(batch)` and `score(users)` replace the encoder call and `users @ item_table.T` (a
     sharded item table encodes from gathered rows and scores against unnormalised rows)."""
-    from mindspore import Tensor
+    if score is None:
+        check_finite(item_table[1:], "item table")
+        score = lambda users: users @ item_table.T                    # noqa: E731
     order, ranks = [], []
-    plan = plan_batches(examples.lengths, examples.token_capacity, examples.row_capacity, rng=None)
-    for k in range(rank, len(plan), world):
-        if beat is not None:
-            beat(f"evaluating batch {k}")
-        batch = examples.batch(plan[k])
-        if encode_batch is not None:
-            user = encode_batch(batch)[: batch.num_rows]
-        else:
-            user = encode_last(*[Tensor(x) for x in encoder_inputs(batch)]).asnumpy()[: batch.num_rows]
-        rows = batch.rows[: batch.num_rows]
-        scores = score(user) if score is not None else user @ item_table.T
-        g, t = target_ranks(scores, evalset.targets[rows], [evalset.histories[i] for i in rows])
+    for k, _, g, t in batch_ranks(examples, evalset, encode_batch or encode_with(encode_last), score,
+                                  filter_history, (rank, world), beat):
         order.append(np.stack([np.full(len(g), k), np.arange(len(g))], 1))
         ranks.append(np.stack([g, t], 1))
     mine = np.concatenate([np.concatenate(order, 0), np.concatenate(ranks, 0)], 1).astype(np.int64) \

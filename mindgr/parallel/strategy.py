@@ -353,7 +353,8 @@ class DataParallelStrategy(RetrievalStrategy):
         from mindgr.parallel.evaluate import evaluate_sharded
         return evaluate_sharded(self.model.encode_last, self.model.item_table(), self.data.eval[split],
                                 getattr(self.data.split, split), self.cfg.eval.ks, self.ctx.rank,
-                                self.ctx.world, beat=self.watchdog.beat)
+                                self.ctx.world, beat=self.watchdog.beat,
+                                filter_history=self.cfg.eval.filter_history)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def settle(self, what: str, step: int):

@@ -56,10 +56,9 @@ class Examples:
         return build_batch(indices, self.inputs, self.times, self.targets, self.token_capacity,
                            self.row_capacity, self.request_times)
 
-    def in_order(self):
-        """Every example once, in order (evaluation)."""
-        for idx in plan_batches(self.lengths, self.token_capacity, self.row_capacity, rng=None):
-            yield self.batch(idx)
+    def plan(self) -> list:
+        """The evaluation batches: every example once, in order (the same on every rank)."""
+        return plan_batches(self.lengths, self.token_capacity, self.row_capacity, rng=None)
 
 
 class RunData:

@@ -238,7 +238,8 @@ class ShardedTableStrategy(DataParallelStrategy):
         full, inv_norm = self.eval_table
         return evaluate_sharded(None, None, self.data.eval[split], getattr(self.data.split, split), self.cfg.eval.ks,
                                 self.ctx.rank, self.ctx.world, beat=self.watchdog.beat,
-                                encode_batch=self.encode_batch, score=lambda u: (u @ full.T) * inv_norm[None, :])
+                                encode_batch=self.encode_batch, score=lambda u: (u @ full.T) * inv_norm[None, :],
+                                filter_history=self.cfg.eval.filter_history)
 
     # ---- state, checkpoints ----------------------------------------------------------------------
     def rank_state(self, step: int, cursor: dict) -> dict:
