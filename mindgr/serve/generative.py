@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from mindgr.serve.recommend import DEFAULT_MAX_HISTORY, Catalogue, RequestError, parse_query
+from mindgr.serve.recommend import DEFAULT_MAX_HISTORY, Catalogue, RequestError, ServingModel, parse_query
 
 DECODES = ("engine", "naive")
 DEFAULT_GR_SHAPES = (1, 2, 4)          # users per compiled batch (each user is `beam` decode rows)
@@ -147,7 +147,7 @@ class ModelThread:
         self._thread.join(5)
 
 
-class GenerativeRecommender:
+class GenerativeRecommender(ServingModel):
     """A GR bundle served by beam search at a few fixed user-batch shapes."""
 
     def __init__(self, bundle, beam: int = 16, decode: str = "engine", shapes=DEFAULT_GR_SHAPES,
@@ -182,10 +182,6 @@ class GenerativeRecommender:
             self._free.put(w)
 
     @property
-    def max_rows(self) -> int:
-        return self.shapes[-1]
-
-    @property
     def time_unit(self) -> str:
         return "s"
 
@@ -202,12 +198,6 @@ class GenerativeRecommender:
             raise RequestError(f"k: {q.k} is more than the beam width {self.beam} (a beam search returns at "
                                "most beam items)")
         return q
-
-    def shape_for(self, n: int) -> int:
-        for rows in self.shapes:
-            if rows >= n:
-                return rows
-        raise ValueError(f"{n} queries exceed the largest batch shape {self.shapes[-1]}")
 
     def warm_up(self):
         """Compile each shape's graphs (prefill + decode step, or the naive recompute graph) once."""
@@ -244,14 +234,6 @@ class GenerativeRecommender:
             out.append((it[keep][:q.k], sc[keep][:q.k]))
         return out
 
-    def recommend_many(self, queries) -> list:
-        out = []
-        for start in range(0, len(queries), self.max_rows):
-            out.extend(self.recommend(queries[start:start + self.max_rows]))
-        return out
-
-    def to_response(self, ids: np.ndarray, scores: np.ndarray) -> dict:
-        return {"items": [int(x) for x in self.catalogue.to_raw(ids)], "scores": [float(s) for s in scores]}
 
     def close(self):
         if self.runner is not None:

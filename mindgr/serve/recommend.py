@@ -140,7 +140,33 @@ def pack(queries, rows: int, tokens: int, max_len: int) -> dict:
             "request_times": request_times}
 
 
-class Recommender:
+class ServingModel:
+    """What the batcher and the HTTP app need of a served model besides `recommend(queries, rows)`:
+    `shapes` (the fixed batch sizes), `catalogue` (raw <-> internal ids)."""
+
+    @property
+    def max_rows(self) -> int:
+        return self.shapes[-1]
+
+    def shape_for(self, n: int) -> int:
+        """The smallest fixed batch shape that holds n queries."""
+        for rows in self.shapes:
+            if rows >= n:
+                return rows
+        raise ValueError(f"{n} queries exceed the largest batch shape {self.shapes[-1]}")
+
+    def recommend_many(self, queries) -> list:
+        """Any number of queries, in chunks of the largest shape (the command line path)."""
+        out = []
+        for start in range(0, len(queries), self.max_rows):
+            out.extend(self.recommend(queries[start:start + self.max_rows]))
+        return out
+
+    def to_response(self, ids: np.ndarray, scores: np.ndarray) -> dict:
+        return {"items": [int(x) for x in self.catalogue.to_raw(ids)], "scores": [float(s) for s in scores]}
+
+
+class Recommender(ServingModel):
     """A loaded run's encoder at a few fixed batch shapes plus its item table and an index."""
 
     def __init__(self, encode_last, item_table: np.ndarray, catalogue: Catalogue, max_len: int,
@@ -163,22 +189,12 @@ class Recommender:
                    loaded.cfg.data.max_len, shapes, loaded.data.store.time_unit,
                    build_index(index, table, **index_options), max_history)
 
-    @property
-    def max_rows(self) -> int:
-        return self.shapes[-1]
-
     def tokens(self, rows: int) -> int:
         return rows * self.max_len
 
     def parse(self, history, timestamps=None, request_time=None, k=10, exclude_history=True) -> Query:
         return parse_query(self.catalogue, history, timestamps, request_time, k, exclude_history,
                            self.max_history, self.time_unit)
-
-    def shape_for(self, n: int) -> int:
-        for rows in self.shapes:
-            if rows >= n:
-                return rows
-        raise ValueError(f"{n} queries exceed the largest batch shape {self.shapes[-1]}")
 
     def warm_up(self):
         """Compile the encoder once per batch shape (graph mode compiles on first call of each shape)."""
@@ -201,12 +217,3 @@ class Recommender:
         return self.index.top_k(users, [q.k for q in queries],
                                 [q.items if q.exclude_history else None for q in queries])
 
-    def recommend_many(self, queries) -> list:
-        """Any number of queries, in chunks of the largest shape (the command line path)."""
-        out = []
-        for start in range(0, len(queries), self.max_rows):
-            out.extend(self.recommend(queries[start:start + self.max_rows]))
-        return out
-
-    def to_response(self, ids: np.ndarray, scores: np.ndarray) -> dict:
-        return {"items": [int(x) for x in self.catalogue.to_raw(ids)], "scores": [float(s) for s in scores]}

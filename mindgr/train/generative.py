@@ -31,7 +31,8 @@ from mindgr.paths import atomic_write
 from mindgr.train.checkpoint import CheckpointError, CheckpointManager, file_sha256, load_checkpoint, restore_parameters
 from mindgr.train.local import RetrievalStrategy
 from mindgr.train.loop import TrainLoop
-from mindgr.train.trainer import _ranks_dir, ranks_file_name, run_config, setup_mindspore
+from mindgr.train.rundir import data_change_note, run_config, saved_checkpoint
+from mindgr.train.trainer import _ranks_dir, ranks_file_name, setup_mindspore
 
 CODES_FILE = "ids/codes.parquet"        # a GR run's own code table, relative to its run dir
 
@@ -288,31 +289,15 @@ def load_generative_run(run_dir, which: str = "best", allow_data_change: bool = 
                         threads: int | None = None) -> LoadedGenerativeRun:
     """A GR run with its best (or latest) checkpoint restored, its own code table and trie. The data it
     was trained on must be unchanged (its fingerprint), unless allow_data_change."""
-    if which not in ("best", "latest"):
-        raise ValueError(f"checkpoint: {which!r} (expected best or latest)")
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)
     if not is_generative_config(cfg):
         raise CheckpointError(f"{run_dir}: not a generative run (model.arch = {cfg.model.arch}); use mindgr.train.trainer.load_run")
     if threads is not None:
         cfg.parallel.threads = threads
-    ckpts = CheckpointManager(run_dir, cfg.run.keep_last)
-    path = ckpts.best() if which == "best" else ckpts.latest()
-    if path is None:
-        if which == "best" and ckpts.latest() is not None:
-            raise CheckpointError(f"{run_dir}: no best checkpoint (no validation has run: eval.every_epochs = "
-                                  f"{cfg.eval.every_epochs}); use the last one with --checkpoint latest")
-        raise CheckpointError(f"{run_dir}: no checkpoint to load")
+    path = saved_checkpoint(run_dir, cfg, which)
     check_codes_fingerprint(run_dir)
-    from mindgr.train.data import FINGERPRINT_FILE, data_fingerprint, fingerprint_mismatch
-    saved_fp = run_dir / FINGERPRINT_FILE
-    data_note = None
-    if saved_fp.is_file():
-        diff = fingerprint_mismatch(json.loads(saved_fp.read_text()), data_fingerprint(cfg.data))
-        if diff and not allow_data_change:
-            raise CheckpointError(f"{run_dir}: its data changed since it was trained ({diff}); pass "
-                                  "--allow-data-change to use the data as it is now")
-        data_note = f"evaluated on changed data ({diff})" if diff else None
+    data_note = data_change_note(run_dir, cfg, allow_data_change)
     table = _table_from_file(run_dir / CODES_FILE)
     setup_mindspore(cfg)
     model = GRModel(cfg, table.level_sizes, table.codes.shape[0] - 1)

@@ -1,4 +1,5 @@
-"""A run directory's config: read it back (a moved or copied run included) and check what a resume may change."""
+"""A run directory's config: read it back (a moved or copied run included) and check what a resume may change;
+which checkpoint a saved run loads and whether its data changed since."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -55,3 +56,33 @@ def check_resume_config(saved: dict, current: dict):
         if key not in RESUMABLE_CHANGES and a.get(key) != b.get(key):
             raise ConfigError(f"config: {key} = {b.get(key)!r} differs from the run being resumed "
                               f"({a.get(key)!r}); only {', '.join(sorted(RESUMABLE_CHANGES))} may change")
+
+
+def saved_checkpoint(run_dir: Path, cfg: Config, which: str) -> Path:
+    """The checkpoint a saved run loads: its best (refused with a hint when no validation ran) or latest."""
+    from mindgr.train.checkpoint import CheckpointManager
+    if which not in ("best", "latest"):
+        raise ValueError(f"checkpoint: {which!r} (expected best or latest)")
+    ckpts = CheckpointManager(run_dir, cfg.run.keep_last)
+    path = ckpts.best() if which == "best" else ckpts.latest()
+    if path is None:
+        if which == "best" and ckpts.latest() is not None:
+            raise CheckpointError(f"{run_dir}: no best checkpoint (no validation has run: eval.every_epochs = "
+                                  f"{cfg.eval.every_epochs}); use the last one with --checkpoint latest")
+        raise CheckpointError(f"{run_dir}: no checkpoint to load")
+    return path
+
+
+def data_change_note(run_dir: Path, cfg: Config, allow_data_change: bool) -> str | None:
+    """None when the run's data is as it was trained on (or predates fingerprints); a changed source is
+    refused unless allow_data_change, then described in the returned note."""
+    import json
+    from mindgr.train.data import FINGERPRINT_FILE, data_fingerprint, fingerprint_mismatch
+    saved_fp = run_dir / FINGERPRINT_FILE
+    if not saved_fp.is_file():
+        return None
+    diff = fingerprint_mismatch(json.loads(saved_fp.read_text()), data_fingerprint(cfg.data))
+    if diff and not allow_data_change:
+        raise CheckpointError(f"{run_dir}: its data changed since it was trained ({diff}); pass "
+                              "--allow-data-change to use the data as it is now")
+    return f"evaluated on changed data ({diff})" if diff else None

@@ -6,7 +6,6 @@ mindgr.parallel.sparse.strategy (sharded item table).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +15,10 @@ import numpy as np
 from mindgr.config import Config
 from mindgr.paths import atomic_write
 from mindgr.runtime import setup_mindspore  # noqa: F401  (also imported from here by bench and tests)
-from mindgr.train.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, restore_parameters
+from mindgr.train.checkpoint import CheckpointError, load_checkpoint, restore_parameters
 from mindgr.train.local import HostSampler, LocalStrategy, Model  # noqa: F401
 from mindgr.train.loop import StopSignals, TrainLoop  # noqa: F401
-from mindgr.train.rundir import check_resume_config, read_run_config, run_config  # noqa: F401
+from mindgr.train.rundir import check_resume_config, data_change_note, read_run_config, run_config, saved_checkpoint  # noqa: F401
 
 
 class Trainer(TrainLoop):
@@ -73,34 +72,19 @@ def load_run(run_dir, which: str = "best", allow_data_change: bool = False, thre
     """A saved run with its best (or latest) checkpoint restored, on the data it was trained on (refused if
     that changed, unless allow_data_change). Used by `mindgr eval` and by serving (mindgr.serve).
     threads: CPU threads for MindSpore (default: the run's parallel.threads)."""
-    if which not in ("best", "latest"):
-        raise ValueError(f"checkpoint: {which!r} (expected best or latest)")
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)
     if threads is not None:
         cfg.parallel.threads = threads
-    ckpts = CheckpointManager(run_dir, cfg.run.keep_last)
-    path = ckpts.best() if which == "best" else ckpts.latest()
-    if path is None:
-        if which == "best" and ckpts.latest() is not None:
-            raise CheckpointError(f"{run_dir}: no best checkpoint (no validation has run: eval.every_epochs = "
-                                  f"{cfg.eval.every_epochs}); use the last one with --checkpoint latest")
-        raise CheckpointError(f"{run_dir}: no checkpoint to load")
-    from mindgr.train.data import FINGERPRINT_FILE, RunData, data_fingerprint, fingerprint_mismatch
-    saved_fp = run_dir / FINGERPRINT_FILE
-    data_note = None
-    if saved_fp.is_file():
-        diff = fingerprint_mismatch(json.loads(saved_fp.read_text()), data_fingerprint(cfg.data))
-        if diff and not allow_data_change:
-            raise CheckpointError(f"{run_dir}: its data changed since it was trained ({diff}); pass "
-                                  "--allow-data-change to use the data as it is now")
-        data_note = f"evaluated on changed data ({diff})" if diff else None
+    path = saved_checkpoint(run_dir, cfg, which)
+    from mindgr.train.data import RunData
+    data_note = data_change_note(run_dir, cfg, allow_data_change)
     setup_mindspore(cfg)
     data = RunData(cfg)
     model = Model(cfg, data.num_items)
     tensors, meta = load_checkpoint(path)
     from mindgr.train.table_checkpoint import full_table
-    table = full_table(ckpts.dir, path.name, data.num_items + 1)
+    table = full_table(path.parent, path.name, data.num_items + 1)   # the checkpoints directory
     if table is None:
         restore_parameters(model.train_step, tensors, str(path))
     else:                     # a run with a sharded item table (parallel.sparse): its shards hold the table
