@@ -37,28 +37,10 @@ def free_port() -> int:
 def start_server(run_dir, port: int, extra_args=(), timeout: float = 600.0, log_path=None, cwd=None):
     """A `mindgr serve` subprocess on 127.0.0.1:port, returned once /health says ok. Its output goes to
     log_path (default: a temporary file; proc.log_path names it), never to a pipe nobody reads."""
-    import httpx
     run = ["--run", str(run_dir)] if run_dir is not None else []     # None: extra_args say what (--random-gr)
-    cmd = [sys.executable, "-m", "mindgr", "serve", *run, "--host", "127.0.0.1",
-           "--port", str(port), *[str(a) for a in extra_args]]
-    if log_path is None:
-        fd, log_path = tempfile.mkstemp(prefix="mindgr-serve-", suffix=".log")
-        os.close(fd)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd)
-    proc.log_path = log_path
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mindgr serve exited with {proc.returncode}: {server_log(proc)[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    stop_server(proc)
-    raise RuntimeError(f"mindgr serve: not ready after {timeout:.0f} s")
+    proc = launch_server(port, [*run, *extra_args], cwd=cwd, log_path=log_path)
+    wait_ready(proc, port, timeout)
+    return proc
 
 
 def server_log(proc) -> str:
@@ -419,12 +401,13 @@ def _decode_delta(before: dict, after: dict) -> dict:
             for key in a["ms_per_batch"]}
 
 
-def launch_server(port: int, args, cwd=None):
+def launch_server(port: int, args, cwd=None, log_path=None):
     """A `mindgr serve` subprocess (not waited for: start several, then wait_ready each, so their compiles
     overlap)."""
     cmd = [sys.executable, "-m", "mindgr", "serve", "--host", "127.0.0.1", "--port", str(port), *[str(a) for a in args]]
-    fd, log_path = tempfile.mkstemp(prefix="mindgr-serve-", suffix=".log")
-    os.close(fd)
+    if log_path is None:
+        fd, log_path = tempfile.mkstemp(prefix="mindgr-serve-", suffix=".log")
+        os.close(fd)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd)
     proc.log_path = log_path

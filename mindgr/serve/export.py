@@ -106,15 +106,19 @@ class ExportedEncoder:
         return self.graphs[rows](ids, positions, offsets, timestamps, request_times)
 
 
+def read_manifest(d: Path) -> dict:
+    path = d / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{d}: no {MANIFEST} (not an export directory)")
+    return json.loads(path.read_text())
+
+
 def load_export(export_dir):
     """(manifest, ExportedEncoder, item table, item raw ids) from an export directory."""
     import mindspore as ms
     from mindspore import nn
     d = Path(export_dir)
-    path = d / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"{d}: no {MANIFEST} (not an export directory)")
-    manifest = json.loads(path.read_text())
+    manifest = read_manifest(d)
     graphs = {int(rows): nn.GraphCell(ms.load(str(d / e["file"]))) for rows, e in manifest["encoders"].items()}
     encoder = ExportedEncoder(graphs, "request_times" in manifest.get("inputs", {}))
     return (manifest, encoder, np.load(d / manifest["item_table"]["file"]),
@@ -233,10 +237,7 @@ def load_generative_export(export_dir):
     import numpy as np
     from mindspore import nn
     d = Path(export_dir)
-    path = d / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"{d}: no {MANIFEST} (not an export directory)")
-    manifest = json.loads(path.read_text())
+    manifest = read_manifest(d)
     if manifest.get("kind") != "generative":
         raise ValueError(f"{d}: not a generative export (use load_export)")
     graphs = {int(u): (nn.GraphCell(ms.load(str(d / g["prefill"]["file"]))),
