@@ -98,7 +98,7 @@ class GRDecoder(nn.Cell):
         if masks is not None:
             x = apply_dropout(x, masks[0])
         for i in range(self.num_blocks):
-            x = self.blocks[i](x, offsets, timestamps, masks[i + 1] if masks is not None else None)
+            x = self.blocks[i](x, offsets, timestamps, None, masks[i + 1] if masks is not None else None)  # no request time
         return layer_norm(x)
 
     def logits(self, hidden):
