@@ -181,3 +181,38 @@ def test_hstu_eval_without_history_filter():
     scores = np.stack([users[int(h[-12:][0])] for h in ev.histories]) @ table.T
     want, _ = target_ranks(scores, ev.targets, [()] * len(ev.targets))
     assert np.array_equal(got[False], want)
+
+
+@pytest.mark.slow  # an export of every graph shape
+def test_recommend_and_export_the_trained_run(gr_setup, tmp_path, capsys):
+    """The trained run served by its run directory: `mindgr recommend --run` gives the decoding engine's lists
+    on load_generative_run's model, and `mindgr export --run` writes graphs that give the same lists."""
+    from mindgr.cli import main
+    from mindgr.ids.decode import DecodingEngine
+    from mindgr.serve.export import load_generative_export
+    from mindgr.serve.generative import is_generative_run
+    from mindgr.train.generative import load_generative_run
+    from mindgr.train.data import load_store
+    run_dir, store = gr_setup["run"], load_store(load_config(None, SYNTH).data)
+    assert is_generative_run(run_dir)
+    raw = np.asarray(store.item_raw_ids)
+    hist = [3, 8, 1, 20, 7]
+    capsys.readouterr()
+    assert main(["recommend", "--run", str(run_dir), "--user-history", " ".join(str(raw[i]) for i in hist),
+                 "--k", "5", "--beam", "6", "--include-history"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()[1:]
+    got = [int(line.split("\t")[1]) for line in lines]
+    run = load_generative_run(run_dir)
+    eng = DecodingEngine(run.decoder, run.trie, run.codes, 6, run.max_history * run.decoder.num_levels, 1)
+    items, _ = eng.search([np.asarray(hist)[-run.max_history:]], 6)
+    assert got == [int(raw[i]) for i in items[0][:5]]
+
+    out = tmp_path / "export"
+    assert main(["export", "--run", str(run_dir), "--out", str(out), "--beam", "6", "--batch-shapes", "1"]) == 0
+    manifest, graphs, codes, _, _ = load_generative_export(out)
+    assert manifest["kind"] == "generative" and manifest["data"]["fingerprint"] is not None
+    np.testing.assert_array_equal(codes, run.codes)
+    eng.backend.prefill_net, eng.backend.step_net = graphs[1]
+    items2, _ = eng.search([np.asarray(hist)[-run.max_history:]], 6)
+    np.testing.assert_array_equal(items2, items)
+    json.dumps(manifest)
