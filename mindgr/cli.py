@@ -82,7 +82,8 @@ def cmd_compare(args) -> int:
     from mindgr.bench import write_result
     from mindgr.train.compare import compare_runs, format_comparison
     runs_a, runs_b = (side.split(",") for side in (args.run_a, args.run_b))
-    result = compare_runs(runs_a, runs_b, args.split, args.checkpoint, args.samples, _filter_history(args))
+    result = compare_runs(runs_a, runs_b, args.split, args.checkpoint, args.samples, _filter_history(args),
+                          args.max_users)
     print(format_comparison(result, args.run_a, args.run_b))
     write_result(result, args.out)
     return 0
@@ -504,6 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="also write the result as JSON here")
     c.add_argument("--filter-history", choices=["true", "false"],
                    help="rank with or without the history items (default: each run's eval.filter_history)")
+    c.add_argument("--max-users", type=int, default=0,
+                   help="generative runs: the fixed user sample of `mindgr eval --max-users` (default 0 = all)")
     c.set_defaults(func=cmd_compare)
 
     d = sub.add_parser("data", help="prepare a dataset into a sequence store")

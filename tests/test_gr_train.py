@@ -109,6 +109,9 @@ def test_compare_with_an_hstu_run(gr_setup, capsys):
     assert main(["compare", str(out / "hstu"), str(gr_setup["run"]), "--samples", "200"]) == 0
     text = capsys.readouterr().out
     assert "paired comparison over" in text and "hr@10" in text and "hr@50" not in text  # K both evaluated
+    # --max-users: the GR side decodes a fixed sample, the pairing keeps only those users
+    assert main(["compare", str(out / "hstu"), str(gr_setup["run"]), "--samples", "200", "--max-users", "20"]) == 0
+    assert "paired comparison over 20 users" in capsys.readouterr().out
     # ids.from_run: the HSTU run's item table tokenised at start, catalogue-checked
     from mindgr.train.data import load_store
     from mindgr.train.generative import check_codes_catalogue, resolve_codes

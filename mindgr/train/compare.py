@@ -102,19 +102,24 @@ def format_comparison(result: dict, name_a: str, name_b: str) -> str:
 
 
 def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", samples: int = 5000,
-                 filter_history: bool | None = None) -> dict:
+                 filter_history: bool | None = None, max_users: int = 0) -> dict:
     """Evaluate every run (their per-user ranks are saved under RUN/ranks/) and compare side A with side B;
     a side is one run directory or a list of them (seeds of one setting). filter_history: None = each run's
     eval.filter_history. The metrics compared are the K every run evaluated (a generative run's list is
-    only eval.beam long)."""
+    only eval.beam long). max_users: generative runs decode (or reuse the ranks of) `mindgr eval --max-users`'s
+    fixed sample of users; encoder runs rank everyone, and the pairing keeps the users both sides ranked."""
+    from mindgr.train.generative import is_generative_config
+    from mindgr.train.rundir import run_config
     from mindgr.train.run_eval import evaluate_any_run
     sides = [[runs] if isinstance(runs, (str, Path)) else list(runs) for runs in (runs_a, runs_b)]
     for runs in sides:                  # checked for both sides before any (slow) evaluation
         if not runs or any(not str(run) for run in runs):
             raise ValueError(f"a side of the comparison names an empty run directory ({runs}): give DIR or "
                              "DIR1,DIR2,... without empty entries")
-    evaluated = [[evaluate_any_run(Path(run), split, which, filter_history=filter_history) for run in runs]
-                 for runs in sides]
+    def evaluate(run):
+        sample = max_users if is_generative_config(run_config(Path(run))) else 0
+        return evaluate_any_run(Path(run), split, which, filter_history=filter_history, max_users=sample)
+    evaluated = [[evaluate(run) for run in runs] for runs in sides]
     loaded = [[load_ranks(r["ranks_file"]) for r in side] for side in evaluated]
     targets = loaded[0][0][2]
     for runs, side in zip(sides, loaded):
