@@ -59,6 +59,9 @@ def worker(args):
         cpu["plan"][-1] /= n
         wall["plan"][-1] /= n
     batches = plan.batches(0)
+    c0 = time.thread_time()
+    d.train.batch(batches[0])                  # the first batch of a run (new: also concatenates the examples)
+    first = 1e3 * (time.thread_time() - c0)
     for b in range(args.batches):
         indices = batches[b % len(batches)]
         batch = timed("pack", lambda: d.train.batch(indices))
@@ -73,10 +76,11 @@ def worker(args):
     print(json.dumps({"cpu": {p: med(v) for p, v in cpu.items()}, "wall": {p: med(v) for p, v in wall.items()},
                       "shape": [d.train.token_capacity, d.train.row_capacity, cfg.loss.num_negatives,
                                 enc.dropout_sites, enc.dropout_width],
+                      "first_pack": first,
                       "rows": float(np.mean([len(batches[b % len(batches)]) for b in range(args.batches)]))}))
 
 
-def snapshot(repo: Path, into: Path) -> Path:
+def snapshot(repo: Path, into: Path) -> tuple:
     into.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(repo), "archive", "HEAD"], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
@@ -101,6 +105,7 @@ def summary(values) -> str:
 
 
 def main():
+    import numpy as np
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", default="/work/main")
     ap.add_argument("--new", default=str(Path(__file__).resolve().parents[2]))
@@ -128,9 +133,11 @@ def main():
           f"[{shape[3]}, {shape[0]}, {shape[4]}]; {got['new'][0]['rows']:.0f} rows per batch on average; "
           f"{args.rounds} rounds x {args.batches} batches, alternating; old {args.old} @ {trees['old'][1]}, "
           f"new {args.new} @ {trees['new'][1]}")
+    print("first batch of a run, pack cpu ms (new: includes concatenating the examples once): old "
+          f"{summary([r['first_pack'] for r in got['old']])}, new {summary([r['first_pack'] for r in got['new']])}")
     for clock in ("cpu", "wall"):
         print(f"\n{clock} ms per batch: median [range] over rounds of the per-round median")
-        print(f"| part | old | new | old / new |")
+        print("| part | old | new | old / new |")
         print("|---|---|---|---|")
         totals = {}
         for side in ("old", "new"):
@@ -138,7 +145,6 @@ def main():
         for p in PARTS + ("total",):
             old = totals["old"] if p == "total" else [rec[clock][p] for rec in got["old"]]
             new = totals["new"] if p == "total" else [rec[clock][p] for rec in got["new"]]
-            import numpy as np
             ratio = np.median(old) / max(np.median(new), 1e-9)
             print(f"| {p} | {summary(old)} | {summary(new)} | {ratio:.2f}x |")
 
