@@ -10,6 +10,12 @@ old, ... Every subprocess loads configs/ml-1m/hstu.yaml's data (or --data-dir), 
 clock (time.thread_time: what it takes from the 2 shared cores) and the wall clock; per round the
 median over batches, then the median [range] over rounds. `plan` is the per-epoch batch plan divided by
 the batches of an epoch. Skips (exit 0) when the ML-1M files are absent.
+
+    python benchmarks/probes/host_input_ab.py --rng-floor     # why negatives and masks stay as they are
+
+times, in this process, numpy's per-token draw (Generator.integers: Lemire's method in C) against the
+raw PCG64 words it consumes and against the same multiply-high written as numpy array operations
+(without even the rare rejections), and the masks' raw words against their conversion to floats.
 """
 from __future__ import annotations
 
@@ -80,6 +86,52 @@ def worker(args):
                       "rows": float(np.mean([len(batches[b % len(batches)]) for b in range(args.batches)]))}))
 
 
+def rng_floor(rounds: int = 15):
+    import numpy as np
+    t, r, v, sites, width = 13824, 128, 3706, 3, 50          # ML-1M: tokens, negatives, items, mask shape
+    words = -(-width // 4)
+
+    def draws():
+        return np.random.default_rng([0, 1, 2, 7]).integers(1, v + 1, (t, r), dtype=np.int32)
+
+    def draw_words():
+        return np.random.default_rng([0, 1, 2, 7]).bit_generator.random_raw(t * r // 2)
+
+    def vectorised_lemire():
+        u = draw_words().view(np.uint32)                     # next_uint32: the low half of a word first
+        x = np.multiply(u, v * 2.0 ** -32, dtype=np.float64)  # u * v / 2^32, exact in float64 here
+        x += 1.0
+        return x.astype(np.int32).reshape(t, r)
+
+    def mask_words():
+        return np.random.PCG64(np.random.SeedSequence([0, 1, 2, 8])).random_raw(sites * t * words)
+    raw = mask_words()
+
+    def mask_floats():
+        from mindgr.train.masks import DropoutMasks
+        m = DropoutMasks(0, 0.2, (sites, t, width))
+        out = np.empty((sites, t, width), np.float32)
+        m._keep(raw, sites * t, out.reshape(sites * t, width))
+        return out
+    a, b = draws().ravel(), vectorised_lemire().ravel()
+    first = np.flatnonzero(a != b)
+    print(f"vectorised Lemire equals Generator.integers up to its first rejection, at draw "
+          f"{first[0] if len(first) else 'none'} of {len(a)}")
+    fns = {"negatives: Generator.integers": draws, "negatives: its raw PCG64 words alone": draw_words,
+           "negatives: the same as numpy array ops": vectorised_lemire,
+           "masks: raw PCG64 words": mask_words, "masks: words -> scaled keep floats": mask_floats}
+    cpu = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            c = time.thread_time()
+            f()
+            cpu[k].append(time.thread_time() - c)
+    print(f"cpu ms, {rounds} alternating calls: median [range]")
+    for k, vals in cpu.items():
+        vals = 1e3 * np.array(vals)
+        print(f"  {k}: {np.median(vals):.2f} [{vals.min():.2f}-{vals.max():.2f}]")
+
+
 def snapshot(repo: Path, into: Path) -> tuple:
     into.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(repo), "archive", "HEAD"], check=True, capture_output=True).stdout
@@ -113,10 +165,13 @@ def main():
     ap.add_argument("--data-dir", default="/work/shared/data/ml-1m")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batches", type=int, default=24)
+    ap.add_argument("--rng-floor", action="store_true", help="time numpy's draws against their raw words")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
+    if args.rng_floor:
+        return rng_floor()
     data = Path(args.data_dir)
     if not (data / "sequences.txt").is_file() or not (data / "ratings_users_1-2999.dat.gz").is_file():
         print(f"skipped: no ML-1M data under {data}")
