@@ -128,6 +128,10 @@ def test_packing_edge_cases_equal_build_batch(with_times, with_request):
     for bad, message in (([0, 1, 2, 3, 4, 5, 6], "exceed row_capacity"), ([4, 4, 7], "exceed token_capacity")):
         with pytest.raises(ValueError, match=message):
             ex.batch(bad)
+    if with_times:                                             # ragged times: build_batch's own error
+        ragged = times[:2] + [times[2][:-1]] + times[3:]
+        with pytest.raises(ValueError):
+            Examples(inputs, ragged, targets, 40, 6, request).batch([1, 2])
     targets[2] = targets[2][:-1]                               # build_batch's own error for a ragged example
     with pytest.raises(ValueError, match="example 2: 4 targets for 5 inputs"):
         Examples(inputs, times, targets, 40, 6, request).batch([1, 2])

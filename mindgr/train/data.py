@@ -108,8 +108,9 @@ class Examples:
     @cached_property
     def flat(self) -> FlatExamples | None:
         """The examples concatenated, made on the first batch (the lists are not changed afterwards);
-        None when some example's targets and inputs differ in length (then build_batch reports it)."""
-        if any(len(x) != len(y) for x, y in zip(self.inputs, self.targets)):
+        None when some example's targets or times and inputs differ in length (build_batch reports it)."""
+        times = self.times if self.times is not None else self.inputs
+        if any(len(x) != len(y) or len(x) != len(t) for x, y, t in zip(self.inputs, self.targets, times)):
             return None
         return FlatExamples(self.inputs, self.times, self.targets, self.request_times)
 
