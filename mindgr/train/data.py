@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
-from mindgr.datasets import (EpochPlan, auto_capacities, build_batch, eval_examples, leave_one_out,
+from mindgr.datasets import (EpochPlan, JaggedBatch, auto_capacities, build_batch, eval_examples, leave_one_out,
                              plan_batches, read_any, read_store, training_examples, training_request_times)
 from mindgr.train.checkpoint import file_sha256
 
@@ -37,6 +38,58 @@ def _in_seconds(times, unit: str):
     return [t // 1000 for t in times]
 
 
+class FlatExamples:
+    """Jagged examples as flat arrays, concatenated once: a batch is packed with one gather per field
+    (no per-row Python), exactly what mindgr.datasets.build_batch packs (the readable reference).
+    Every example's targets must be as long as its inputs (Examples.flat checks)."""
+
+    def __init__(self, inputs, times, targets, request_times=None):
+        self.lengths = np.fromiter((len(x) for x in inputs), np.int64, len(inputs))
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        total = int(self.lengths.sum())
+        flat = (lambda arrays, dtype: np.concatenate(arrays) if total else np.zeros(0, dtype))
+        self.inputs, self.targets = flat(inputs, np.int32), flat(targets, np.int32)
+        self.times = None if times is None else flat(times, np.int64)
+        self.positions = np.arange(total, dtype=np.int64) - np.repeat(self.starts, self.lengths)
+        self.request_times = None if request_times is None else np.asarray(request_times, dtype=np.int64)
+
+    def batch(self, indices, token_capacity: int, row_capacity: int) -> JaggedBatch:
+        indices = np.asarray(indices, dtype=np.int64)
+        nrows = len(indices)
+        if nrows > row_capacity:
+            raise ValueError(f"{nrows} examples exceed row_capacity {row_capacity}")
+        lens = self.lengths[indices]
+        total = int(lens.sum())
+        if total > token_capacity:
+            raise ValueError(f"{total} tokens exceed token_capacity {token_capacity}")
+        ids = np.zeros(token_capacity, dtype=np.int32)
+        tgt = np.zeros(token_capacity, dtype=np.int32)
+        times = np.zeros(token_capacity, dtype=np.int64)
+        positions = np.zeros(token_capacity, dtype=np.int32)
+        offsets = np.full(row_capacity + 1, total, dtype=np.int32)
+        rows = np.full(row_capacity, -1, dtype=np.int64)
+        ends = np.cumsum(lens)
+        offsets[0] = 0
+        offsets[1:nrows + 1] = ends
+        rows[:nrows] = indices
+        if total:
+            # token k of the batch is flat token src[k]: its example's start + its position in the row
+            src = np.arange(total, dtype=np.int64) + np.repeat(self.starts[indices] - (ends - lens), lens)
+            ids[:total] = self.inputs[src]
+            tgt[:total] = self.targets[src]
+            positions[:total] = self.positions[src]
+            if self.times is not None:
+                times[:total] = self.times[src]
+        req = np.zeros(row_capacity, dtype=np.int64)
+        if nrows:
+            if self.request_times is not None:
+                req[:nrows] = self.request_times[indices]
+            elif self.times is not None:
+                req[:nrows] = np.where(lens > 0, times[np.maximum(offsets[1:nrows + 1] - 1, 0)], 0)
+        return JaggedBatch(ids=ids, targets=tgt, timestamps=times, offsets=offsets, positions=positions,
+                           rows=rows, num_tokens=total, num_rows=nrows, request_times=req)
+
+
 @dataclass
 class Examples:
     """Jagged examples (inputs, their times, aligned targets) packed at fixed capacities; request_times:
@@ -52,9 +105,22 @@ class Examples:
     def lengths(self) -> np.ndarray:
         return np.array([len(x) for x in self.inputs], dtype=np.int64)
 
-    def batch(self, indices):
-        return build_batch(indices, self.inputs, self.times, self.targets, self.token_capacity,
-                           self.row_capacity, self.request_times)
+    @cached_property
+    def flat(self) -> FlatExamples | None:
+        """The examples concatenated, made on the first batch (the lists are not changed afterwards);
+        None when some example's targets or times and inputs differ in length (build_batch reports it)."""
+        times = self.times if self.times is not None else self.inputs
+        if any(len(x) != len(y) or len(x) != len(t) for x, y, t in zip(self.inputs, self.targets, times)):
+            return None
+        return FlatExamples(self.inputs, self.times, self.targets, self.request_times)
+
+    def batch(self, indices, token_capacity: int | None = None, row_capacity: int | None = None):
+        """The packed batch of these examples (JaggedBatch; capacities default to the examples')."""
+        t_cap = self.token_capacity if token_capacity is None else token_capacity
+        b_cap = self.row_capacity if row_capacity is None else row_capacity
+        if self.flat is None:
+            return build_batch(indices, self.inputs, self.times, self.targets, t_cap, b_cap, self.request_times)
+        return self.flat.batch(indices, t_cap, b_cap)
 
     def plan(self) -> list:
         """The evaluation batches: every example once, in order (the same on every rank)."""

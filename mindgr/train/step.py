@@ -51,8 +51,17 @@ class StepInputs(NamedTuple):
         return head if self.scale is None else head + (self.scale,)
 
     def tensors(self) -> list:
-        from mindspore import Tensor
-        return [Tensor(x) for x in self.as_tuple()]
+        """MindSpore tensors of as_tuple(), sharing the host arrays' memory (no copy: the step only reads
+        them, and every batch's arrays are its own, or constant); scalars and strided arrays are copied."""
+        return [host_tensor(x) for x in self.as_tuple()]
+
+
+def host_tensor(x):
+    """A MindSpore tensor over a C-contiguous numpy array's own memory (mindspore.from_numpy), else a copy."""
+    from mindspore import Tensor, from_numpy
+    if isinstance(x, np.ndarray) and x.flags.c_contiguous and x.flags.aligned and x.flags.writeable:
+        return from_numpy(x)
+    return Tensor(x)
 
 
 class TrainStep(nn.Cell):
