@@ -6,12 +6,14 @@ Three ways to compute LayerNorm(x) and u * LayerNorm(A v), everything else the c
   composed  the reference: ~7 generic MindSpore ops per LayerNorm and their gradients (the old glue)
   ms_prim   MindSpore's own fused ops.LayerNorm primitive (gamma = 1, beta = 0) with its LayerNormGrad
   fused     mindgr.ops.cpu layer_norm / gated_layer_norm (layernorm.cc)
+  floor     no LayerNorm at all (x, u * y): WRONG math, timing only, the cost of everything around it
 Each is timed (a) as one HSTUBlock forward + backward (value_and_grad w.r.t. x and every parameter)
 at ML-1M shape (D 50, H 1, dqk = dv = 50, N 200, time bias), and (b) as the glue alone: LN(x) and
 u * LN(y) forward + backward over [T, 50]. The variants' graphs are compiled once each by swapping
 the op table entry (mindgr.ops.backend.ACTIVE) before the first call; then calls alternate
 (the order rotates every round). Prints median [min, max] ms, ratios of medians, the glue's share
-of the block (glue-alone median / block median), and the largest differences from `composed`.
+of the block (glue-alone median / block median), the largest differences from `composed`, and
+what the fused LayerNorms cost over `floor`.
 Rows: log-normal lengths (median 60, cut to [1, N]) filling --tokens with a short unused tail,
 or 200-token rows (--full-rows: attention at its most expensive, so the glue's smallest share).
 """
@@ -52,7 +54,8 @@ def main(argv=None) -> int:
 
     variants = {"composed": (reference.layer_norm, reference.gated_layer_norm),
                 "ms_prim": (prim_layer_norm, prim_gated),
-                "fused": (cpu.layer_norm, cpu.gated_layer_norm)}
+                "fused": (cpu.layer_norm, cpu.gated_layer_norm),
+                "floor": (lambda x, eps=1e-6: x, lambda u, y, eps=1e-6: u * y)}
 
     rng = np.random.default_rng(0)
     N, D, T = 200, 50, args.tokens
@@ -106,7 +109,7 @@ def main(argv=None) -> int:
         return [bv, bdx, *bdw, gv, *gd]
 
     ref = [a.asnumpy() for a in flat(first["composed"])]
-    for name in variants:
+    for name in [n for n in variants if n != "floor"]:
         got = [a.asnumpy() for a in flat(first[name])]
         err = max(float(np.abs(g - r).max() / max(np.abs(r).max(), 1e-30)) for g, r in zip(got, ref))
         print(f"{name}: largest |diff| / scale vs composed over loss and all gradients: {err:.2g}")
@@ -131,9 +134,11 @@ def main(argv=None) -> int:
             v = np.array(times[(n, part)]) * 1e3
             cols.append(f"{med[(n, part)]:8.1f} [{v.min():7.1f}, {v.max():7.1f}]")
         print(f"{n:10s} {cols[0]:>26s} {cols[1]:>26s} {med[(n, 'glue')] / med[(n, 'block')]:10.0%}")
-    for n in names[1:]:
+    for n in names[1:3]:
         print(f"composed / {n}: block {med[('composed', 'block')] / med[(n, 'block')]:.2f}x, "
               f"glue {med[('composed', 'glue')] / med[(n, 'glue')]:.2f}x")
+    print(f"fused over floor: block +{med[('fused', 'block')] - med[('floor', 'block')]:.1f} ms, "
+          f"glue +{med[('fused', 'glue')] - med[('floor', 'glue')]:.1f} ms (what the two LayerNorms still cost)")
     return 0
 
 
