@@ -98,7 +98,8 @@ class GRDecoder(nn.Cell):
         if masks is not None:
             x = apply_dropout(x, masks[0])
         for i in range(self.num_blocks):
-            x = self.blocks[i](x, offsets, timestamps, None, masks[i + 1] if masks is not None else None)  # no request time
+            x = self.blocks[i](x, offsets, timestamps,  # no request time
+                               drop_mask=masks[i + 1] if masks is not None else None)
         return layer_norm(x)
 
     def logits(self, hidden):

@@ -12,9 +12,9 @@ the event being predicted), else that position's own time (MindGR's earlier conv
 import numpy as np
 from mindspore import nn, ops
 
-from mindgr.models.layers import (ItemSequenceEncoder, apply_dropout, l2_normalize, layer_norm, param, trunc_normal,
-                                  xavier_uniform)
+from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
 from mindgr.ops.attention import jagged_hstu_attention
+from mindgr.ops.norm import gated_layer_norm, layer_norm
 
 
 class HSTUBlock(nn.Cell):
@@ -29,11 +29,13 @@ class HSTUBlock(nn.Cell):
         self.b_out = param(np.zeros(dim, np.float32), f"{prefix}.b_out")
 
     def construct(self, x, offsets, timestamps, request_times=None, drop_mask=None):
+        """x [T, D] -> [T, D]. Callers pass request_times and drop_mask by name (both optional)."""
         t = x.shape[0]
         hv, hqk = self.h * self.dv, self.h * self.dqk
         # u, v, q, k as four matmuls against column slices of W_uvqk (same parameter, same math as
         # split(SiLU(LN(x) W_uvqk))): the backward then writes each slice's gradient once into
-        # W_uvqk's small [D, width] gradient instead of zero-filling four [T, width] buffers
+        # W_uvqk's small [D, width] gradient instead of zero-filling four [T, width] buffers.
+        # Both LayerNorms go through mindgr.ops.norm (the cpu backend: one fused kernel each way).
         xn = layer_norm(x)
         w = self.w_uvqk
         u = ops.silu(ops.matmul(xn, w[:, :hv]))
@@ -45,7 +47,7 @@ class HSTUBlock(nn.Cell):
         k = k.reshape(t, self.h, self.dqk)
         attn = jagged_hstu_attention(q, k, v, offsets, timestamps, self.w_pos, self.w_ts, self.max_len,
                                      request_times)
-        o = u * layer_norm(attn.reshape(t, hv))
+        o = gated_layer_norm(u, attn.reshape(t, hv))
         if drop_mask is not None:
             o = apply_dropout(o, drop_mask)
         return x + ops.matmul(o, self.w_out) + self.b_out
@@ -77,7 +79,8 @@ class HSTU(ItemSequenceEncoder):
         if masks is not None:
             x = apply_dropout(x, masks[0])
         for i in range(self.num_blocks):
-            x = self.blocks[i](x, offsets, timestamps, req, masks[i + 1] if masks is not None else None)
+            x = self.blocks[i](x, offsets, timestamps, request_times=req,
+                               drop_mask=masks[i + 1] if masks is not None else None)
         return l2_normalize(x)
 
 

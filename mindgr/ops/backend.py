@@ -4,7 +4,7 @@ A backend is a module registered here by name (`register_backend`). It declares 
     PROVIDES             {op name: function}, each with the signature documented in OPS below
     unavailable_reason() None when it can run in this process, else a one-line reason
 Adding a backend = one `register_backend` line below (and its module). `set_backend(name)` fills ACTIVE,
-the module-level table the dispatch modules (attention, jagged, scoring) read inside graph code: a dict
+the module-level table the dispatch modules (attention, jagged, scoring, norm) read inside graph code: a dict
 of plain functions, resolved when a Cell compiles, so set the backend before building a model (the
 runtime does it from config `ops.backend`). An op the chosen backend does not provide runs the
 reference with ONE logged warning naming the ops (or, with strict=True, is an error): never silently.
@@ -25,6 +25,8 @@ OPS = {
     "sampled_logits": "(out, table, ids, score_all) -> [T, R]",
     "sampled_lse": "(x, table, ids, targets, pos, score_all) -> [T]",
     "shared_pool_lse": "(x, cand, logq, cand_ids, targets, pos) -> [T]",
+    "layer_norm": "(x, eps) -> [.., D]",
+    "gated_layer_norm": "(u, y, eps) -> [.., D]",
 }
 REFERENCE = "reference"
 AUTO_ORDER = {"Ascend": ("ascend", REFERENCE)}  # `auto`: the first that runs here; other devices below

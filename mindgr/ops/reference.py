@@ -207,11 +207,26 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
     return ops.where(targets > 0, lse, ops.zeros_like(lse))
 
 
+def layer_norm(x, eps: float = 1e-6):
+    """LayerNorm over the last axis with no learned scale or shift (HSTU's): (x - mean) / sqrt(var + eps),
+    var = mean((x - mean)^2), as ~7 generic MindSpore ops and their gradients (the fused kernels' oracle)."""
+    mean = x.mean(-1, keep_dims=True)
+    centered = x - mean
+    var = (centered * centered).mean(-1, keep_dims=True)
+    return centered * ops.rsqrt(var + eps)
+
+
+def gated_layer_norm(u, y, eps: float = 1e-6):
+    """u * layer_norm(y): HSTU's gated output u * LayerNorm(A v)."""
+    return u * layer_norm(y, eps)
+
+
 # The backend registry's view of this module (mindgr.ops.backend): every op, runnable anywhere.
 PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention,
             "softmax_attention": softmax_attention,
             "jagged_to_padded": jagged_to_padded, "padded_to_jagged": padded_to_jagged,
-            "sampled_logits": sampled_logits, "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse}
+            "sampled_logits": sampled_logits, "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse,
+            "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm}
 
 
 def unavailable_reason():

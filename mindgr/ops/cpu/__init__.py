@@ -8,6 +8,7 @@
     sampled_logits(out, table, ids, score_all=False) -> [T, R]  (score_all: ignored)
     sampled_lse(x, table, ids, targets, pos) -> [T]   (the sampled-softmax tail fused with the scoring)
     shared_pool_lse(x, cand, logq, cand_ids, targets, pos) -> [T]
+    layer_norm(x, eps) -> [.., D];  gated_layer_norm(u, y, eps) = u * layer_norm(y)   (layernorm.cc)
 
 Same math as `mindgr.ops.reference`; usable in PyNative and inside a GRAPH-mode Cell (static shapes
 only: a custom AOT op cannot infer a shape from a value). Output lengths that are not a dimension
@@ -33,6 +34,10 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrSampledLseBwd(x, table, ids, targets, pos, lse, dlse) -> d_x, d_table, d_pos
     MindgrPoolLse(x, cand, logq, cand_ids, targets, pos) -> lse      (gradient: MindgrPoolLseBwd)
     MindgrPoolLseBwd(x, cand, logq, cand_ids, targets, pos, lse, dlse) -> d_x, d_cand, d_logq, d_pos
+    MindgrLayerNorm(x, eps[1]) -> y                                  (gradient: MindgrLayerNormBwd)
+    MindgrLayerNormBwd(x, eps, dy) -> dx
+    MindgrGatedLayerNorm(u, y, eps[1]) -> u * LN(y)                  (gradient: MindgrGatedLayerNormBwd)
+    MindgrGatedLayerNormBwd(u, y, eps, dout) -> du, dy
 
 A kernel that rejects its inputs makes MindSpore raise "Return value from CPU AOT kernel ... is N":
 10-16 wrong number/rank/dtype/shape of arguments, 17 offsets not non-decreasing from >= 0 to <= T
@@ -64,6 +69,7 @@ _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBw
             "MindgrJaggedToPadded", "MindgrPaddedToJagged",
             "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrSampledLse", "MindgrSampledLseBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
             "MindgrBiasAttnFwd", "MindgrBiasAttnFwdNoTs", "MindgrBiasAttnBwd", "MindgrBiasAttnBwdNoTs",
+            "MindgrLayerNorm", "MindgrLayerNormBwd", "MindgrGatedLayerNorm", "MindgrGatedLayerNormBwd",
             "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
             "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe")
 
@@ -391,6 +397,40 @@ class _Primitives:
     def pool_lse(self):
         return self._pool_lse(ms.float32)
 
+    # Row LayerNorms of the block glue (layernorm.cc): the backward recomputes the row statistics ---
+    @property
+    def layer_norm_bwd(self):
+        return self._get("layer_norm_bwd", lambda: _aot(
+            "MindgrLayerNormBwd", lambda x, e, d: x, lambda x, e, d: x))
+
+    @property
+    def layer_norm(self):
+        def make():
+            bwd = self.layer_norm_bwd
+
+            def bprop(x, eps, out, dout):
+                return bwd(x, eps, dout), ops.zeros_like(eps)
+
+            return _aot("MindgrLayerNorm", lambda x, e: x, lambda x, e: x, bprop)
+        return self._get("layer_norm", make)
+
+    @property
+    def gated_layer_norm_bwd(self):
+        return self._get("gated_layer_norm_bwd", lambda: _aot(
+            "MindgrGatedLayerNormBwd", lambda u, y, e, d: (u, y), lambda u, y, e, d: (u, y)))
+
+    @property
+    def gated_layer_norm(self):
+        def make():
+            bwd = self.gated_layer_norm_bwd
+
+            def bprop(u, y, eps, out, dout):
+                du, dy = bwd(u, y, eps, dout)
+                return du, dy, ops.zeros_like(eps)
+
+            return _aot("MindgrGatedLayerNorm", lambda u, y, e: u, lambda u, y, e: u, bprop)
+        return self._get("gated_layer_norm", make)
+
     @property
     def pool_lse_fp16(self):
         return self._pool_lse(ms.float16)
@@ -486,7 +526,26 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
     return _P.pool_lse(args[0], _as(cand, ms.float32), *args[2:])
 
 
+def _eps(eps: float):
+    return ops.full((1,), eps, dtype=ms.float32)
+
+
+def layer_norm(x, eps: float = 1e-6):
+    """(x - mean) / sqrt(var + eps) over the last axis, no scale or shift (HSTU's LayerNorm): one pass over
+    x forward, one over (x, dy) backward (the row statistics are recomputed, nothing saved); see reference."""
+    dtype = x.dtype
+    return _as(_P.layer_norm(_as(x, ms.float32), _eps(eps)), dtype)
+
+
+def gated_layer_norm(u, y, eps: float = 1e-6):
+    """u * layer_norm(y) (HSTU's u * LayerNorm(A v)), u and y of the same shape [.., D], forward and
+    backward (du, dy) each in one pass over their [.., D] inputs; see reference."""
+    dtype = y.dtype
+    return _as(_P.gated_layer_norm(_as(u, ms.float32), _as(y, ms.float32), _eps(eps)), dtype)
+
+
 # The backend registry's view of this module (mindgr.ops.backend); softmax_attention is reference-only.
 PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention, "jagged_to_padded": jagged_to_padded,
             "padded_to_jagged": padded_to_jagged, "sampled_logits": sampled_logits,
-            "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse}
+            "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse,
+            "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm}

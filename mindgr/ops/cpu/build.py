@@ -25,7 +25,8 @@ import sys
 import tempfile
 
 SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ("hstu_attention.cc", "jagged.cc", "sampled_logits.cc", "shared_pool.cc", "bias_attention.cc")
+SOURCES = ("hstu_attention.cc", "jagged.cc", "sampled_logits.cc", "shared_pool.cc", "bias_attention.cc",
+           "layernorm.cc")
 HEADERS = ("common.h",)
 LIB_PREFIX = "libmindgr_cpu_"
 CXX_FLAGS = (
