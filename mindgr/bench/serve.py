@@ -240,16 +240,19 @@ def bench_index_recall(run_dir, k: int = 10, nprobes=(1, 2, 4, 8, 16), users: in
 
 def _ranks_equal_eval(run, exact, vecs, ev, n: int) -> int:
     """How many of the first n test users get, from the served full ranking (history items other than
-    the target removed, as eval removes them), the target rank that mindgr.train.evaluate computes."""
+    the target removed, as eval removes them), the target rank that mindgr.train.evaluate computes (its
+    count of items scored above the target; with t items tied with it, eval's rank is tie-aware and any
+    place among the t + 1 equal scores counts as equal)."""
     from mindgr.train.evaluate import evaluate
-    _, ranks = evaluate(run.model.encode_last, run.model.item_table(), run.data.eval["test"], ev, [10],
-                        per_user=True)
+    _, ranks, ties = evaluate(run.model.encode_last, run.model.item_table(), run.data.eval["test"], ev, [10],
+                              per_user=True)
     full = exact.top_k(vecs, [exact.table.shape[0] - 1] * n, [None] * n)
     same = 0
     for u, (ids, _) in enumerate(full):
         target, hist = ev.targets[u], set(np.asarray(ev.histories[u]).tolist())
         ranking = [i for i in ids.tolist() if i == target or i not in hist]
-        same += int(ranking.index(target) == ranks[u])
+        same += int(ranks[u] <= ranking.index(target) <= ranks[u] + ties[u])
+    print(f"({int((np.asarray(ties[:n]) > 0).sum())} of the {n} targets tie with other items' scores)")
     return same
 
 
