@@ -1,0 +1,21 @@
+"""The capacity bound of `mindgr bench serve --gr`: per-shape batch times from two /metrics snapshots."""
+from mindgr.bench.serve import _shape_ms, capacity_bound
+
+
+def snap(hist, ms):
+    return {"batches": {"shape_histogram": hist, "compute_ms_per_batch": ms}}
+
+
+def test_shape_ms_is_the_mean_of_the_batches_between_snapshots():
+    before = snap({"1": 2, "2": 1}, {"1": 100.0, "2": 300.0})
+    after = snap({"1": 3, "2": 3, "4": 1}, {"1": 110.0, "2": 320.0, "4": 900.0})
+    got = _shape_ms(before, after)
+    assert set(got) == {1, 2, 4}
+    assert abs(got[1] - (330.0 - 200.0)) < 1e-9          # one new 1-user batch of 130 ms
+    assert abs(got[2] - (960.0 - 300.0) / 2) < 1e-9      # two new 2-user batches, 330 ms each
+    assert got[4] == 900.0
+
+
+def test_capacity_is_the_best_users_per_second_over_shapes():
+    assert capacity_bound({1: 500.0, 2: 800.0, 4: 2000.0}) == (2.5, 2)
+    assert capacity_bound({}) == (None, None)
