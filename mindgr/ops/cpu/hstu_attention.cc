@@ -13,8 +13,8 @@
 // one compare) and a gather of w_ts, on time stamps made relative to the row (int32) once per
 // row.  Rows whose times span 2^31 s or more use the exact scalar BucketTable instead.
 //
-// Forward work items are (row, block of QB queries) with the heads inside; they write disjoint
-// outputs.  Backward work items are (row, head), each done start to end by one thread: per key
+// Forward work items are whole rows (or, with few rows, blocks of QB queries of a row), heads
+// inside; they write disjoint outputs.  Backward work items are (row, head), each done start to end by one thread: per key
 // tile (TILE keys) and query tile at or below it, it recomputes the scores and dO V^T, forms P
 // and dS in registers and accumulates dq, dk, dv by register-blocked rank updates; the weight
 // gradients are summed per item in float, then per fixed chunk of items in double, and the
@@ -107,35 +107,6 @@ struct BucketTable {
     std::memcpy(&bits, &g, sizeof(bits));
     const int e = (bits >> 23) & 255;
     return base[e] + (bits >= step[0][e]) + (bits >= step[1][e]) + (bits >= step[2][e]);
-  }
-
-  // bucket_out[j] = bucket(|tq - tk[j]|) and row[j] += wts[bucket] for j < n (vectorises: gathers).
-  void row(int64_t tq, const int64_t* __restrict tk, int n, const float* __restrict wts,
-           float* __restrict row_out, int32_t* __restrict bucket_out) const {
-    if (!exact_table) {
-      for (int j = 0; j < n; ++j) {
-        int64_t dt = tq - tk[j];
-        int b = bucket_formula(dt < 0 ? -dt : dt, nb);
-        bucket_out[j] = b;
-        row_out[j] += wts[b];
-      }
-      return;
-    }
-    const int32_t* __restrict s0 = step[0];
-    const int32_t* __restrict s1 = step[1];
-    const int32_t* __restrict s2 = step[2];
-    for (int j = 0; j < n; ++j) {
-      int64_t dt = tq - tk[j];
-      int64_t gap = dt < 0 ? -dt : dt;
-      gap = gap < 1 ? 1 : gap;
-      float g = static_cast<float>(gap);
-      int32_t bits;
-      std::memcpy(&bits, &g, sizeof(bits));
-      const int e = (bits >> 23) & 255;
-      const int b = base[e] + (bits >= s0[e]) + (bits >= s1[e]) + (bits >= s2[e]);
-      bucket_out[j] = b;
-      row_out[j] += wts[b];
-    }
   }
 };
 
