@@ -185,7 +185,7 @@ def test_request_times_none_is_the_last_positions_own_time():
 
 
 def test_attention_thread_count_invariance(monkeypatch):
-    """out, dq, dk, dv do not depend on the number of threads; weight grads only up to rounding."""
+    """Every output and gradient (dw_pos and dw_ts too) is bitwise the same for 1, 2 and 3 threads."""
     heads, dqk, dv, max_len, rows, tokens, buckets, extra = CONFIGS[3]
     run_cpu = attention_runner(cpu.hstu_attention, max_len, True)
     _, a = attention_inputs(5, rows, tokens, heads, dqk, dv, max_len, buckets, extra)
@@ -195,10 +195,56 @@ def test_attention_thread_count_invariance(monkeypatch):
         assert cpu.kernel_threads() == int(threads)
         results[threads] = run_cpu(a)
     for threads in ("2", "3"):
-        for name in ("out", "dq", "dk", "dv"):
+        for name in ("out", "dq", "dk", "dv", "dw_pos", "dw_ts"):
             assert np.array_equal(results["1"][name], results[threads][name]), (threads, name)
-        for name in ("dw_pos", "dw_ts"):
-            assert_close(results[threads][name], results["1"][name], f"{threads} threads {name}")
+
+
+def test_attention_many_rows_and_time_spans_beyond_int32(monkeypatch):
+    """Enough rows that the forward takes whole rows as work items (the configs above have too few);
+    rows whose times span 2^31 s or more (every other row here) take the exact scalar time-bucket
+    path, the others the vectorised one; equal to the reference, and bitwise the same for 1 and 2
+    threads.  The vectorised bucket table is exact for these bucket counts."""
+    cpu.library_path()
+    for nb in (128, 20):
+        assert cpu._loaded["cdll"].mindgr_time_bucket_cells_ok(nb) == 1
+    heads, dqk, dv, max_len, rows, tokens, buckets = 2, 24, 40, 70, 20, 1000, 128  # >= 8 rows per thread
+
+    def draw(seed):
+        rng = np.random.default_rng(seed)
+        lengths, a = attention_inputs(seed, rows, tokens, heads, dqk, dv, max_len, buckets, extra=(64, 65, 69))
+        off = a["offsets"].astype(np.int64)
+        jump = np.zeros(tokens, np.int64)
+        for b in range(1, rows, 2):
+            jump[off[b]:off[b + 1]] = np.arange(off[b + 1] - off[b]) * 2**28
+        a["timestamps"] = a["timestamps"] + jump
+        a["request_times"] = make_request_times(rng, a["offsets"], a["timestamps"], max_len)
+        return lengths, off, a
+
+    def near_boundary(lengths, off, a):
+        """Pairs whose gap is within 1e-5 bucket of a boundary: there the reference's ~3 ulp SIMD Log
+        decides (test_time_buckets_at_every_boundary), not the gap alone."""
+        ts, req = a["timestamps"], a["request_times"]
+        for b, L in enumerate(np.minimum(lengths, max_len)):
+            t = ts[off[b]:off[b] + L]
+            tq = np.append(t[1:], req[b])
+            x = np.log(np.maximum(np.abs(tq[:, None] - t[None, :]), 1).astype(np.float32).astype(np.float64)) / 0.301
+            close = (np.abs(x - np.round(x)) < 1e-5) & (x > 0.5)  # log(1) = 0 is exact everywhere
+            if close[np.tril(np.ones((L, L), bool))].any():
+                return True
+        return False
+
+    seed = next(s for s in range(11, 60) if not near_boundary(*draw(s)))
+    lengths, off, a = draw(seed)
+    assert (np.diff(a["timestamps"][off[1]:off[2]]) > 0).all() and lengths[1::2].max() > 9  # spans > 2^31
+    run_cpu = attention_runner(cpu.hstu_attention, max_len, True)
+    monkeypatch.setenv("MINDGR_CPU_THREADS", "2")
+    got = run_cpu(a)
+    compare_attention(got, attention_runner(reference.hstu_attention, max_len, True)(a), lengths, tokens,
+                      "many rows, wide time spans")
+    monkeypatch.setenv("MINDGR_CPU_THREADS", "1")
+    one = run_cpu(a)
+    for name in got:
+        assert np.array_equal(got[name], one[name]), name
 
 
 def test_attention_rows_longer_than_n_are_cut_like_reference():

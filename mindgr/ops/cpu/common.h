@@ -186,6 +186,70 @@ inline vf vselect(vi mask, vf a) {
   return r;
 }
 
+inline vi vload_i(const int32_t* p) {
+  vi r;
+  std::memcpy(&r, p, sizeof(r));
+  return r;
+}
+inline void vstore_i(int32_t* p, vi v) { std::memcpy(p, &v, sizeof(v)); }
+inline vi vbcast_i(int32_t a) { return a - vi{}; }
+inline vi vbits(vf a) {
+  vi r;
+  std::memcpy(&r, &a, sizeof(r));
+  return r;
+}
+
+// base[idx[lane]] for every lane (idx in range: the caller's guarantee).
+inline vi vgather_i(const int32_t* base, vi idx) {
+#if defined(MINDGR_ISA_AVX512)
+  return (vi)_mm512_i32gather_epi32((__m512i)idx, base, 4);
+#elif defined(MINDGR_ISA_AVX2)
+  return (vi)_mm256_i32gather_epi32(base, (__m256i)idx, 4);
+#else
+  vi r;
+  for (int i = 0; i < VL; ++i) r[i] = base[idx[i]];
+  return r;
+#endif
+}
+inline vf vgather_f(const float* base, vi idx) {
+#if defined(MINDGR_ISA_AVX512)
+  return (vf)_mm512_i32gather_ps((__m512i)idx, base, 4);
+#elif defined(MINDGR_ISA_AVX2)
+  return (vf)_mm256_i32gather_ps(base, (__m256i)idx, 4);
+#else
+  vf r;
+  for (int i = 0; i < VL; ++i) r[i] = base[idx[i]];
+  return r;
+#endif
+}
+
+// base[idx[lane]] for a table of n entries (idx < n) padded with zeros to a multiple of 32 entries.
+// AVX-512 with n <= 256: in-register permutes (vpermi2d over pairs of 16-entry registers, one blend
+// per further pair), much cheaper than a 16-lane gather; otherwise gathers.
+inline vi vtable_i(const int32_t* base, int n, vi idx) {
+#if defined(MINDGR_ISA_AVX512)
+  if (n <= 256) {
+    const __m512i ix = (__m512i)idx;
+    const __m512i hi = _mm512_srli_epi32(ix, 5);
+    __m512i r = _mm512_permutex2var_epi32(_mm512_loadu_si512(base), ix, _mm512_loadu_si512(base + 16));
+    for (int p = 1; p * 32 < n; ++p) {
+      const __m512i v = _mm512_permutex2var_epi32(_mm512_loadu_si512(base + 32 * p), ix,
+                                                  _mm512_loadu_si512(base + 32 * p + 16));
+      r = _mm512_mask_mov_epi32(r, _mm512_cmpeq_epi32_mask(hi, _mm512_set1_epi32(p)), v);
+    }
+    return (vi)r;
+  }
+#endif
+  (void)n;
+  return vgather_i(base, idx);
+}
+inline vf vtable_f(const float* base, int n, vi idx) {
+  vi r = vtable_i(reinterpret_cast<const int32_t*>(base), n, idx);
+  vf f;
+  std::memcpy(&f, &r, sizeof(f));
+  return f;
+}
+
 // n (0 <= n < VL) leading floats of p, the other lanes zero; never reads past p + n.
 inline vf vload_tail(const float* p, int n) {
 #if defined(MINDGR_ISA_AVX512)

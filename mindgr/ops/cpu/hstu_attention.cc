@@ -3,22 +3,25 @@
 //   s_ij  = q_i.k_j + w_pos[N-1+j-i] + w_ts[bucket(tq_i - t_j)]
 //   (tq_i = t_{i+1}; at the row's last position, i = L - 1 with L cut to N, the row's request time)
 //   out_i = sum_j SiLU(s_ij) / N * v_j
-// The [L, L] score matrix is never stored: it is recomputed tile by tile (TILE x TILE) in both
-// passes, from operands packed contiguously (k transposed per tile; rows zero-padded to a multiple
-// of VL floats).  Q K^T (and dO V^T) of a tile run as MR x NR register-tiled micro-kernels sized
-// to the build's ISA (common.h), skipping the key vectors past the causal limit of each block of
-// queries; SiLU and the masks run on the tile in registers, with the bias added inside it.  The
-// relative bias of a tile is built once and shared by all heads.  The backward recomputes s_ij
-// on the forward's tiling and, per tile, accumulates dq, dk, dv with register-blocked rank updates.
+// The [L, L] score matrix is never stored.  Both passes work on packed, zero-padded copies of a
+// row's operands (k and v transposed per block of keys) and compute scores as MR x NR register
+// tiles (common.h sizes them to the ISA's registers), causal at the granularity of one vector of
+// keys: a block of MR queries computes only the key vectors up to its last query, and only the
+// last such vector of each query is masked.  The bias is computed in the elementwise pass right
+// after a tile's scores, never stored: the positional part is a vector load of w_pos, the time
+// part a vectorised bucket (CellTable: float32 bits of the gap -> a 256-entry table, one gather,
+// one compare) and a gather of w_ts, on time stamps made relative to the row (int32) once per
+// row.  Rows whose times span 2^31 s or more use the exact scalar BucketTable instead.
 //
-// Forward work items are (row, query tile) with every head inside; they write disjoint outputs,
-// so threads take them in order of decreasing cost from a shared counter.  Backward work items
-// are (row, group of heads), each done start to end by one thread (dq, dk, dv of a row belong to
-// one item), assigned statically by cost (longest first, to the least loaded thread); the
-// weight gradients are summed per thread in double and the partial sums reduced in thread order.
-// So every result is bitwise reproducible, and out, dq, dk, dv do not even depend on the number
-// of threads (dw_pos, dw_ts do, by rounding, through the per-thread partial sums).
+// Forward work items are whole rows (or, with few rows, blocks of QB queries of a row), heads
+// inside; they write disjoint outputs.  Backward work items are (row, head), each done start to end by one thread: per key
+// tile (TILE keys) and query tile at or below it, it recomputes the scores and dO V^T, forms P
+// and dS in registers and accumulates dq, dk, dv by register-blocked rank updates; the weight
+// gradients are summed per item in float, then per fixed chunk of items in double, and the
+// chunks are added in chunk order.  Threads take items (chunks) from a shared counter, longest
+// first.  So every result is bitwise reproducible and independent of the number of threads.
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <mutex>
 #include <numeric>
@@ -28,9 +31,9 @@
 namespace mindgr {
 namespace {
 
-constexpr int TILE = 64;        // queries and keys per tile
-constexpr int TV = TILE / VL;   // vectors per tile row
-constexpr int WPAD = TILE;      // zero padding on both sides of the copied w_pos
+constexpr int TILE = 64;        // backward: queries and keys per tile
+constexpr int QB = 64;          // forward: queries per work item
+constexpr int WPAD = 2 * TILE;  // zero padding on both sides of the copied w_pos
 
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
@@ -105,35 +108,6 @@ struct BucketTable {
     const int e = (bits >> 23) & 255;
     return base[e] + (bits >= step[0][e]) + (bits >= step[1][e]) + (bits >= step[2][e]);
   }
-
-  // bucket_out[j] = bucket(|tq - tk[j]|) and row[j] += wts[bucket] for j < n (vectorises: gathers).
-  void row(int64_t tq, const int64_t* __restrict tk, int n, const float* __restrict wts,
-           float* __restrict row_out, int32_t* __restrict bucket_out) const {
-    if (!exact_table) {
-      for (int j = 0; j < n; ++j) {
-        int64_t dt = tq - tk[j];
-        int b = bucket_formula(dt < 0 ? -dt : dt, nb);
-        bucket_out[j] = b;
-        row_out[j] += wts[b];
-      }
-      return;
-    }
-    const int32_t* __restrict s0 = step[0];
-    const int32_t* __restrict s1 = step[1];
-    const int32_t* __restrict s2 = step[2];
-    for (int j = 0; j < n; ++j) {
-      int64_t dt = tq - tk[j];
-      int64_t gap = dt < 0 ? -dt : dt;
-      gap = gap < 1 ? 1 : gap;
-      float g = static_cast<float>(gap);
-      int32_t bits;
-      std::memcpy(&bits, &g, sizeof(bits));
-      const int e = (bits >> 23) & 255;
-      const int b = base[e] + (bits >= s0[e]) + (bits >= s1[e]) + (bits >= s2[e]);
-      bucket_out[j] = b;
-      row_out[j] += wts[b];
-    }
-  }
 };
 
 const BucketTable& bucket_table(int nb) {
@@ -146,6 +120,74 @@ const BucketTable& bucket_table(int nb) {
   return *cache.back();
 }
 
+
+// The same buckets for gaps in [0, 2^31), vectorised.  float(gap) for such a gap has exponent
+// 127..158; a cell is one exponent and the top 3 mantissa bits (1/8 octave at most log2(9/8) =
+// 0.17 octave wide, a bucket 0.434 octave), so the formula steps at most once inside a cell.
+// entry = (bucket at the cell's first float << 21) | (low 20 bits of the first float with the
+// next bucket, or 1 << 20 when the bucket does not step in the cell); bucket(bits) = (entry >> 21)
+// + ((bits & 0xFFFFF) >= (entry & 0x1FFFFF)).  Built from the formula itself, so exact on every gap.
+struct CellTable {
+  static constexpr int kCells = 256;
+  int nb = 0;
+  bool ok = true;  // false if a cell held two steps or nb does not fit (never for nb < 1023)
+  int32_t entry[kCells];
+
+  explicit CellTable(int num_buckets) : nb(num_buckets) {
+    for (int c = 0; c < kCells; ++c) entry[c] = 0;
+    if (nb < 0 || nb >= 1023) {
+      ok = false;
+      return;
+    }
+    for (int c = 0; c < kCells; ++c) {
+      const int32_t lo = (int32_t(127 * 8 + c)) << 20, hi = lo + (int32_t(1) << 20) - 1;
+      const int b0 = BucketTable::formula_bits(lo, nb), b1 = BucketTable::formula_bits(hi, nb);
+      if (b1 == b0) {
+        entry[c] = (b0 << 21) | (1 << 20);
+      } else if (b1 == b0 + 1) {
+        int32_t a = lo, e = hi;  // the smallest bits in [a, e] with bucket b1
+        while (a < e) {
+          const int32_t mid = a + (e - a) / 2;
+          if (BucketTable::formula_bits(mid, nb) >= b1) e = mid; else a = mid + 1;
+        }
+        entry[c] = (b0 << 21) | (a - lo);
+      } else {
+        ok = false;
+      }
+    }
+  }
+
+  // Scalar form of the vector lookup below (tests use it through mindgr_time_bucket).
+  int operator()(int32_t gap) const {
+    gap = gap < 1 ? 1 : gap;
+    int32_t bits;
+    const float g = static_cast<float>(gap);
+    std::memcpy(&bits, &g, sizeof(bits));
+    const int32_t e = entry[(bits >> 20) - 127 * 8];
+    return (e >> 21) + ((bits & 0xFFFFF) >= (e & 0x1FFFFF));
+  }
+};
+
+// Bucket of every lane's gap (|gap| < 2^31).
+inline vi cell_buckets(const int32_t* __restrict entry, vi gap) {
+  const vi one = vbcast_i(1);
+  gap = gap < 0 ? -gap : gap;
+  gap = gap < one ? one : gap;
+  const vi bits = vbits(__builtin_convertvector(gap, vf));
+  const vi e = vtable_i(entry, CellTable::kCells, (bits >> 20) - 127 * 8);
+  return (e >> 21) - ((bits & 0xFFFFF) >= (e & 0x1FFFFF));  // a true comparison is -1
+}
+
+const CellTable& cell_table(int nb) {
+  static std::mutex mu;
+  static std::vector<CellTable*> cache;  // kept for the life of the process
+  std::lock_guard<std::mutex> lock(mu);
+  for (const CellTable* t : cache)
+    if (t->nb == nb) return *t;
+  cache.push_back(new CellTable(nb));
+  return *cache.back();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Problem description shared by both passes.
 struct Problem {
@@ -155,12 +197,14 @@ struct Problem {
   int B = 0;             // rows
   std::vector<int64_t> off;  // [B+1]
   const float *q = nullptr, *k = nullptr, *v = nullptr;
-  const int64_t* ts = nullptr;  // [T] or null (no time bias); converted to int64
+  const int64_t* ts = nullptr;  // [T] or null (no time bias)
   const int64_t* req = nullptr; // [B] request time of each row (the last position's query time)
   const float* wts = nullptr;   // [nb+1] or null
   int nb = 0;
+  std::vector<float> wts_pad;   // w_ts padded with zeros to a multiple of 32 entries (vtable_f)
   std::vector<float> wpos;      // padded copy: wpos[WPAD + r] = w_pos[r], r in [0, 2N-2]
   const BucketTable* buckets = nullptr;
+  const CellTable* cells = nullptr;
 
   int64_t row_start(int b) const { return off[b]; }
   int row_len(int b) const { return static_cast<int>(std::min<int64_t>(off[b + 1] - off[b], N)); }
@@ -168,74 +212,124 @@ struct Problem {
   int64_t vstride() const { return int64_t(H) * DV; }
 };
 
-// Relative bias of the tile (queries i0.., keys j0..), for a row at token s with length L:
-// bias[i][j] for j < TILE (only j < limit[i] is meaningful), the number of valid keys per query
-// (j <= i and inside the row) and, with a time bias, the time bucket of each valid pair.
-void build_bias(const Problem& p, int b, int64_t s, int L, int i0, int bq, int j0, float* bias, int* limit,
-                int32_t* bucket) {
-  const int N = p.N;
-  const int bk = std::min(TILE, L - j0);
-  for (int i = 0; i < bq; ++i) {
-    const int ig = i0 + i;
-    const int lim = std::max(0, std::min(bk, ig - j0 + 1));
-    limit[i] = lim;
-    const float* wp = p.wpos.data() + WPAD + (N - 1 - ig + j0);
-    float* row = bias + i * TILE;
-    for (int c = 0; c < TV; ++c) vstore(row + c * VL, vload(wp + c * VL));
-    if (p.ts != nullptr && lim > 0) {
-      const int64_t tq = ig + 1 < L ? p.ts[s + ig + 1] : p.req[b];
-      p.buckets->row(tq, p.ts + s + j0, lim, p.wts, row, bucket + i * TILE);
+// Time stamps of one row for the time bias.  fast: the row's times and request time span less than
+// 2^31, so gaps are int32 differences of times relative to the row's earliest (tk padded with
+// zeros, which keeps every padded gap in range); else the exact int64 scalar path.
+struct RowTimes {
+  bool on = false, fast = false;
+  int L = 0;
+  std::vector<int32_t> tk, tq;
+  std::vector<int64_t> tq64;
+  const int64_t* tk64 = nullptr;
+
+  void set(const Problem& p, int b, int64_t s, int len) {
+    on = p.ts != nullptr;
+    L = len;
+    if (!on || L == 0) return;
+    int64_t lo = p.req[b], hi = p.req[b];
+    for (int j = 0; j < L; ++j) {
+      lo = std::min(lo, p.ts[s + j]);
+      hi = std::max(hi, p.ts[s + j]);
+    }
+    fast = p.cells->ok && static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) < (uint64_t(1) << 31);
+    auto query_time = [&](int i) { return i + 1 < L ? p.ts[s + i + 1] : p.req[b]; };
+    if (fast) {
+      tk.assign(round_up(L, VL) + 2 * VL, 0);
+      tq.resize(L);
+      for (int j = 0; j < L; ++j) tk[j] = static_cast<int32_t>(p.ts[s + j] - lo);
+      for (int i = 0; i < L; ++i) tq[i] = static_cast<int32_t>(query_time(i) - lo);
+    } else {
+      tk64 = p.ts + s;
+      tq64.resize(L);
+      for (int i = 0; i < L; ++i) tq64[i] = query_time(i);
     }
   }
-}
+
+  // w_ts[bucket] of query i against keys j..j+VL-1 (lanes past L: bucket 0), and the buckets.
+  inline vf bias(const Problem& p, int i, int j, vi* bucket) const {
+    if (fast) {
+      const vi bk = cell_buckets(p.cells->entry, vbcast_i(tq[i]) - vload_i(tk.data() + j));
+      *bucket = bk;
+      return vtable_f(p.wts_pad.data(), p.nb + 1, bk);
+    }
+    int32_t bb[VL];
+    float w[VL];
+    for (int l = 0; l < VL; ++l) {
+      int b = 0;
+      if (j + l < L) {
+        const int64_t dt = tq64[i] - tk64[j + l];
+        b = (*p.buckets)(dt < 0 ? -dt : dt);
+      }
+      bb[l] = b;
+      w[l] = p.wts[b];
+    }
+    *bucket = vload_i(bb);
+    return vload(w);
+  }
+};
 
 // Register tile of the score micro-kernel: MR query rows x NR vectors of keys, sized so that the
 // MR * NR accumulators, the NR key vectors and one broadcast fit the ISA's vector registers
 // (AVX-512 / NEON: 32 registers, 4 x 4 = 16 + 4 + 1; AVX2 / generic: 16 registers, 4 x 2 = 8 + 2 + 1).
 constexpr int MR = 4;
 constexpr int NR = kVecRegs >= 32 ? 4 : 2;
-static_assert(TV % NR == 0, "tile columns must be whole register tiles");
 
-// One MR' x NR register tile: out[r][c0*VL + ..NR*VL) = sum_x a[r*lda + x] * bt[x*TILE + c0*VL + ..].
-template <int R>
-inline void micro_nt(const float* __restrict a, int64_t lda, const float* __restrict bt, int d, int c0,
-                     float* __restrict out) {
-  vf acc[R][NR];
+// out[r*ldo + c*VL ..] = sum_x a[r*lda + x] * bt[x*ldb + c*VL ..] for r < R, c < NC.
+template <int R, int NC>
+inline void micro_nt(const float* __restrict a, int64_t lda, const float* __restrict bt, int64_t ldb, int d,
+                     float* __restrict out, int64_t ldo) {
+  vf acc[R][NC];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NR; ++c) acc[r][c] = vzero();
-  const float* b = bt + c0 * VL;
+    for (int c = 0; c < NC; ++c) acc[r][c] = vzero();
   for (int x = 0; x < d; ++x) {
-    vf bv[NR];
-    for (int c = 0; c < NR; ++c) bv[c] = vload(b + x * TILE + c * VL);
+    vf bv[NC];
+    for (int c = 0; c < NC; ++c) bv[c] = vload(bt + x * ldb + c * VL);
     for (int r = 0; r < R; ++r) {
       const vf av = vbcast(a[r * lda + x]);
-      for (int c = 0; c < NR; ++c) acc[r][c] += av * bv[c];
+      for (int c = 0; c < NC; ++c) acc[r][c] += av * bv[c];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NR; ++c) vstore(out + r * TILE + (c0 + c) * VL, acc[r][c]);
+    for (int c = 0; c < NC; ++c) vstore(out + r * ldo + c * VL, acc[r][c]);
 }
 
-// out[i][0..TILE) = sum_x a[i*lda + x] * bt[x*TILE + ..] for i < rows; bt is [d][TILE] packed.
-// Causal at tile level: a block of rows only computes the key vectors below the largest limit of
-// its rows (limit[i] = keys query i sees; null: all); out is left unwritten past that.
-void tile_nt(const float* a, int64_t lda, int rows, const float* bt, int d, float* out, const int* limit) {
-  auto cols = [&](int last_row) {  // register tiles of columns the rows up to last_row need
-    if (limit == nullptr) return TV / NR;
-    return (limit[last_row] + NR * VL - 1) / (NR * VL);
-  };
-  int i = 0;
-  for (; i + MR <= rows; i += MR) {
-    const int nc = cols(i + MR - 1);
-    for (int c = 0; c < nc; ++c) micro_nt<MR>(a + i * lda, lda, bt, d, c * NR, out + i * TILE);
+typedef void (*MicroFn)(const float*, int64_t, const float*, int64_t, int, float*, int64_t);
+
+template <int R>
+MicroFn micro_for_cols(int nc) {
+  switch (nc) {
+    case 1: return micro_nt<R, 1>;
+    case 2: return micro_nt<R, 2>;
+    case 3: return micro_nt<R, NR >= 3 ? 3 : 1>;
+    default: return micro_nt<R, NR>;
   }
-  for (; i + 2 <= rows; i += 2) {
-    const int nc = cols(i + 1);
-    for (int c = 0; c < nc; ++c) micro_nt<2>(a + i * lda, lda, bt, d, c * NR, out + i * TILE);
+}
+MicroFn micro_for(int rows, int nc) {
+  switch (rows) {
+    case 1: return micro_for_cols<1>(nc);
+    case 2: return micro_for_cols<2>(nc);
+    case 3: return micro_for_cols<3>(nc);
+    default: return micro_for_cols<MR>(nc);
   }
-  for (; i < rows; ++i) {
-    const int nc = cols(i);
-    for (int c = 0; c < nc; ++c) micro_nt<1>(a + i * lda, lda, bt, d, c * NR, out + i * TILE);
+}
+
+// out[r][0 .. nvec*VL) = a[r] . bt[:, ..] for r < rows (rows <= MR), bt packed [d][ldb].
+inline void scores_block(const float* a, int64_t lda, int rows, const float* bt, int64_t ldb, int d, int nvec,
+                         float* out, int64_t ldo) {
+  for (int c0 = 0; c0 < nvec; c0 += NR) {
+    const int nc = std::min(NR, nvec - c0);
+    micro_for(rows, nc)(a, lda, bt + c0 * VL, ldb, d, out + c0 * VL, ldo);
+  }
+}
+
+// Scores of a tile: out[i][..] for i < rows, in blocks of MR rows; a block computes the key vectors
+// up to the largest limit of its rows (limit: non-decreasing keys per query; null: ncols_all).
+void tile_nt(const float* a, int64_t lda, int rows, const float* bt, int64_t ldb, int d, float* out, int64_t ldo,
+             const int* limit, int nvec_all) {
+  for (int i = 0; i < rows; i += MR) {
+    const int r = std::min(MR, rows - i);
+    const int nvec = limit == nullptr ? nvec_all : (limit[i + r - 1] + VL - 1) / VL;
+    if (nvec > 0) scores_block(a + i * lda, lda, r, bt, ldb, d, nvec, out + i * ldo, ldo);
   }
 }
 
@@ -293,8 +387,8 @@ RankUpdateFn rank_update_for(int nvec) {
       case 2: return rank_update<2, 4>;
       case 3: return rank_update<3, 4>;
       case 4: return rank_update<4, 4>;
-      case 5: return rank_update<5, 2>;
-      case 6: return rank_update<6, 2>;
+      case 5: return rank_update<5, 4>;
+      case 6: return rank_update<6, 4>;
       case 7: return rank_update<7, 2>;
       case 8: return rank_update<8, 2>;
       default: return nullptr;
@@ -321,7 +415,7 @@ struct RankUpdater {
       rank_update_for(nvec)(dst, ldd, rows, w, wr, wm, x, ldx, lo, hi);
       return;
     }
-    const int block = kVecRegs >= 32 ? 4 : kMaxNC;
+    const int block = kVecRegs >= 32 ? 6 : kMaxNC;
     for (int c0 = 0; c0 < nvec; c0 += block) {
       const int nc = std::min(block, nvec - c0);
       rank_update_for(nc)(dst + c0 * VL, ldd, rows, w, wr, wm, x + c0 * VL, ldx, lo, hi);
@@ -329,26 +423,36 @@ struct RankUpdater {
   }
 };
 
-// Packs rows [0, bk) of x (row stride `stride`, d values each) transposed as [d][TILE], zero in
-// the columns past bk (they only meet masked pairs, but must not hold NaN or denormals).
-void pack_t(const float* __restrict x, int64_t stride, int d, int bk, float* __restrict out) {
-  for (int j = 0; j < bk; ++j) {
-    const float* row = x + j * stride;
-    for (int e = 0; e < d; ++e) out[e * TILE + j] = row[e];
+// Packs rows [0, n) of x (row stride `stride`, d values each) transposed as [d][ld], zero in the
+// columns [n, cols) (they only meet masked pairs, but must not hold NaN or denormals).  Blocks of
+// 8 rows: their d values stay in L1 while the block's 8 columns of every output row are written.
+void pack_t(const float* __restrict x, int64_t stride, int d, int n, int cols, int64_t ld, float* __restrict out) {
+  int j0 = 0;
+  for (; j0 + 8 <= n; j0 += 8) {
+    const float* r = x + j0 * stride;
+    for (int e = 0; e < d; ++e) {
+      float* o = out + e * ld + j0;
+      for (int jj = 0; jj < 8; ++jj) o[jj] = r[jj * stride + e];
+    }
   }
-  if (bk < TILE)
-    for (int e = 0; e < d; ++e) std::fill(out + e * TILE + bk, out + (e + 1) * TILE, 0.0f);
+  for (int e = 0; e < d; ++e) {
+    float* o = out + e * ld;
+    for (int j = j0; j < n; ++j) o[j] = x[j * stride + e];
+    for (int j = n; j < cols; ++j) o[j] = 0.0f;
+  }
 }
 
-// Packs `rows` rows of d values as [rows][width], zero in the padding columns [d, width).  Rows
-// past `rows` are never read.
-void pack_rows(const float* __restrict x, int64_t stride, int d, int rows, int width, float* __restrict out) {
+// Packs `rows` rows of d values as [rows][width], zero in the padding columns [d, width), then
+// zero rows up to `rows_pad`.
+void pack_rows(const float* __restrict x, int64_t stride, int d, int rows, int width, float* __restrict out,
+               int rows_pad = 0) {
   for (int j = 0; j < rows; ++j) {
     const float* src = x + j * stride;
     float* dst = out + j * width;
     for (int e = 0; e < d; ++e) dst[e] = src[e];
     for (int e = d; e < width; ++e) dst[e] = 0.0f;
   }
+  for (int j = rows; j < rows_pad; ++j) std::fill(out + j * width, out + (j + 1) * width, 0.0f);
 }
 
 // For the transposed updates: first query of the tile that sees key j (limit is non-decreasing).
@@ -375,120 +479,88 @@ inline void copy_floats(float* __restrict dst, const float* __restrict src, int 
   for (int e = 0; e < n; ++e) dst[e] = src[e];
 }
 
-// Splits [0, n) into nt contiguous chunks and runs fn(begin, end) on each.
-template <class Fn>
-void parallel_chunks(int nt, int64_t n, Fn&& fn) {
-  nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nt, n)));
-  parallel_run(nt, [&](int t) { fn(n * t / nt, n * (t + 1) / nt); });
+// x = s + w_pos[N-1+j-i] (+ w_ts[bucket]) for query i (row-relative) and keys j..j+VL-1.
+inline vf biased(const Problem& p, const RowTimes& rt, vf s, int i, int j, vi* bucket) {
+  vf x = s + vload(p.wpos.data() + WPAD + (p.N - 1 - i + j));
+  if (rt.on) x += rt.bias(p, i, j, bucket);
+  return x;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Forward.
 void forward(const Problem& p, float* out) {
   zero_uncovered(p, out, p.vstride());
-  struct Item { int b, qt; double cost; };
-  std::vector<Item> items;
-  std::vector<int64_t> tile_base(p.B + 1, 0);
+  // Items: a row's query blocks [i0, i1), longest first.  Whole rows (operands packed once per
+  // row) when there are enough rows to balance the threads, else one block of QB queries each.
+  struct Item { int b, i0, i1; double cost; };
+  auto pairs = [](int i0, int i1) { return double(i1 - i0) * (0.5 * (i0 + i1 + 1)) + 8.0 * (i1 - i0); };
+  int nonempty = 0;
   double total = 0.0;
   for (int b = 0; b < p.B; ++b) {
     const int L = p.row_len(b);
-    tile_base[b + 1] = tile_base[b] + (L + TILE - 1) / TILE;
-    for (int qt = 0; qt * TILE < L; ++qt) {
-      const int i0 = qt * TILE, bq = std::min(TILE, L - i0);
-      // pairs (i, j <= i) in the tile's queries, plus a per-query overhead
-      double cost = double(bq) * (i0 + 0.5 * (bq + 1)) + 8.0 * bq;
-      items.push_back({b, qt, cost});
-      total += cost * p.H;
-    }
+    nonempty += L > 0;
+    total += pairs(0, L) * p.H;
+  }
+  int nthreads = std::max(1, num_threads());
+  if (total * (p.DQ + p.DV) < 2.0e5) nthreads = 1;  // too small to pay for a thread
+  const bool whole_rows = nonempty >= 8 * nthreads;
+  std::vector<Item> items;
+  for (int b = 0; b < p.B; ++b) {
+    const int L = p.row_len(b);
+    if (whole_rows && L > 0) items.push_back({b, 0, L, pairs(0, L)});
+    if (!whole_rows)
+      for (int i0 = 0; i0 < L; i0 += QB) items.push_back({b, i0, std::min(L, i0 + QB), pairs(i0, std::min(L, i0 + QB))});
   }
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& c) { return a.cost > c.cost; });
-  int nthreads = std::min<int64_t>(num_threads(), int64_t(items.size()));
-  if (total * (p.DQ + p.DV) < 2.0e5) nthreads = 1;  // too small to pay for a thread
-  nthreads = std::max(nthreads, 1);
+  nthreads = std::max<int>(1, std::min<int64_t>(nthreads, int64_t(items.size())));
 
-  // Per (key tile, head), packed once: k transposed [DQ][TILE] and v as contiguous rows [TILE][DVP]
-  // (contiguous operands: rows of the [T, H, d] tensors are H*d apart, and strides that are a
-  // multiple of 1 KB make the loads of a tile collide in the L1 cache).  Rows of a single tile
-  // are packed by their only work item instead (no reuse, so no extra pass over memory).
   const int DVP = round_up(p.DV, VL);
-  const int64_t kt_size = int64_t(p.DQ) * TILE, vp_size = int64_t(TILE) * DVP;
-  std::vector<int64_t> shared_base(p.B + 1, 0);  // tiles of rows with >= 2 tiles
-  for (int b = 0; b < p.B; ++b) {
-    const int64_t nt = tile_base[b + 1] - tile_base[b];
-    shared_base[b + 1] = shared_base[b] + (nt >= 2 ? nt : 0);
-  }
-  Scratch ktg(shared_base[p.B] * p.H * kt_size), vpg(shared_base[p.B] * p.H * vp_size);
-  parallel_chunks(nthreads, p.B, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      if (shared_base[b + 1] == shared_base[b]) continue;
-      const int64_t s = p.row_start(int(b));
-      const int L = p.row_len(int(b));
-      for (int t = 0; t * TILE < L; ++t)
-        for (int h = 0; h < p.H; ++h) {
-          const int64_t tile = (shared_base[b] + t) * p.H + h, tok = s + int64_t(t) * TILE;
-          const int bk = std::min(TILE, L - t * TILE);
-          pack_t(p.k + tok * p.qstride() + h * p.DQ, p.qstride(), p.DQ, bk, ktg.data() + tile * kt_size);
-          pack_rows(p.v + tok * p.vstride() + h * p.DV, p.vstride(), p.DV, bk, DVP, vpg.data() + tile * vp_size);
-        }
-    }
-  });
-
+  const int KPmax = round_up(p.N, VL);
   std::atomic<size_t> next(0);
   const RankUpdater pv(DVP);
   const float inv_n = 1.0f / static_cast<float>(p.N);
 
   parallel_run(nthreads, [&](int) {
-    std::vector<float> bias(TILE * TILE), S(TILE * TILE), acc(int64_t(p.H) * TILE * DVP);
-    std::vector<float> kt_own(kt_size), vp_own(vp_size);
-    std::vector<int32_t> bucket(TILE * TILE);
-    std::vector<int> limit(TILE), zeros(TILE, 0);
+    std::vector<float> kt(int64_t(p.DQ) * KPmax), vp(int64_t(KPmax) * DVP), S(int64_t(MR) * KPmax);
+    std::vector<float> acc(int64_t(MR) * DVP);
+    std::vector<int> zeros(MR, 0), hi(MR);
+    RowTimes rt;
     const vi lane = iota();
     for (;;) {
-      size_t idx = next.fetch_add(1);
+      const size_t idx = next.fetch_add(1);
       if (idx >= items.size()) break;
-      const int b = items[idx].b, qt = items[idx].qt;
+      const int b = items[idx].b, i0 = items[idx].i0, i1 = items[idx].i1;
       const int64_t s = p.row_start(b);
       const int L = p.row_len(b);
-      const int i0 = qt * TILE, bq = std::min(TILE, L - i0);
-      for (int h = 0; h < p.H; ++h)
-        std::fill(acc.begin() + int64_t(h) * TILE * DVP, acc.begin() + (int64_t(h) * TILE + bq) * DVP, 0.0f);
-      for (int j0 = 0; j0 <= i0 + bq - 1; j0 += TILE) {
-        build_bias(p, b, s, L, i0, bq, j0, bias.data(), limit.data(), bucket.data());
-        const bool shared = shared_base[b + 1] > shared_base[b];
-        for (int h = 0; h < p.H; ++h) {
-          const float* kt = kt_own.data();
-          const float* vp = vp_own.data();
-          if (shared) {
-            const int64_t tile = (shared_base[b] + j0 / TILE) * p.H + h;
-            kt = ktg.data() + tile * kt_size;
-            vp = vpg.data() + tile * vp_size;
-          } else {
-            const int64_t tok = s + j0;
-            pack_t(p.k + tok * p.qstride() + h * p.DQ, p.qstride(), p.DQ, L - j0, kt_own.data());
-            pack_rows(p.v + tok * p.vstride() + h * p.DV, p.vstride(), p.DV, L - j0, DVP, vp_own.data());
-          }
-          tile_nt(p.q + (s + i0) * p.qstride() + h * p.DQ, p.qstride(), bq, kt, p.DQ, S.data(), limit.data());
-          // SiLU on the key vectors a query sees; zeros up to the tile's last query's limit (the
-          // rank update reads a group of rows over the union of their ranges)
-          const int nv_all = (limit[bq - 1] + VL - 1) / VL;
-          for (int i = 0; i < bq; ++i) {
-            float* srow = S.data() + i * TILE;
-            const float* brow = bias.data() + i * TILE;
-            const int nv = (limit[i] + VL - 1) / VL;
-            for (int c = 0; c < nv; ++c) {
-              vf x = vload(srow + c * VL) + vload(brow + c * VL);
+      const int keys = i1, KP = round_up(keys, VL);
+      rt.set(p, b, s, L);
+      for (int h = 0; h < p.H; ++h) {
+        pack_t(p.k + s * p.qstride() + h * p.DQ, p.qstride(), p.DQ, keys, KP, KP, kt.data());
+        pack_rows(p.v + s * p.vstride() + h * p.DV, p.vstride(), p.DV, keys, DVP, vp.data(), KP);
+        for (int ifirst = i0; ifirst < i1; ifirst += MR) {
+          const int R = std::min(MR, i1 - ifirst), ilast = ifirst + R - 1;
+          const int nvec = (ilast + VL) / VL;  // key vectors up to the block's last query
+          scores_block(p.q + (s + ifirst) * p.qstride() + h * p.DQ, p.qstride(), R, kt.data(), KP, p.DQ, nvec,
+                       S.data(), KP);
+          for (int r = 0; r < R; ++r) {
+            const int i = ifirst + r;
+            float* srow = S.data() + r * KP;
+            vi bucket = vi{};
+            for (int c = 0; c < nvec; ++c) {
+              const int j = c * VL;
+              const vf x = biased(p, rt, vload(srow + j), i, j, &bucket);
               vf a = x * vsigmoid(x) * inv_n;
-              vstore(srow + c * VL, vselect((lane + c * VL) < limit[i], a));
+              if (j + VL > i + 1) a = vselect((lane + j) <= i, a);  // the diagonal vector, and past it
+              vstore(srow + j, a);
             }
-            for (int c = nv; c < nv_all; ++c) vstore(srow + c * VL, vzero());
+            hi[r] = nvec * VL;
           }
-          pv(acc.data() + int64_t(h) * TILE * DVP, DVP, bq, S.data(), TILE, 1, vp, DVP, zeros.data(), limit.data());
+          std::fill(acc.begin(), acc.begin() + int64_t(R) * DVP, 0.0f);
+          pv(acc.data(), DVP, R, S.data(), KP, 1, vp.data(), DVP, zeros.data(), hi.data());
+          float* out_rows = out + (s + ifirst) * p.vstride() + h * p.DV;
+          for (int r = 0; r < R; ++r) copy_floats(out_rows + r * p.vstride(), acc.data() + int64_t(r) * DVP, p.DV);
         }
       }
-      float* out_rows = out + (s + i0) * p.vstride();
-      for (int i = 0; i < bq; ++i)
-        for (int h = 0; h < p.H; ++h)
-          copy_floats(out_rows + i * p.vstride() + h * p.DV, acc.data() + (int64_t(h) * TILE + i) * DVP, p.DV);
     }
   });
 }
@@ -507,167 +579,145 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
   std::fill(g.dwpos, g.dwpos + g.npos, 0.0f);
   if (g.dwts != nullptr) std::fill(g.dwts, g.dwts + g.nts, 0.0f);
 
-  const int nthreads_max = num_threads();
-  // Items: (row, heads [h0, h1)).  One group of all heads when that balances; else one per head.
-  struct Item { int b, h0, h1; double cost; };
-  auto make_items = [&](int groups) {
-    std::vector<Item> items;
-    for (int b = 0; b < p.B; ++b) {
-      const int L = p.row_len(b);
-      if (L == 0) continue;
-      for (int gi = 0; gi < groups; ++gi) {
-        int h0 = p.H * gi / groups, h1 = p.H * (gi + 1) / groups;
-        if (h1 > h0) items.push_back({b, h0, h1, (0.5 * L * (L + 1) + 8.0 * L) * (h1 - h0)});
-      }
-    }
-    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& c) { return a.cost > c.cost; });
-    return items;
-  };
-  auto assign = [&](const std::vector<Item>& items, int nt, std::vector<std::vector<int>>* lists) {
-    std::vector<double> load(nt, 0.0);
-    lists->assign(nt, {});
-    for (size_t i = 0; i < items.size(); ++i) {
-      int best = int(std::min_element(load.begin(), load.end()) - load.begin());
-      load[best] += items[i].cost;
-      (*lists)[best].push_back(int(i));
-    }
-    double mx = *std::max_element(load.begin(), load.end());
-    double sum = std::accumulate(load.begin(), load.end(), 0.0);
-    return sum > 0 ? mx * nt / sum : 1.0;  // imbalance: 1 is perfect
-  };
-  std::vector<Item> items = make_items(1);
+  // Items: (row, head), longest first; a fixed partition into chunks (independent of threads).
+  struct Item { int b, h; double cost; };
+  std::vector<Item> items;
   double total = 0.0;
   int max_len = 0;
-  for (const Item& it : items) total += it.cost;
-  for (int b = 0; b < p.B; ++b) max_len = std::max(max_len, p.row_len(b));
-  int nthreads = std::max(1, std::min<int>(nthreads_max, int(items.size()) * p.H));
+  for (int b = 0; b < p.B; ++b) {
+    const int L = p.row_len(b);
+    max_len = std::max(max_len, L);
+    if (L == 0) continue;
+    for (int h = 0; h < p.H; ++h) {
+      items.push_back({b, h, 0.5 * L * (L + 1) + 8.0 * L});
+      total += items.back().cost;
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& c) { return a.cost > c.cost; });
+  const int nchunks = static_cast<int>(std::min<size_t>(items.size(), 64));
+  int nthreads = std::max(1, std::min(num_threads(), nchunks));
   if (total * (p.DQ + p.DV) < 1.0e5) nthreads = 1;
-  std::vector<std::vector<int>> lists;
-  if (nthreads > 1 && assign(items, nthreads, &lists) > 1.1 && p.H > 1) items = make_items(p.H);
-  assign(items, nthreads, &lists);
 
   const int DQP = round_up(p.DQ, VL), DVP = round_up(p.DV, VL);
   const RankUpdater upd_q(DQP), upd_v(DVP);
   const float inv_n = 1.0f / static_cast<float>(p.N);
-  const int64_t npos_pad = int64_t(2) * p.N - 1 + 2 * WPAD;
-  std::vector<std::vector<double>> part_pos(nthreads), part_ts(nthreads);
+  const int npos_pad = 2 * p.N - 1 + 2 * WPAD;
+  const int nts = p.ts != nullptr ? p.nb + 1 : 0;
+  std::vector<std::vector<double>> chunk_pos(nchunks), chunk_ts(nchunks);
+  std::atomic<int> next(0);
 
-  parallel_run(nthreads, [&](int tid) {
-    std::vector<double>& dpos = part_pos[tid];
-    std::vector<double>& dts = part_ts[tid];
-    dpos.assign(npos_pad, 0.0);
-    if (p.ts != nullptr) dts.assign(p.nb + 1, 0.0);
-    const int H = p.H;
-    const int64_t Lm = max_len;
-    std::vector<float> bias(TILE * TILE), S(TILE * TILE), G(TILE * TILE), dsum(TILE * TILE);
-    std::vector<int32_t> bucket(TILE * TILE);
-    std::vector<float> P(TILE * TILE), dS(TILE * TILE);
-    std::vector<float> kt(int64_t(H) * p.DQ * TILE), vt(int64_t(H) * p.DV * TILE);
-    std::vector<float> dkacc(int64_t(H) * TILE * DQP), dvacc(int64_t(H) * TILE * DVP);
-    Scratch dqacc(int64_t(H) * Lm * DQP);
-    // q, k, dout rows of the item as contiguous zero-padded rows [L][DQP or DVP] (see forward)
-    Scratch qpack(int64_t(H) * Lm * DQP), kpack(int64_t(H) * Lm * DQP), dopack(int64_t(H) * Lm * DVP);
+  parallel_run(nthreads, [&](int) {
+    const int64_t Lm = std::max(max_len, 1);
+    std::vector<float> S(TILE * TILE), G(TILE * TILE), P(TILE * TILE), dS(TILE * TILE);
+    std::vector<float> kt(int64_t(p.DQ) * TILE), vt(int64_t(p.DV) * TILE);
+    std::vector<float> dkacc(int64_t(TILE) * DQP), dvacc(int64_t(TILE) * DVP);
+    Scratch dqacc(Lm * DQP), qpack(Lm * DQP), kpack(Lm * DQP), dopack(Lm * DVP);
+    std::vector<float> dposf(npos_pad), dtsf(4 * int64_t(std::max(nts, 1)));
     std::vector<int> limit(TILE), zeros(TILE, 0), first(TILE), qcount(TILE);
+    int32_t bk_lanes[VL];
+    float ds_lanes[VL];
+    RowTimes rt;
     const vi lane = iota();
 
-    for (int idx : lists[tid]) {
-      const Item& it = items[idx];
-      const int64_t s = p.row_start(it.b);
-      const int L = p.row_len(it.b);
-      const int nh = it.h1 - it.h0;
-      for (int hh = 0; hh < nh; ++hh) {
-        const int h = it.h0 + hh;
-        pack_rows(p.q + s * p.qstride() + h * p.DQ, p.qstride(), p.DQ, L, DQP, qpack.data() + hh * Lm * DQP);
-        pack_rows(p.k + s * p.qstride() + h * p.DQ, p.qstride(), p.DQ, L, DQP, kpack.data() + hh * Lm * DQP);
-        pack_rows(dout + s * p.vstride() + h * p.DV, p.vstride(), p.DV, L, DVP, dopack.data() + hh * Lm * DVP);
-        std::fill(dqacc.data() + hh * Lm * DQP, dqacc.data() + (hh * Lm + L) * DQP, 0.0f);
-      }
-      for (int j0 = 0; j0 < L; j0 += TILE) {
-        const int bk = std::min(TILE, L - j0);
-        for (int hh = 0; hh < nh; ++hh) {
-          const int h = it.h0 + hh;
-          pack_t(p.k + (s + j0) * p.qstride() + h * p.DQ, p.qstride(), p.DQ, bk, kt.data() + int64_t(hh) * p.DQ * TILE);
-          pack_t(p.v + (s + j0) * p.vstride() + h * p.DV, p.vstride(), p.DV, bk, vt.data() + int64_t(hh) * p.DV * TILE);
-          std::fill(dkacc.begin() + int64_t(hh) * TILE * DQP, dkacc.begin() + (int64_t(hh) * TILE + bk) * DQP, 0.0f);
-          std::fill(dvacc.begin() + int64_t(hh) * TILE * DVP, dvacc.begin() + (int64_t(hh) * TILE + bk) * DVP, 0.0f);
-        }
-        for (int i0 = j0; i0 < L; i0 += TILE) {
-          const int bq = std::min(TILE, L - i0);
-          build_bias(p, it.b, s, L, i0, bq, j0, bias.data(), limit.data(), bucket.data());
-          first_queries(limit.data(), bq, bk, first.data());
-          std::fill(qcount.begin(), qcount.end(), bq);
-          std::fill(dsum.begin(), dsum.begin() + bq * TILE, 0.0f);
-          for (int hh = 0; hh < nh; ++hh) {
-            const int h = it.h0 + hh;
-            tile_nt(qpack.data() + (hh * Lm + i0) * DQP, DQP, bq, kt.data() + int64_t(hh) * p.DQ * TILE, p.DQ, S.data(),
-                    limit.data());
-            tile_nt(dopack.data() + (hh * Lm + i0) * DVP, DVP, bq, vt.data() + int64_t(hh) * p.DV * TILE, p.DV, G.data(),
-                    limit.data());
-            // key vectors past a query's limit: P = dS = 0 up to the tile's keys (read by the
-            // transposed updates over groups of keys)
-            const int nv_keys = (bk + VL - 1) / VL;
+    for (;;) {
+      const int chunk = next.fetch_add(1);
+      if (chunk >= nchunks) break;
+      std::vector<double>& cpos = chunk_pos[chunk];
+      std::vector<double>& cts = chunk_ts[chunk];
+      cpos.assign(2 * p.N - 1, 0.0);
+      cts.assign(nts, 0.0);
+      const size_t it0 = items.size() * chunk / nchunks, it1 = items.size() * (chunk + 1) / nchunks;
+      for (size_t idx = it0; idx < it1; ++idx) {
+        const int b = items[idx].b, h = items[idx].h;
+        const int64_t s = p.row_start(b);
+        const int L = p.row_len(b);
+        rt.set(p, b, s, L);
+        std::fill(dposf.begin(), dposf.end(), 0.0f);
+        std::fill(dtsf.begin(), dtsf.end(), 0.0f);
+        pack_rows(p.q + s * p.qstride() + h * p.DQ, p.qstride(), p.DQ, L, DQP, qpack.data());
+        pack_rows(p.k + s * p.qstride() + h * p.DQ, p.qstride(), p.DQ, L, DQP, kpack.data());
+        pack_rows(dout + s * p.vstride() + h * p.DV, p.vstride(), p.DV, L, DVP, dopack.data());
+        std::fill(dqacc.data(), dqacc.data() + int64_t(L) * DQP, 0.0f);
+        for (int j0 = 0; j0 < L; j0 += TILE) {
+          const int bk = std::min(TILE, L - j0);
+          const int nv_keys = (bk + VL - 1) / VL;
+          pack_t(p.k + (s + j0) * p.qstride() + h * p.DQ, p.qstride(), p.DQ, bk, TILE, TILE, kt.data());
+          pack_t(p.v + (s + j0) * p.vstride() + h * p.DV, p.vstride(), p.DV, bk, TILE, TILE, vt.data());
+          std::fill(dkacc.begin(), dkacc.begin() + int64_t(bk) * DQP, 0.0f);
+          std::fill(dvacc.begin(), dvacc.begin() + int64_t(bk) * DVP, 0.0f);
+          for (int i0 = j0; i0 < L; i0 += TILE) {
+            const int bq = std::min(TILE, L - i0);
+            for (int i = 0; i < bq; ++i) limit[i] = std::max(0, std::min(bk, i0 + i - j0 + 1));
+            first_queries(limit.data(), bq, bk, first.data());
+            std::fill(qcount.begin(), qcount.end(), bq);
+            tile_nt(qpack.data() + int64_t(i0) * DQP, DQP, bq, kt.data(), TILE, p.DQ, S.data(), TILE, limit.data(), 0);
+            tile_nt(dopack.data() + int64_t(i0) * DVP, DVP, bq, vt.data(), TILE, p.DV, G.data(), TILE, limit.data(), 0);
             for (int i = 0; i < bq; ++i) {
+              const int ig = i0 + i;
               const int nv = (limit[i] + VL - 1) / VL;
+              // key vectors past the query's limit: P = dS = 0 up to the tile's keys (read by the
+              // transposed updates over groups of keys)
               for (int c = nv; c < nv_keys; ++c) {
                 vstore(P.data() + i * TILE + c * VL, vzero());
                 vstore(dS.data() + i * TILE + c * VL, vzero());
               }
+              float* dp = dposf.data() + WPAD + (p.N - 1 - ig + j0);
               for (int c = 0; c < nv; ++c) {
-                const int o = i * TILE + c * VL;
-                vf x = vload(S.data() + o) + vload(bias.data() + o);
-                vf sg = vsigmoid(x);
-                vi m = (lane + c * VL) < limit[i];
-                vf a = vselect(m, x * sg * inv_n);
-                vf ds = vselect(m, vload(G.data() + o) * (sg * (1.0f + x * (1.0f - sg))) * inv_n);
+                const int o = i * TILE + c * VL, j = j0 + c * VL;
+                vi bucket = vi{};
+                const vf x = biased(p, rt, vload(S.data() + o), ig, j, &bucket);
+                const vf sg = vsigmoid(x);
+                vf a = x * sg * inv_n;
+                vf ds = vload(G.data() + o) * (sg * (1.0f + x * (1.0f - sg))) * inv_n;
+                const int valid = limit[i] - c * VL;  // keys of this vector the query sees
+                if (valid < VL) {
+                  const vi m = lane < valid;
+                  a = vselect(m, a);
+                  ds = vselect(m, ds);
+                }
                 vstore(P.data() + o, a);
                 vstore(dS.data() + o, ds);
-                vstore(dsum.data() + o, vload(dsum.data() + o) + ds);
+                vstore(dp + c * VL, vload(dp + c * VL) + ds);
+                if (rt.on) {
+                  vstore_i(bk_lanes, bucket);
+                  vstore(ds_lanes, ds);
+                  const int n = std::min(valid, VL);
+                  for (int l = 0; l < n; ++l) dtsf[(l & 3) * nts + bk_lanes[l]] += ds_lanes[l];
+                }
               }
             }
             // dq[i] += sum_j dS[i][j] k[j];  dk[j] += sum_i dS[i][j] q[i];  dv[j] += sum_i P[i][j] dout[i]
-            upd_q(dqacc.data() + (hh * Lm + i0) * DQP, DQP, bq, dS.data(), TILE, 1, kpack.data() + (hh * Lm + j0) * DQP,
+            upd_q(dqacc.data() + int64_t(i0) * DQP, DQP, bq, dS.data(), TILE, 1, kpack.data() + int64_t(j0) * DQP,
                   DQP, zeros.data(), limit.data());
-            upd_q(dkacc.data() + int64_t(hh) * TILE * DQP, DQP, bk, dS.data(), 1, TILE, qpack.data() + (hh * Lm + i0) * DQP,
-                  DQP, first.data(), qcount.data());
-            upd_v(dvacc.data() + int64_t(hh) * TILE * DVP, DVP, bk, P.data(), 1, TILE, dopack.data() + (hh * Lm + i0) * DVP,
-                  DVP, first.data(), qcount.data());
+            upd_q(dkacc.data(), DQP, bk, dS.data(), 1, TILE, qpack.data() + int64_t(i0) * DQP, DQP, first.data(),
+                  qcount.data());
+            upd_v(dvacc.data(), DVP, bk, P.data(), 1, TILE, dopack.data() + int64_t(i0) * DVP, DVP, first.data(),
+                  qcount.data());
           }
-          // weight gradients: sum over heads of dS, by relative position and by time bucket
-          for (int i = 0; i < bq; ++i) {
-            const int ig = i0 + i;
-            double* dp = dpos.data() + WPAD + (p.N - 1 - ig + j0);
-            const float* drow = dsum.data() + i * TILE;
-            for (int j = 0; j < limit[i]; ++j) dp[j] += drow[j];
-            if (p.ts != nullptr) {
-              const int32_t* brow = bucket.data() + i * TILE;
-              for (int j = 0; j < limit[i]; ++j) dts[brow[j]] += drow[j];
-            }
-          }
-        }
-        for (int hh = 0; hh < nh; ++hh) {
-          const int h = it.h0 + hh;
           for (int j = 0; j < bk; ++j) {
-            copy_floats(g.dk + (s + j0 + j) * p.qstride() + h * p.DQ, dkacc.data() + (int64_t(hh) * TILE + j) * DQP, p.DQ);
-            copy_floats(g.dv + (s + j0 + j) * p.vstride() + h * p.DV, dvacc.data() + (int64_t(hh) * TILE + j) * DVP, p.DV);
+            copy_floats(g.dk + (s + j0 + j) * p.qstride() + h * p.DQ, dkacc.data() + int64_t(j) * DQP, p.DQ);
+            copy_floats(g.dv + (s + j0 + j) * p.vstride() + h * p.DV, dvacc.data() + int64_t(j) * DVP, p.DV);
           }
         }
-      }
-      for (int hh = 0; hh < nh; ++hh)
         for (int i = 0; i < L; ++i)
-          copy_floats(g.dq + (s + i) * p.qstride() + (it.h0 + hh) * p.DQ, dqacc.data() + (hh * Lm + i) * DQP, p.DQ);
+          copy_floats(g.dq + (s + i) * p.qstride() + h * p.DQ, dqacc.data() + int64_t(i) * DQP, p.DQ);
+        for (int r = 0; r < 2 * p.N - 1; ++r) cpos[r] += dposf[WPAD + r];
+        for (int r = 0; r < nts; ++r)
+          cts[r] += (double(dtsf[r]) + double(dtsf[nts + r])) + (double(dtsf[2 * nts + r]) + double(dtsf[3 * nts + r]));
+      }
     }
   });
 
   const int64_t nrel = std::min<int64_t>(int64_t(2) * p.N - 1, g.npos);
   for (int64_t r = 0; r < nrel; ++r) {
     double acc = 0.0;
-    for (int t = 0; t < nthreads; ++t) acc += part_pos[t][WPAD + r];
+    for (int c = 0; c < nchunks; ++c) acc += chunk_pos[c][r];
     g.dwpos[r] = static_cast<float>(acc);
   }
   if (g.dwts != nullptr && p.ts != nullptr) {
     for (int64_t r = 0; r <= p.nb && r < g.nts; ++r) {
       double acc = 0.0;
-      for (int t = 0; t < nthreads; ++t) acc += part_ts[t][r];
+      for (int c = 0; c < nchunks; ++c) acc += chunk_ts[c][r];
       g.dwts[r] = static_cast<float>(acc);
     }
   }
@@ -718,7 +768,10 @@ int parse(int nparam, void** params, int* ndims, int64_t** shapes, const char** 
     const int64_t nts = numel(ndims[iwt], shapes[iwt]);
     if (nts < 1) return 20;
     p->nb = static_cast<int>(nts - 1);
+    p->wts_pad.assign(round_up(int(nts), 32), 0.0f);
+    std::memcpy(p->wts_pad.data(), p->wts, sizeof(float) * nts);
     p->buckets = &bucket_table(p->nb);
+    p->cells = &cell_table(p->nb);
   }
   if (with_dout) {
     const int idout = nin - 1;
@@ -793,9 +846,16 @@ int MindgrHstuBwdNoTs(int nparam, void** params, int* ndims, int64_t** shapes, c
 }
 
 // For tests: the time bucket the kernels use for a gap, and the thread count they would use.
+// Gaps below 2^31 go through the vectorised kernels' cell table (scalar form), others the octave table.
 int mindgr_time_bucket(int64_t dt, int num_buckets) {
-  return mindgr::bucket_table(num_buckets)(dt < 0 ? -dt : dt);
+  const int64_t gap = dt < 0 ? -dt : dt;
+  const mindgr::CellTable& cells = mindgr::cell_table(num_buckets);
+  if (cells.ok && gap < (int64_t(1) << 31)) return cells(static_cast<int32_t>(gap));
+  return mindgr::bucket_table(num_buckets)(gap);
 }
+
+// 1 if the vectorised cell table is exact for num_buckets (else rows fall back to the scalar table).
+int mindgr_time_bucket_cells_ok(int num_buckets) { return mindgr::cell_table(num_buckets).ok ? 1 : 0; }
 
 // The same bucket straight from the float32 formula (one logf per call), to check the table.
 int mindgr_time_bucket_formula(int64_t dt, int num_buckets) {
