@@ -333,29 +333,32 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
 //   d_x[t]     = sum_r w[t, r] table[ids[t, r]]                 (r ascending; kChains chains: r even / odd)
 //   d_table[v] = sum_{(t, r): ids[t, r] == v} w[t, r] x[t]      ((t, r) ascending, one chain)
 // Ids fall into P partitions of 2^shift consecutive ids (a partition's d_table rows fit in L1);
-// tokens into nb blocks of Tb (a block's x rows fit in L2); both from the shapes only.
-// Pass 1 (parallel over blocks): per block, the ids checked and counted per partition; per token,
-// the weights w (the loss tail rescoring its R rows), d_x from the rows just loaded, and every
-// (t, w, id) appended to its partition's segment of the block (P sequential streams, in (t, r)
-// order). Pass 2 (parallel over partitions): for each block in order, each partition's segment in
-// order: d_table[id] += w x[t] (rows in L1, x rows of one block). So each d_table row is one chain
-// over its pairs in (t, r) order, whatever the blocks and threads: bitwise reproducible and
-// independent of the thread count (no atomics, no partial tables).
-struct Entry {  // one (t, r) pair: its token, weight and id
-  int32_t t;
+// tokens into nb blocks of Tb (a block's x rows fit in L2); both from the shapes only. Blocks are
+// processed in groups of a few (about 2 MB of entries, so that they stay in cache), group by group:
+// Pass 1 (parallel over the group's blocks): per block, its ids checked and counted per partition;
+// per token, the weights w (the loss tail rescoring its R rows), d_x from the rows just loaded,
+// and every pair appended as (t, id, w) to its partition's segment of the block (P sequential
+// streams, in (t, r) order). Pass 2 (parallel over partitions): for each block of the group in
+// order, each partition's segment in order: d_table[id] += w x[t] (rows in L1, x rows of one
+// block). So each d_table row is one chain over its pairs in (t, r) order, whatever the blocks,
+// groups and threads: bitwise reproducible and independent of the thread count (no atomics, no
+// partial tables).
+struct Entry {  // one (t, r) pair: (t - block start) << shift | (id - partition start), and w
+  uint32_t key;
   float w;
-  int32_t id;
 };
 struct Layout {
   int64_t nb = 1, Tb = 0, P = 1;
   int shift = 0;
   Layout(int64_t T, int64_t D, int64_t V1) {
     Tb = std::max<int64_t>(64, (int64_t(128) << 10) / (4 * std::max<int64_t>(D, 1)));  // x block ~128 KB
+    Tb = std::min<int64_t>(Tb, int64_t(1) << 15);                                       // 15 bits of a key
     nb = std::max<int64_t>(1, (T + Tb - 1) / Tb);
     Tb = (T + nb - 1) / nb;
     const int64_t rows = std::max<int64_t>(1, (int64_t(16) << 10) / (4 * std::max<int64_t>(D, 1)));  // ~16 KB
     while ((int64_t(2) << shift) <= rows) ++shift;
-    while (((V1 + (int64_t(1) << shift) - 1) >> shift) > 1024) ++shift;  // at most 1024 streams
+    // at most 1024 streams (while the id part of a key has room: 17 bits)
+    while (((V1 + (int64_t(1) << shift) - 1) >> shift) > 1024 && shift < 17) ++shift;
     P = std::max<int64_t>(1, (V1 + (int64_t(1) << shift) - 1) >> shift);
   }
   int64_t begin(int64_t b, int64_t T) const { return std::min(T, b * Tb); }
@@ -381,149 +384,166 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
   const Layout lay(T, D, V1);
   const int64_t nb = lay.nb, P = lay.P;
   const int shift = lay.shift;
+  const uint32_t id_mask = (uint32_t(1) << shift) - 1u;
   auto active = [&](int64_t t) -> bool {
     if constexpr (kLse) return src.targets[t] > 0;
     else return true;
   };
-  // Where each block's entries start: R per active token.
+  // Where each block's entries start (R per active token), and the groups of blocks.
   std::vector<int64_t> base(size_t(nb + 1), 0);
   for (int64_t b = 0; b < nb; ++b) {
     int64_t na = 0;
     for (int64_t t = lay.begin(b, T); t < lay.begin(b + 1, T); ++t) na += active(t) ? 1 : 0;
     base[size_t(b + 1)] = base[size_t(b)] + na * R;
   }
-  const int64_t n = base[size_t(nb)];
-  Scratch ent_buf(static_cast<size_t>(3 * std::max<int64_t>(n, 1)));
+  const int nt = threads_for(T * R * D, nb);
+  const int64_t per_block = std::max<int64_t>(1, lay.Tb * R * int64_t(sizeof(Entry)));
+  const int64_t gsize = std::min<int64_t>(nb, std::max<int64_t>(nt, (int64_t(2) << 20) / per_block));
+  int64_t cap = 1;  // entries of the largest group
+  for (int64_t g0 = 0; g0 < nb; g0 += gsize)
+    cap = std::max(cap, base[size_t(std::min(nb, g0 + gsize))] - base[size_t(g0)]);
+  Scratch ent_buf(static_cast<size_t>(2 * cap));
   Entry* ent = reinterpret_cast<Entry*>(ent_buf.data());
-  std::vector<int64_t> seg(size_t(nb * (P + 1)), 0);  // block b, partition p: [seg[b][p], seg[b][p + 1])
-
-  // Pass 1: checks, weights, d_x, entries.
+  std::vector<int64_t> seg(size_t(gsize * (P + 1)), 0);  // block g0 + j, partition p: [seg[j][p], seg[j][p + 1])
+  std::memset(d_table, 0, sizeof(float) * size_t(V1 * D));
+  const TableView tv(s, table);
   const int64_t Rp = (R + VL - 1) / VL * VL;
   constexpr int CH = kChains<NV>;
-  const int nt = threads_for(T * R * D, nb);
   std::vector<char> bad_t(size_t(nt), 0);
-  const TableView tv(s, table);
-  parallel_run(nt, [&](int tid) {
-    const Last last(s.last);
-    const int nv = nvecs<NV>(s);
-    RowBuf<NV> xb(nv);
-    vf* xv = xb.data();
-    RowBuf<NV * CH> ab(CH * nv);
-    vf* acc = ab.data();
-    std::vector<float> wl(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
-    std::vector<int64_t> put(static_cast<size_t>(P));
-    const vf ninf = vbcast(-INFINITY);
-    bool ok = true;
-    for (int64_t b = nb * tid / nt; b < nb * (tid + 1) / nt && ok; ++b) {
-      const int64_t tb0 = lay.begin(b, T), tb1 = lay.begin(b + 1, T);
-      int64_t* sg = seg.data() + b * (P + 1);
-      std::fill(put.begin(), put.end(), 0);
-      for (int64_t t = tb0; t < tb1; ++t) {
-        const int32_t* it = ids + t * R;
-        if (!ids_in_range(it, R, V1)) ok = false;
-        else if (active(t))
-          for (int64_t r = 0; r < R; ++r) ++put[size_t(it[r] >> shift)];
-      }
-      if (!ok) break;
-      int64_t run = base[size_t(b)];
-      for (int64_t p = 0; p < P; ++p) {
-        sg[p] = run;
-        run += put[size_t(p)];
-        put[size_t(p)] = sg[p];
-      }
-      sg[P] = run;
-      for (int64_t t = tb0; t < tb1; ++t) {
-        const int32_t* it = ids + t * R;
-        float* dt = d_x + t * D;
-        if (!active(t)) {
-          std::fill(dt, dt + D, 0.0f);
-          if constexpr (kLse) src.d_pos[t] = 0.0f;
-          continue;
-        }
-        const float* w = wl.data();
-        if constexpr (kLse) {
-          const int32_t tg = src.targets[t];
-          load_row(x + t * D, nv, last, xv);
-          const float lt = src.lse[t], gt = src.dlse[t];
-          const vf vl = vbcast(lt), vg = vbcast(gt);
-          for (int64_t r = 0; r < R; r += VL) {
-            const int nr = static_cast<int>(std::min<int64_t>(VL, R - r));
-            const vf v = select_ninf(hit_lanes(it + r, nr, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, nr));
-            vstore(wl.data() + r, vselect(v > ninf, vexp(v - vl) * vg));
-          }
-          src.d_pos[t] = gt * std::exp(src.pos[t] - lt);
-        } else {
-          w = src.g + t * R;
-        }
-        // d_x[t]: chain k takes the rows r = k mod CH
-        for (int i = 0; i < CH * nv; ++i) acc[i] = vzero();
-        int64_t r = 0;
-        for (; r + CH <= R; r += CH) {
-#pragma GCC unroll 2
-          for (int k = 0; k < CH; ++k) {
-            const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
-            vf* a = acc + k * nv;
-            const vf wr = vbcast(w[r + k]);
-            for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
-            if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
-          }
-        }
-        for (; r < R; ++r) {
-          const float* p = tv.p + int64_t(it[r]) * tv.ld;
-          const vf wr = vbcast(w[r]);
-          for (int cc = 0; cc + 1 < nv; ++cc) acc[cc] += wr * vload(p + cc * VL);
-          if (nv > 0) acc[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
-        }
-        for (int cc = 0; cc < nv; ++cc) {
-          vf v = acc[cc];
-          if (CH == 2) v += acc[nv + cc];
-          if (cc + 1 < nv) vstore(dt + cc * VL, v);
-          else last.store(dt + cc * VL, v);
-        }
-        // entries in their partition's segment
-        const int32_t t32 = static_cast<int32_t>(t);
-        for (int64_t q = 0; q < R; ++q) ent[put[size_t(it[q] >> shift)]++] = Entry{t32, w[q], it[q]};
-      }
-    }
-    bad_t[size_t(tid)] = !ok;
-  });
-  for (char b : bad_t)
-    if (b) return 17;
+  std::vector<int64_t> pb(static_cast<size_t>(nt + 1)), tot(static_cast<size_t>(P));
 
-  // Pass 2: d_table over partition ranges with about n / nt2 entries each.
-  const int nt2 = threads_for(T * R * D, P);
-  std::vector<int64_t> pb(size_t(nt2 + 1), P);
-  pb[0] = 0;
-  if (nt2 > 1) {
-    std::vector<int64_t> tot(size_t(P), 0);
-    for (int64_t b = 0; b < nb; ++b)
-      for (int64_t p = 0; p < P; ++p) tot[size_t(p)] += seg[size_t(b * (P + 1) + p + 1)] - seg[size_t(b * (P + 1) + p)];
-    int64_t p = 0, run = 0;
-    for (int k = 1; k < nt2; ++k) {
-      const int64_t target = n * k / nt2;
-      while (p < P && run < target) run += tot[size_t(p++)];
-      pb[size_t(k)] = p;
-    }
-  }
-  parallel_run(nt2, [&](int tid) {
-    const Last last(s.last);
-    const int nv = nvecs<NV>(s);
-    const int64_t p0 = pb[size_t(tid)], p1 = pb[size_t(tid + 1)];
-    const int64_t v0 = std::min(V1, p0 << shift), v1 = std::min(V1, p1 << shift);
-    std::memset(d_table + v0 * D, 0, sizeof(float) * size_t((v1 - v0) * D));
-    if (nv == 0) return;
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t* sg = seg.data() + b * (P + 1);
-      for (int64_t e = sg[p0]; e < sg[p1]; ++e) {
-        const Entry en = ent[e];
-        const float* xr = x + int64_t(en.t) * D;
-        float* dv = d_table + int64_t(en.id) * D;
-        const vf we = vbcast(en.w);
-        for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * vload(xr + cc * VL));
-        last.store(dv + (nv - 1) * VL, last.load(dv + (nv - 1) * VL) + we * last.load(xr + (nv - 1) * VL));
+  for (int64_t g0 = 0; g0 < nb; g0 += gsize) {
+    const int64_t g1 = std::min(nb, g0 + gsize), ng = g1 - g0, e0 = base[size_t(g0)];
+    const int nt1 = static_cast<int>(std::min<int64_t>(nt, ng));
+    // Pass 1: checks, weights, d_x, entries.
+    parallel_run(nt1, [&](int tid) {
+      const Last last(s.last);
+      const int nv = nvecs<NV>(s);
+      RowBuf<NV> xb(nv);
+      vf* xv = xb.data();
+      RowBuf<NV * CH> ab(CH * nv);
+      vf* acc = ab.data();
+      std::vector<float> wl(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
+      std::vector<int64_t> put(static_cast<size_t>(P));
+      const vf ninf = vbcast(-INFINITY);
+      bool ok = true;
+      for (int64_t b = g0 + ng * tid / nt1; b < g0 + ng * (tid + 1) / nt1 && ok; ++b) {
+        const int64_t tb0 = lay.begin(b, T), tb1 = lay.begin(b + 1, T);
+        int64_t* sg = seg.data() + (b - g0) * (P + 1);
+        std::fill(put.begin(), put.end(), 0);
+        for (int64_t t = tb0; t < tb1; ++t) {
+          const int32_t* it = ids + t * R;
+          if (!ids_in_range(it, R, V1)) ok = false;
+          else if (active(t))
+            for (int64_t r = 0; r < R; ++r) ++put[size_t(it[r] >> shift)];
+        }
+        if (!ok) break;
+        int64_t run = base[size_t(b)] - e0;
+        for (int64_t p = 0; p < P; ++p) {
+          sg[p] = run;
+          run += put[size_t(p)];
+          put[size_t(p)] = sg[p];
+        }
+        sg[P] = run;
+        for (int64_t t = tb0; t < tb1; ++t) {
+          const int32_t* it = ids + t * R;
+          float* dt = d_x + t * D;
+          if (!active(t)) {
+            std::fill(dt, dt + D, 0.0f);
+            if constexpr (kLse) src.d_pos[t] = 0.0f;
+            continue;
+          }
+          const float* w = wl.data();
+          if constexpr (kLse) {
+            const int32_t tg = src.targets[t];
+            load_row(x + t * D, nv, last, xv);
+            const float lt = src.lse[t], gt = src.dlse[t];
+            const vf vl = vbcast(lt), vg = vbcast(gt);
+            for (int64_t r = 0; r < R; r += VL) {
+              const int nr = static_cast<int>(std::min<int64_t>(VL, R - r));
+              const vf v = select_ninf(hit_lanes(it + r, nr, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, nr));
+              vstore(wl.data() + r, vselect(v > ninf, vexp(v - vl) * vg));
+            }
+            src.d_pos[t] = gt * std::exp(src.pos[t] - lt);
+          } else {
+            w = src.g + t * R;
+          }
+          // d_x[t]: chain k takes the rows r = k mod CH
+          for (int i = 0; i < CH * nv; ++i) acc[i] = vzero();
+          int64_t r = 0;
+          for (; r + CH <= R; r += CH) {
+#pragma GCC unroll 2
+            for (int k = 0; k < CH; ++k) {
+              const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
+              vf* a = acc + k * nv;
+              const vf wr = vbcast(w[r + k]);
+              for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
+              if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+            }
+          }
+          for (; r < R; ++r) {
+            const float* p = tv.p + int64_t(it[r]) * tv.ld;
+            const vf wr = vbcast(w[r]);
+            for (int cc = 0; cc + 1 < nv; ++cc) acc[cc] += wr * vload(p + cc * VL);
+            if (nv > 0) acc[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+          }
+          for (int cc = 0; cc < nv; ++cc) {
+            vf v = acc[cc];
+            if (CH == 2) v += acc[nv + cc];
+            if (cc + 1 < nv) vstore(dt + cc * VL, v);
+            else last.store(dt + cc * VL, v);
+          }
+          // entries in their partition's segment
+          const uint32_t tl = static_cast<uint32_t>(t - tb0) << shift;
+          for (int64_t q = 0; q < R; ++q) {
+            const uint32_t id = static_cast<uint32_t>(it[q]);
+            ent[put[size_t(id >> shift)]++] = Entry{tl | (id & id_mask), w[q]};
+          }
+        }
+      }
+      bad_t[size_t(tid)] = !ok;
+    });
+    for (char b : bad_t)
+      if (b) return 17;
+
+    // Pass 2: d_table over partition ranges with about the same number of entries each.
+    const int64_t ne = base[size_t(g1)] - e0;
+    const int nt2 = static_cast<int>(std::min<int64_t>(threads_for(ne * D, P), P));
+    pb[0] = 0;
+    for (int k = 1; k <= nt2; ++k) pb[size_t(k)] = P;
+    if (nt2 > 1) {
+      std::fill(tot.begin(), tot.end(), 0);
+      for (int64_t j = 0; j < ng; ++j)
+        for (int64_t p = 0; p < P; ++p) tot[size_t(p)] += seg[size_t(j * (P + 1) + p + 1)] - seg[size_t(j * (P + 1) + p)];
+      int64_t p = 0, run = 0;
+      for (int k = 1; k < nt2; ++k) {
+        const int64_t target = ne * k / nt2;
+        while (p < P && run < target) run += tot[size_t(p++)];
+        pb[size_t(k)] = p;
       }
     }
-  });
+    parallel_run(nt2, [&](int tid) {
+      const Last last(s.last);
+      const int nv = nvecs<NV>(s);
+      if (nv == 0) return;
+      const int64_t p0 = pb[size_t(tid)], p1 = pb[size_t(tid + 1)];
+      for (int64_t b = g0; b < g1; ++b) {
+        const int64_t* sg = seg.data() + (b - g0) * (P + 1);
+        const float* xb0 = x + lay.begin(b, T) * D;
+        for (int64_t p = p0; p < p1; ++p) {
+          float* dp = d_table + (p << shift) * D;
+          for (int64_t e = sg[p]; e < sg[p + 1]; ++e) {
+            const Entry en = ent[e];
+            const float* xr = xb0 + int64_t(en.key >> shift) * D;
+            float* dv = dp + int64_t(en.key & id_mask) * D;
+            const vf we = vbcast(en.w);
+            for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * vload(xr + cc * VL));
+            last.store(dv + (nv - 1) * VL, last.load(dv + (nv - 1) * VL) + we * last.load(xr + (nv - 1) * VL));
+          }
+        }
+      }
+    });
+  }
   return 0;
 }
 
