@@ -19,7 +19,8 @@ without a target), so accidental hits occur at rate ~R/V as in training.
 Usage (from the repository root):
   python benchmarks/probes/slogits_ab.py [--base TREE] [--new TREE] [--rounds 9] [--shapes ml1m,small]
 --base defaults to a tree extracted from `git -C /work/main archive HEAD` into /tmp/slogits_base;
---new defaults to this repository.
+--new defaults to this repository. --base-lib / --new-lib load prebuilt libraries instead (e.g. only
+sampled_logits.cc compiled with build.py's flags for one ISA).
 """
 from __future__ import annotations
 
@@ -136,12 +137,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default=None)
     ap.add_argument("--new", default=REPO)
+    ap.add_argument("--base-lib", default=None, help="a prebuilt base library instead of building --base")
+    ap.add_argument("--new-lib", default=None, help="a prebuilt new library instead of building --new")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--shapes", default="ml1m,small")
     ap.add_argument("--ops", default="", help="comma-separated subset of: lse fwd, lse bwd, logits fwd, logits bwd")
     a = ap.parse_args()
-    trees = [a.base or default_base(), a.new]
-    libs = [Lib(build(t)) for t in trees]
+    trees = [a.base or ("(prebuilt)" if a.base_lib else default_base()), a.new]
+    libs = [Lib(lib or build(t)) for t, lib in zip(trees, (a.base_lib, a.new_lib))]
     print(f"isa {os.environ.get('MINDGR_CPU_ISA') or 'native'}, threads {os.environ.get('MINDGR_CPU_THREADS') or 'all'}, "
           f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     for i, (t, lib) in enumerate(zip(trees, libs)):
