@@ -211,6 +211,8 @@ struct RowBuf<0> {
   vf* data() { return v.data(); }
 };
 
+inline float* aligned64(float* q) { return q + (16 - (reinterpret_cast<uintptr_t>(q) / sizeof(float)) % 16) % 16; }
+
 // The table as rows of nv whole vectors (stride nv * VL, 64-byte aligned, zero lanes past D)
 // when that copy costs little against the gathers: every row load is then one aligned vector
 // (no cache-line splits, no masks). Results are the same bits either way (the padding is zero and
@@ -224,8 +226,7 @@ struct TableView {
     const int64_t Dp = int64_t(s.nv) * VL;
     if (s.nv == 0 || s.last == VL || s.V1 * Dp * 4 > s.T * s.R * s.D) return;
     buf.reset(new Scratch(static_cast<size_t>(s.V1 * Dp + 16)));
-    float* q = buf->data();
-    q += (16 - (reinterpret_cast<uintptr_t>(q) / sizeof(float)) % 16) % 16;
+    float* q = aligned64(buf->data());
     for (int64_t v = 0; v < s.V1; ++v) {
       std::memcpy(q + v * Dp, table + v * s.D, sizeof(float) * size_t(s.D));
       std::memset(q + v * Dp + s.D, 0, sizeof(float) * size_t(Dp - s.D));
@@ -405,8 +406,22 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
   Scratch ent_buf(static_cast<size_t>(2 * cap));
   Entry* ent = reinterpret_cast<Entry*>(ent_buf.data());
   std::vector<int64_t> seg(size_t(gsize * (P + 1)), 0);  // block g0 + j, partition p: [seg[j][p], seg[j][p + 1])
-  std::memset(d_table, 0, sizeof(float) * size_t(V1 * D));
   const TableView tv(s, table);
+  // Pass 2 works on whole aligned vectors when the table view is padded: d_table accumulated in
+  // a padded copy (copied out at the end) and the group's x rows padded by pass 1.
+  const bool padded = tv.buf != nullptr;
+  const int64_t Dp = int64_t(s.nv) * VL;
+  const int64_t dld = padded ? Dp : D;
+  std::unique_ptr<Scratch> dpad_buf, xpad_buf;
+  float* dacc = d_table;
+  float* xpad = nullptr;
+  if (padded) {
+    dpad_buf.reset(new Scratch(static_cast<size_t>(V1 * Dp + 16)));
+    xpad_buf.reset(new Scratch(static_cast<size_t>(gsize * lay.Tb * Dp + 16)));
+    dacc = aligned64(dpad_buf->data());
+    xpad = aligned64(xpad_buf->data());
+  }
+  std::memset(dacc, 0, sizeof(float) * size_t(V1 * dld));
   const int64_t Rp = (R + VL - 1) / VL * VL;
   constexpr int CH = kChains<NV>;
   std::vector<char> bad_t(size_t(nt), 0);
@@ -454,9 +469,13 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
             continue;
           }
           const float* w = wl.data();
+          if (padded || kLse) load_row(x + t * D, nv, last, xv);
+          if (padded) {
+            float* xp = xpad + (t - lay.begin(g0, T)) * Dp;
+            for (int cc = 0; cc < nv; ++cc) vstore(xp + cc * VL, xv[cc]);
+          }
           if constexpr (kLse) {
             const int32_t tg = src.targets[t];
-            load_row(x + t * D, nv, last, xv);
             const float lt = src.lse[t], gt = src.dlse[t];
             const vf vl = vbcast(lt), vg = vbcast(gt);
             for (int64_t r = 0; r < R; r += VL) {
@@ -523,19 +542,19 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
       }
     }
     parallel_run(nt2, [&](int tid) {
-      const Last last(s.last);
+      const Last last(padded ? VL : s.last);
       const int nv = nvecs<NV>(s);
       if (nv == 0) return;
       const int64_t p0 = pb[size_t(tid)], p1 = pb[size_t(tid + 1)];
       for (int64_t b = g0; b < g1; ++b) {
         const int64_t* sg = seg.data() + (b - g0) * (P + 1);
-        const float* xb0 = x + lay.begin(b, T) * D;
+        const float* xb0 = padded ? xpad + (lay.begin(b, T) - lay.begin(g0, T)) * Dp : x + lay.begin(b, T) * D;
         for (int64_t p = p0; p < p1; ++p) {
-          float* dp = d_table + (p << shift) * D;
+          float* dp = dacc + (p << shift) * dld;
           for (int64_t e = sg[p]; e < sg[p + 1]; ++e) {
             const Entry en = ent[e];
-            const float* xr = xb0 + int64_t(en.key >> shift) * D;
-            float* dv = dp + int64_t(en.key & id_mask) * D;
+            const float* xr = xb0 + int64_t(en.key >> shift) * dld;
+            float* dv = dp + int64_t(en.key & id_mask) * dld;
             const vf we = vbcast(en.w);
             for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * vload(xr + cc * VL));
             last.store(dv + (nv - 1) * VL, last.load(dv + (nv - 1) * VL) + we * last.load(xr + (nv - 1) * VL));
@@ -544,6 +563,8 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
       }
     });
   }
+  if (padded)
+    for (int64_t v = 0; v < V1; ++v) std::memcpy(d_table + v * D, dacc + v * Dp, sizeof(float) * size_t(D));
   return 0;
 }
 
