@@ -324,3 +324,27 @@ def test_sampled_lse_int64_ids_bitwise_and_bad_ids():
             assert _aot("MindgrSampledLse", [x, table, bad.astype(dt), tgt, pos, lse]) == 17
             d = [np.empty((70, 20), np.float32), np.empty((45, 20), np.float32), np.empty(70, np.float32)]
             assert _aot("MindgrSampledLseBwd", [x, table, bad.astype(dt), tgt, pos, lse, cot, *d]) == 17
+
+
+def test_sampled_lse_backward_groups_and_threads(monkeypatch):
+    """R large enough that the backward's groups of token blocks follow the thread count (one block
+    per group on 1 thread, two on 2): same bits either way, and d_x / d_table against float64."""
+    x, table, ids, tgt, pos, cot = [a.asnumpy() for a in make_lse_inputs(6, 1400, 50, 420, 300)]
+    lse = np.empty(1400, np.float32)
+    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse]) == 0
+    runs = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("MINDGR_CPU_THREADS", threads)
+        d = [np.empty((1400, 50), np.float32), np.empty((300, 50), np.float32), np.empty(1400, np.float32)]
+        assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, cot, *d]) == 0
+        runs.append(d)
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    l = np.einsum("td,trd->tr", x.astype(np.float64), table.astype(np.float64)[ids])
+    w = np.where(ids == tgt[:, None], 0.0, np.exp(l - lse[:, None]) * cot[:, None]) * (tgt > 0)[:, None]
+    want_dx = np.einsum("tr,trd->td", w, table.astype(np.float64)[ids])
+    s = np.zeros((1400, 300))
+    np.add.at(s, (np.repeat(np.arange(1400), 420), ids.ravel()), w.ravel())
+    want_dt = s.T @ x.astype(np.float64)
+    assert_close(runs[0][0], want_dx, "d_x")
+    assert_close(runs[0][1], want_dt, "d_table")
