@@ -187,9 +187,7 @@ LSE_CONFIGS = [  # T, D, R, V+1
     (40, 50, 33, 61),
     (300, 64, 128, 400),   # threaded
     (50, 20, 17, 33000),   # no padded table copy (large catalogue)
-    (1400, 50, 24, 300),   # several token blocks and id partitions in the backward, threaded
-    (16, 130, 21, 40),     # D above the unrolled row widths
-]
+]  # several token blocks / id partitions / groups: test_sampled_lse_backward_groups_and_threads
 
 
 @pytest.mark.parametrize("config", LSE_CONFIGS, ids=lambda c: "T%d_D%d_R%d_V%d" % c)
