@@ -62,7 +62,9 @@ CONFIGS = [  # T, D, R, V+1
     (40, 16, 9, 30),
     (97, 50, 33, 200),
     (64, 64, 128, 17),
-    (50, 64, 20, 33000),  # 8 * (V+1) * D floats > 64 MB: the kernel's counting-sort d_table path
+    (50, 64, 20, 33000),  # a catalogue too large for the kernel's padded table copy
+    (20, 130, 19, 50),    # D above the unrolled row widths (the kernel's run-time row loop on AVX-512)
+    (1300, 50, 5, 300),   # several token blocks and id partitions in the backward
 ]
 
 
@@ -90,16 +92,16 @@ def test_sampled_logits_int64_ids_and_pynative():
         ms.set_context(mode=ms.GRAPH_MODE)
 
 
-@pytest.mark.parametrize("num_ids", [300, 33000], ids=["chunked", "sorted"])
+@pytest.mark.parametrize("num_ids", [300, 33000], ids=["padded", "unpadded"])
 def test_sampled_logits_bitwise_deterministic(monkeypatch, num_ids):
     # large enough for the kernel to use several threads (it goes serial below ~2^18 multiply-adds)
-    args = make_inputs(5, 600, 64, 64, num_ids)
+    args = make_inputs(5, 1100, 50, 32, num_ids)  # 2 token blocks
     net = ScoreGrad(cpu.sampled_logits)
     first = [x.asnumpy() for x in net(*args)]
     second = [x.asnumpy() for x in net(*args)]
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
-    # the bprop sums in a fixed (t, r) order per id, so the thread count does not change any bit
+    # the bprop sums in an order fixed by the shapes, so the thread count does not change any bit
     prim = cpu._P.sampled_logits_bwd
     monkeypatch.setenv("MINDGR_CPU_THREADS", "1")
     one = [x.asnumpy() for x in prim(*args)]
@@ -184,8 +186,8 @@ LSE_CONFIGS = [  # T, D, R, V+1
     (9, 5, 7, 6),
     (40, 50, 33, 61),
     (300, 64, 128, 400),   # threaded
-    (50, 20, 17, 33000),   # the counting-sort d_table path
-]
+    (50, 20, 17, 33000),   # no padded table copy (large catalogue)
+]  # several token blocks / id partitions / groups: test_sampled_lse_backward_groups_and_threads
 
 
 @pytest.mark.parametrize("config", LSE_CONFIGS, ids=lambda c: "T%d_D%d_R%d_V%d" % c)
@@ -205,7 +207,7 @@ def test_sampled_lse_matches_reference_graph(config):
 
 
 def test_sampled_lse_thread_count_invariant(monkeypatch):
-    x, table, ids, tgt, pos, cot = make_lse_inputs(4, 400, 50, 64, 300)
+    x, table, ids, tgt, pos, cot = make_lse_inputs(4, 1400, 50, 64, 300)  # 3 token blocks, 5 id partitions
     lse = cpu._P.sampled_lse(x, table, ids, tgt, pos)
     runs = []
     for threads in ("1", "2"):
@@ -241,3 +243,106 @@ def test_sampled_softmax_loss_cpu_backend_matches_reference(monkeypatch):
         backend.set_backend(previous)
     for label, got, want in zip(("loss", "d_emb", "d_w"), results["cpu"], results["reference"]):
         assert_close(got, want, f"SampledSoftmaxLoss {label}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Edges called straight through the library's AOT entry points (no MindSpore: empty tensors).
+
+def _aot(name, arrays):
+    import ctypes
+    lib = ctypes.CDLL(cpu.library_path())
+    n = len(arrays)
+    shp = [(ctypes.c_int64 * max(1, a.ndim))(*a.shape) for a in arrays]
+    fn = getattr(lib, name)
+    fn.restype = ctypes.c_int
+    return fn(n, (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays]), (ctypes.c_int * n)(*[a.ndim for a in arrays]),
+              (ctypes.POINTER(ctypes.c_int64) * n)(*[ctypes.cast(s_, ctypes.POINTER(ctypes.c_int64)) for s_ in shp]),
+              (ctypes.c_char_p * n)(*[str(a.dtype).encode() for a in arrays]), None, None)
+
+
+def _lse_np(x, table, ids, tgt, pos):
+    l = np.einsum("td,trd->tr", x.astype(np.float64), table.astype(np.float64)[ids])
+    l[ids == tgt[:, None]] = -np.inf
+    m = np.maximum(pos, l.max(1, initial=-np.inf))
+    lse = m + np.log(np.exp(pos - m) + np.exp(l - m[:, None]).sum(1))
+    return np.where(tgt > 0, lse, 0.0)
+
+
+@pytest.mark.parametrize("T,R", [(0, 5), (6, 0), (1, 1)], ids=["T0", "R0", "T1R1"])
+def test_sampled_kernels_empty_and_single(T, R):
+    rng = np.random.default_rng(2)
+    D, V1 = 7, 5
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    table = rng.standard_normal((V1, D)).astype(np.float32)
+    ids = rng.integers(0, V1, (T, R)).astype(np.int32)
+    tgt = (np.arange(T) % (V1 - 1) + 1).astype(np.int32)
+    tgt[2::3] = 0                         # tokens without a target
+    pos = rng.standard_normal(T).astype(np.float32)
+    lse = np.full(T, np.nan, np.float32)
+    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse]) == 0
+    np.testing.assert_allclose(lse, _lse_np(x, table, ids, tgt, pos), rtol=1e-6, atol=1e-6)
+    dlse = rng.standard_normal(T).astype(np.float32)
+    d_x, d_t, d_p = np.full((T, D), np.nan, np.float32), np.full((V1, D), np.nan, np.float32), np.full(T, np.nan, np.float32)
+    assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, dlse, d_x, d_t, d_p]) == 0
+    assert not np.isnan(d_x).any() and not np.isnan(d_p).any()
+    if R == 0:  # no negatives: lse = pos, all of the gradient goes to pos
+        np.testing.assert_array_equal(d_x, 0)
+        np.testing.assert_allclose(d_p, np.where(tgt > 0, dlse, 0), rtol=1e-6)
+    if T == 0 or R == 0:
+        np.testing.assert_array_equal(d_t, 0)
+    logits = np.full((T, R), np.nan, np.float32)
+    assert _aot("MindgrSampledLogits", [x, table, ids, logits]) == 0
+    np.testing.assert_allclose(logits, np.einsum("td,trd->tr", x, table[ids]), rtol=1e-5, atol=1e-5)
+    g = rng.standard_normal((T, R)).astype(np.float32)
+    d_x, d_t = np.full((T, D), np.nan, np.float32), np.full((V1, D), np.nan, np.float32)
+    assert _aot("MindgrSampledLogitsBwd", [x, table, ids, g, d_x, d_t]) == 0
+    np.testing.assert_allclose(d_x, np.einsum("tr,trd->td", g, table[ids]), rtol=1e-5, atol=1e-5)
+    want = np.zeros((V1, D))
+    np.add.at(want, ids.ravel(), (g[..., None] * x[:, None, :]).reshape(-1, D))
+    np.testing.assert_allclose(d_t, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sampled_lse_int64_ids_bitwise_and_bad_ids():
+    x, table, ids, tgt, pos, cot = [a.asnumpy() for a in make_lse_inputs(8, 70, 20, 19, 45)]
+    outs = {}
+    for dt in (np.int32, np.int64):
+        lse = np.empty(70, np.float32)
+        assert _aot("MindgrSampledLse", [x, table, ids.astype(dt), tgt, pos, lse]) == 0
+        d = [np.empty((70, 20), np.float32), np.empty((45, 20), np.float32), np.empty(70, np.float32)]
+        assert _aot("MindgrSampledLseBwd", [x, table, ids.astype(dt), tgt, pos, lse, cot, *d]) == 0
+        outs[dt] = [lse] + d
+    for a, b in zip(outs[np.int32], outs[np.int64]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(outs[np.int32][0], _lse_np(x, table, ids, tgt, pos), rtol=1e-5, atol=1e-5)
+    for t, value in ((int(np.flatnonzero(tgt == 0)[0]), 45), (69, -1)):  # also on a token without a target
+        bad = ids.copy()
+        bad[t, -1] = value
+        for dt in (np.int32, np.int64):
+            lse = np.empty(70, np.float32)
+            assert _aot("MindgrSampledLse", [x, table, bad.astype(dt), tgt, pos, lse]) == 17
+            d = [np.empty((70, 20), np.float32), np.empty((45, 20), np.float32), np.empty(70, np.float32)]
+            assert _aot("MindgrSampledLseBwd", [x, table, bad.astype(dt), tgt, pos, lse, cot, *d]) == 17
+
+
+def test_sampled_lse_backward_groups_and_threads(monkeypatch):
+    """R large enough that the backward's groups of token blocks follow the thread count (one block
+    per group on 1 thread, two on 2): same bits either way, and d_x / d_table against float64."""
+    x, table, ids, tgt, pos, cot = [a.asnumpy() for a in make_lse_inputs(6, 1400, 50, 420, 300)]
+    lse = np.empty(1400, np.float32)
+    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse]) == 0
+    runs = []
+    for threads in ("1", "2"):
+        monkeypatch.setenv("MINDGR_CPU_THREADS", threads)
+        d = [np.empty((1400, 50), np.float32), np.empty((300, 50), np.float32), np.empty(1400, np.float32)]
+        assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, cot, *d]) == 0
+        runs.append(d)
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    l = np.einsum("td,trd->tr", x.astype(np.float64), table.astype(np.float64)[ids])
+    w = np.where(ids == tgt[:, None], 0.0, np.exp(l - lse[:, None]) * cot[:, None]) * (tgt > 0)[:, None]
+    want_dx = np.einsum("tr,trd->td", w, table.astype(np.float64)[ids])
+    s = np.zeros((1400, 300))
+    np.add.at(s, (np.repeat(np.arange(1400), 420), ids.ravel()), w.ravel())
+    want_dt = s.T @ x.astype(np.float64)
+    assert_close(runs[0][0], want_dx, "d_x")
+    assert_close(runs[0][1], want_dt, "d_table")

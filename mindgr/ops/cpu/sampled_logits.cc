@@ -4,16 +4,23 @@
 //   MindgrSampledLogitsBwd(out, table, ids, dlogits [T, R] f32) -> d_out [T, D], d_table [V1, D]
 //     d_out[t]   = sum_r dlogits[t, r] * table[ids[t, r]]                    (r ascending)
 //     d_table[v] = sum_{(t, r): ids[t, r] == v} dlogits[t, r] * out[t]       ((t, r) ascending)
-// Never materialises [T, V1] or [T, R, D]. Forward: per token, blocks of VL gathered rows scored
-// at once (vertical accumulation over D, one transposed reduction per block, no reduction per dot);
-// backward vectorised over D (VL lanes, masked tail). Parallel over t. d_table: for catalogues with 8 * (V+1) * D floats <= 64 MB, one pass adds into 8 partial
-// [V+1, D] buffers, one per fixed t-chunk (not per thread), summed in chunk order; larger catalogues
-// use a stable counting sort of the (t, r) pairs by id, parallel over id ranges. Either way every sum
-// runs in an order fixed by the shapes: results are bitwise reproducible and independent of the
-// thread count (no atomics).
+//   MindgrSampledLse / MindgrSampledLseBwd: the sampled-softmax loss tail fused with the scoring
+//     (accidental-hit mask, log-sum-exp with the positive logit, their gradients; see below).
+// Never materialises [T, V1] or [T, R, D], and the loss tail no [T, R] tensor either.
+// Scoring (a gather-GEMM): per token, blocks of VL gathered table rows against the token's row held
+// in registers, one accumulator per row summed vertically over D, one transposed reduction per
+// block for its VL dots. Rows are read from a 64-byte aligned, zero-padded copy of the table when
+// D is not a whole number of vectors and the copy is small against the gathers (same result bits).
+// Backward: one pass over the tokens (parallel over fixed token blocks) rescoring where needed,
+// giving d_x from the rows just loaded and appending each (t, w, id) to its id partition's stream;
+// then d_table per id partition (L1-sized) block by block. Every sum runs in an order fixed by the
+// shapes (d_table[v]: one chain in (t, r) order; d_x: r ascending, alternate rows in two chains
+// where NV <= 4): results are bitwise reproducible and independent of the thread count (no atomics,
+// no partial tables); they depend on the ISA (VL) only through the dots' reduction order.
 // Return codes: 10 wrong argument count, 11 wrong ranks, 12 wrong dtypes, 13 inconsistent shapes
-// (or T * R >= 2^31), 17 an id outside [0, V1), 99 out of memory or threads unavailable.
+// (or T * R >= 2^31, or V1 >= 2^31), 17 an id outside [0, V1), 99 out of memory or threads unavailable.
 #include <cmath>
+#include <type_traits>
 #include <utility>
 
 #include "common.h"
@@ -31,7 +38,559 @@ inline int threads_for(int64_t work, int64_t items) {
 struct Shape {
   int64_t T = 0, D = 0, V1 = 0, R = 0;
   bool ids64 = false;
+  int nv = 0;    // vectors per row: ceil(D / VL)
+  int last = 0;  // valid lanes of a row's last vector (1..VL)
+  void derive() {
+    nv = static_cast<int>((D + VL - 1) / VL);
+    last = static_cast<int>(D - int64_t(nv > 0 ? nv - 1 : 0) * VL);
+  }
 };
+
+// ---------------------------------------------------------------------------------------------
+// The last vector of a row: its n (1..VL) leading lanes, the others zero; never touches p + n on.
+struct Last {
+  int n;
+#if defined(MINDGR_ISA_AVX512)
+  __mmask16 k;
+  explicit Last(int n_) : n(n_), k(static_cast<__mmask16>((1u << n_) - 1u)) {}
+  vf load(const float* p) const { return (vf)_mm512_maskz_loadu_ps(k, p); }
+  void store(float* p, vf v) const { _mm512_mask_storeu_ps(p, k, (__m512)v); }
+#elif defined(MINDGR_ISA_AVX2)
+  __m256i m;
+  explicit Last(int n_)
+      : n(n_), m(_mm256_cmpgt_epi32(_mm256_set1_epi32(n_), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))) {}
+  vf load(const float* p) const { return (vf)_mm256_maskload_ps(p, m); }
+  void store(float* p, vf v) const { _mm256_maskstore_ps(p, m, (__m256)v); }
+#else
+  explicit Last(int n_) : n(n_) {}
+  vf load(const float* p) const {
+    vf r = vzero();
+    std::memcpy(&r, p, sizeof(float) * size_t(n));
+    return r;
+  }
+  void store(float* p, vf v) const { std::memcpy(p, &v, sizeof(float) * size_t(n)); }
+#endif
+};
+
+// Lane g of the result = sum of the lanes of v[g], for VL vectors v: log2(VL) rounds of "sum of
+// adjacent lanes of two vectors, a's sums then b's" (a fixed order, no trip through memory).
+template <size_t... I>
+inline vf pair_sums(vf a, vf b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, (2 * I)...) + __builtin_shufflevector(a, b, (2 * I + 1)...);
+}
+inline vf transpose_sum(vf* v) {
+#pragma GCC unroll 8
+  for (int n = VL; n > 1; n /= 2)
+#pragma GCC unroll 8
+    for (int g = 0; g < n / 2; ++g) v[g] = pair_sums(v[2 * g], v[2 * g + 1], std::make_index_sequence<VL>());
+  return v[0];
+}
+
+inline float hmax(vf v) {
+  float a[VL];
+  std::memcpy(a, &v, sizeof(a));
+  float m = a[0];
+  for (int i = 1; i < VL; ++i) m = a[i] > m ? a[i] : m;
+  return m;
+}
+
+// Rows of NV vectors (NV = 0: the run-time s.nv) held in registers when they fit beside the VL
+// accumulators of a block (else the block runs D-outer with VL row pointers).
+template <int NV>
+constexpr bool kXInRegs = NV > 0 && NV + VL + 3 <= kVecRegs;
+// Two accumulator chains (alternate rows) where one chain of NV FMAs would wait on FMA latency.
+template <int NV>
+constexpr int kChains = (NV > 0 && NV <= 4 && 2 * NV + 2 <= kVecRegs) ? 2 : 1;
+
+template <int NV>
+inline int nvecs(const Shape& s) { return NV ? NV : s.nv; }
+
+// x row (D floats) into nv vectors, lanes past D zero.
+inline void load_row(const float* p, int nv, const Last& last, vf* xv) {
+  for (int c = 0; c + 1 < nv; ++c) xv[c] = vload(p + c * VL);
+  if (nv > 0) xv[nv - 1] = last.load(p + (nv - 1) * VL);
+}
+
+// Dots of the row xv with table rows ids[0..n) (n <= VL), lane g = row g; lanes past n are
+// garbage (row 0 again). Ids are known to be in range.
+template <int NV>
+inline vf block_dots(const vf* xv, int nv, const Last& last, const float* table, int64_t D, const int32_t* ids,
+                     int n) {
+  const int nvr = NV ? NV : nv;
+  vf acc[VL];
+  if constexpr (kXInRegs<NV>) {
+#pragma GCC unroll 16
+    for (int g = 0; g < VL; ++g) {
+      const float* p = table + int64_t(ids[g < n ? g : 0]) * D;
+      vf a;
+      if (nvr == 1) {
+        a = xv[0] * last.load(p);
+      } else {
+        a = xv[0] * vload(p);
+#pragma GCC unroll 8
+        for (int c = 1; c + 1 < nvr; ++c) a += xv[c] * vload(p + c * VL);
+        a += xv[nvr - 1] * last.load(p + (nvr - 1) * VL);
+      }
+      acc[g] = a;
+    }
+  } else {
+    const float* rp[VL];
+#pragma GCC unroll 16
+    for (int g = 0; g < VL; ++g) {
+      rp[g] = table + int64_t(ids[g < n ? g : 0]) * D;
+      acc[g] = vzero();
+    }
+    for (int c = 0; c + 1 < nvr; ++c) {
+      const vf xc = xv[c];
+#pragma GCC unroll 16
+      for (int g = 0; g < VL; ++g) acc[g] += xc * vload(rp[g] + c * VL);
+    }
+    if (nvr > 0) {
+      const vf xc = xv[nvr - 1];
+#pragma GCC unroll 16
+      for (int g = 0; g < VL; ++g) acc[g] += xc * last.load(rp[g] + (nvr - 1) * VL);
+    }
+  }
+  return transpose_sum(acc);
+}
+
+// True when every id of ids[0..n) is in [0, V1).
+inline bool ids_in_range(const int32_t* ids, int64_t n, int64_t V1) {
+  const uint32_t v = static_cast<uint32_t>(V1);
+  bool ok = true;
+  for (int64_t i = 0; i < n; ++i) ok &= static_cast<uint32_t>(ids[i]) < v;
+  return ok;
+}
+
+// Lanes g >= n or with ids[g] == target (accidental hits): -1.
+inline vi hit_lanes(const int32_t* ids, int n, int32_t target) {
+  vi idv = vi{} - 1;  // -1 is never a target (targets > 0)
+  std::memcpy(&idv, ids, sizeof(int32_t) * size_t(n));
+  const vi tv = vi{} + target;
+  return (idv == tv) | (iota() >= (vi{} + n));
+}
+
+inline vf select_ninf(vi mask, vf v) {
+  vi bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const float ninf = -INFINITY;
+  int32_t nb;
+  std::memcpy(&nb, &ninf, sizeof(nb));
+  bits = (bits & ~mask) | ((vi{} + nb) & mask);
+  vf r;
+  std::memcpy(&r, &bits, sizeof(r));
+  return r;
+}
+
+template <class Fn>
+void with_nv(int nv, Fn&& fn) {
+  switch (nv) {
+    case 1: fn(std::integral_constant<int, 1>()); break;
+    case 2: fn(std::integral_constant<int, 2>()); break;
+    case 3: fn(std::integral_constant<int, 3>()); break;
+    case 4: fn(std::integral_constant<int, 4>()); break;
+    case 5: fn(std::integral_constant<int, 5>()); break;
+    case 6: fn(std::integral_constant<int, 6>()); break;
+    case 7: fn(std::integral_constant<int, 7>()); break;
+    case 8: fn(std::integral_constant<int, 8>()); break;
+    default: fn(std::integral_constant<int, 0>()); break;
+  }
+}
+
+// Per-thread row buffer of nv vectors: registers for a compile-time NV, else heap.
+template <int NV>
+struct RowBuf {
+  vf v[NV];
+  explicit RowBuf(int) {}
+  vf* data() { return v; }
+};
+template <>
+struct RowBuf<0> {
+  std::vector<vf> v;
+  explicit RowBuf(int nv) : v(static_cast<size_t>(std::max(nv, 1))) {}
+  vf* data() { return v.data(); }
+};
+
+inline float* aligned64(float* q) { return q + (16 - (reinterpret_cast<uintptr_t>(q) / sizeof(float)) % 16) % 16; }
+
+// The table as rows of nv whole vectors (stride nv * VL, 64-byte aligned, zero lanes past D)
+// when that copy costs little against the gathers: every row load is then one aligned vector
+// (no cache-line splits, no masks). Results are the same bits either way (the padding is zero and
+// x's lanes past D are zero). Else the table itself.
+struct TableView {
+  const float* p;
+  int64_t ld;
+  Last last;
+  std::unique_ptr<Scratch> buf;
+  TableView(const Shape& s, const float* table) : p(table), ld(s.D), last(s.last) {
+    const int64_t Dp = int64_t(s.nv) * VL;
+    if (s.nv == 0 || s.last == VL || s.V1 * Dp * 4 > s.T * s.R * s.D) return;
+    buf.reset(new Scratch(static_cast<size_t>(s.V1 * Dp + 16)));
+    float* q = aligned64(buf->data());
+    for (int64_t v = 0; v < s.V1; ++v) {
+      std::memcpy(q + v * Dp, table + v * s.D, sizeof(float) * size_t(s.D));
+      std::memset(q + v * Dp + s.D, 0, sizeof(float) * size_t(Dp - s.D));
+    }
+    p = q;
+    ld = Dp;
+    last = Last(VL);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Forward: logits[t, r] = out[t] . table[ids[t, r]].
+template <int NV>
+void forward_nv(const Shape& s, const float* out, const float* table, const int32_t* ids, float* logits,
+                bool* bad) {
+  const int64_t T = s.T, D = s.D, R = s.R;
+  const int nt = threads_for(T * R * D, T);
+  std::vector<char> bad_t(size_t(nt), 0);
+  const TableView tv(s, table);
+  parallel_run(nt, [&](int tid) {
+    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
+    const Last last(s.last);
+    const int nv = nvecs<NV>(s);
+    RowBuf<NV> xb(nv);
+    vf* xv = xb.data();
+    bool ok = true;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int32_t* it = ids + t * R;
+      if (!ids_in_range(it, R, s.V1)) {
+        ok = false;
+        continue;
+      }
+      load_row(out + t * D, nv, last, xv);
+      float* lt = logits + t * R;
+      for (int64_t r = 0; r < R; r += VL) {
+        const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
+        const vf res = block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, n);
+        if (n == VL) vstore(lt + r, res);
+        else vstore_tail(lt + r, res, n);
+      }
+    }
+    bad_t[size_t(tid)] = !ok;
+  });
+  for (char b : bad_t) *bad |= b != 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sampled-softmax loss tail fused with the scoring (never a [T, R] tensor outside the kernel):
+//   lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]]))  (targets[t] > 0)
+//          = 0                                                                                  (otherwise)
+// Per token: blocks of VL logits (accidental hits and the partial block's spare lanes at -inf) into
+// an L1 buffer with a running vector max, then one vectorised exp-sum over the buffer.
+template <int NV>
+void lse_forward_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const int32_t* targets,
+                    const float* pos, float* lse, bool* bad) {
+  const int64_t T = s.T, D = s.D, R = s.R;
+  const int64_t Rp = (R + VL - 1) / VL * VL;
+  const int nt = threads_for(T * R * D, T);
+  std::vector<char> bad_t(size_t(nt), 0);
+  const TableView tv(s, table);
+  parallel_run(nt, [&](int tid) {
+    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
+    const Last last(s.last);
+    const int nv = nvecs<NV>(s);
+    RowBuf<NV> xb(nv);
+    vf* xv = xb.data();
+    std::vector<float> l(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
+    const vf ninf = vbcast(-INFINITY);
+    bool ok = true;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int32_t* it = ids + t * R;
+      if (!ids_in_range(it, R, s.V1)) {
+        ok = false;
+        continue;
+      }
+      const int32_t tg = targets[t];
+      if (tg <= 0) {
+        lse[t] = 0.0f;
+        continue;
+      }
+      load_row(x + t * D, nv, last, xv);
+      vf vmax = vbcast(pos[t]);
+      for (int64_t r = 0; r < R; r += VL) {
+        const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
+        const vf v = select_ninf(hit_lanes(it + r, n, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, n));
+        vstore(l.data() + r, v);
+        vmax = v > vmax ? v : vmax;
+      }
+      const float m = hmax(vmax);
+      const vf vm = vbcast(m);
+      vf acc = vzero();
+      for (int64_t r = 0; r < Rp; r += VL) {
+        const vf v = vload(l.data() + r);
+        acc += vselect(v > ninf, vexp(v - vm));
+      }
+      lse[t] = m + std::log(vsum(acc) + std::exp(pos[t] - m));
+    }
+    bad_t[size_t(tid)] = !ok;
+  });
+  for (char b : bad_t) *bad |= b != 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward, shared by the scoring (w = dlogits) and the loss tail (w recomputed):
+//   d_x[t]     = sum_r w[t, r] table[ids[t, r]]                 (r ascending; kChains chains: r even / odd)
+//   d_table[v] = sum_{(t, r): ids[t, r] == v} w[t, r] x[t]      ((t, r) ascending, one chain)
+// Ids fall into P partitions of 2^shift consecutive ids (a partition's d_table rows fit in L1);
+// tokens into nb blocks of Tb (a block's x rows fit in L2); both from the shapes only. Blocks are
+// processed in groups of a few (about 2 MB of entries, so that they stay in cache), group by group:
+// Pass 1 (parallel over the group's blocks): per block, its ids checked and counted per partition;
+// per token, the weights w (the loss tail rescoring its R rows), d_x from the rows just loaded,
+// and every pair appended as (t, id, w) to its partition's segment of the block (P sequential
+// streams, in (t, r) order). Pass 2 (parallel over partitions): for each block of the group in
+// order, each partition's segment in order: d_table[id] += w x[t] (rows in L1, x rows of one
+// block). So each d_table row is one chain over its pairs in (t, r) order, whatever the blocks,
+// groups and threads: bitwise reproducible and independent of the thread count (no atomics, no
+// partial tables).
+struct Entry {  // one (t, r) pair: (t - block start) << shift | (id - partition start), and w
+  uint32_t key;
+  float w;
+};
+struct Layout {
+  int64_t nb = 1, Tb = 0, P = 1;
+  int shift = 0;
+  Layout(int64_t T, int64_t D, int64_t V1) {
+    Tb = std::max<int64_t>(64, (int64_t(128) << 10) / (4 * std::max<int64_t>(D, 1)));  // x block ~128 KB
+    Tb = std::min<int64_t>(Tb, int64_t(1) << 15);                                       // 15 bits of a key
+    nb = std::max<int64_t>(1, (T + Tb - 1) / Tb);
+    Tb = (T + nb - 1) / nb;
+    const int64_t rows = std::max<int64_t>(1, (int64_t(16) << 10) / (4 * std::max<int64_t>(D, 1)));  // ~16 KB
+    while ((int64_t(2) << shift) <= rows) ++shift;
+    // at most 1024 streams (while the id part of a key has room: 17 bits)
+    while (((V1 + (int64_t(1) << shift) - 1) >> shift) > 1024 && shift < 17) ++shift;
+    P = std::max<int64_t>(1, (V1 + (int64_t(1) << shift) - 1) >> shift);
+  }
+  int64_t begin(int64_t b, int64_t T) const { return std::min(T, b * Tb); }
+};
+
+// w source for pass 1.
+struct FromGrad {  // the scoring's backward: w = dlogits
+  const float* g;
+};
+struct FromLse {  // the loss tail: w = dlse exp(l - lse) on kept pairs
+  const int32_t* targets;
+  const float* pos;
+  const float* lse;
+  const float* dlse;
+  float* d_pos;
+};
+
+template <int NV, class Src>
+int backward_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const Src& src,
+                float* d_x, float* d_table) {
+  constexpr bool kLse = std::is_same<Src, FromLse>::value;
+  const int64_t T = s.T, D = s.D, R = s.R, V1 = s.V1;
+  const Layout lay(T, D, V1);
+  const int64_t nb = lay.nb, P = lay.P;
+  const int shift = lay.shift;
+  const uint32_t id_mask = (uint32_t(1) << shift) - 1u;
+  auto active = [&](int64_t t) -> bool {
+    if constexpr (kLse) return src.targets[t] > 0;
+    else return true;
+  };
+  // Where each block's entries start (R per active token), and the groups of blocks.
+  std::vector<int64_t> base(size_t(nb + 1), 0);
+  for (int64_t b = 0; b < nb; ++b) {
+    int64_t na = 0;
+    for (int64_t t = lay.begin(b, T); t < lay.begin(b + 1, T); ++t) na += active(t) ? 1 : 0;
+    base[size_t(b + 1)] = base[size_t(b)] + na * R;
+  }
+  const int nt = threads_for(T * R * D, nb);
+  const int64_t per_block = std::max<int64_t>(1, lay.Tb * R * int64_t(sizeof(Entry)));
+  const int64_t gsize = std::min<int64_t>(nb, std::max<int64_t>(nt, (int64_t(2) << 20) / per_block));
+  int64_t cap = 1;  // entries of the largest group
+  for (int64_t g0 = 0; g0 < nb; g0 += gsize)
+    cap = std::max(cap, base[size_t(std::min(nb, g0 + gsize))] - base[size_t(g0)]);
+  Scratch ent_buf(static_cast<size_t>(2 * cap));
+  Entry* ent = reinterpret_cast<Entry*>(ent_buf.data());
+  std::vector<int64_t> seg(size_t(gsize * (P + 1)), 0);  // block g0 + j, partition p: [seg[j][p], seg[j][p + 1])
+  const TableView tv(s, table);
+  // Pass 2 works on whole aligned vectors when the table view is padded: d_table accumulated in
+  // a padded copy (copied out at the end) and the group's x rows padded by pass 1.
+  const bool padded = tv.buf != nullptr;
+  const int64_t Dp = int64_t(s.nv) * VL;
+  const int64_t dld = padded ? Dp : D;
+  std::unique_ptr<Scratch> dpad_buf, xpad_buf;
+  float* dacc = d_table;
+  float* xpad = nullptr;
+  if (padded) {
+    dpad_buf.reset(new Scratch(static_cast<size_t>(V1 * Dp + 16)));
+    xpad_buf.reset(new Scratch(static_cast<size_t>(gsize * lay.Tb * Dp + 16)));
+    dacc = aligned64(dpad_buf->data());
+    xpad = aligned64(xpad_buf->data());
+  }
+  std::memset(dacc, 0, sizeof(float) * size_t(V1 * dld));
+  const int64_t Rp = (R + VL - 1) / VL * VL;
+  constexpr int CH = kChains<NV>;
+  std::vector<char> bad_t(size_t(nt), 0);
+  std::vector<int64_t> pb(static_cast<size_t>(nt + 1)), tot(static_cast<size_t>(P));
+
+  for (int64_t g0 = 0; g0 < nb; g0 += gsize) {
+    const int64_t g1 = std::min(nb, g0 + gsize), ng = g1 - g0, e0 = base[size_t(g0)];
+    const int nt1 = static_cast<int>(std::min<int64_t>(nt, ng));
+    // Pass 1: checks, weights, d_x, entries.
+    parallel_run(nt1, [&](int tid) {
+      const Last last(s.last);
+      const int nv = nvecs<NV>(s);
+      RowBuf<NV> xb(nv);
+      vf* xv = xb.data();
+      RowBuf<NV * CH> ab(CH * nv);
+      vf* acc = ab.data();
+      std::vector<float> wl(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
+      std::vector<int64_t> put(static_cast<size_t>(P));
+      const vf ninf = vbcast(-INFINITY);
+      bool ok = true;
+      for (int64_t b = g0 + ng * tid / nt1; b < g0 + ng * (tid + 1) / nt1 && ok; ++b) {
+        const int64_t tb0 = lay.begin(b, T), tb1 = lay.begin(b + 1, T);
+        int64_t* sg = seg.data() + (b - g0) * (P + 1);
+        std::fill(put.begin(), put.end(), 0);
+        for (int64_t t = tb0; t < tb1; ++t) {
+          const int32_t* it = ids + t * R;
+          if (!ids_in_range(it, R, V1)) ok = false;
+          else if (active(t))
+            for (int64_t r = 0; r < R; ++r) ++put[size_t(it[r] >> shift)];
+        }
+        if (!ok) break;
+        int64_t run = base[size_t(b)] - e0;
+        for (int64_t p = 0; p < P; ++p) {
+          sg[p] = run;
+          run += put[size_t(p)];
+          put[size_t(p)] = sg[p];
+        }
+        sg[P] = run;
+        for (int64_t t = tb0; t < tb1; ++t) {
+          const int32_t* it = ids + t * R;
+          float* dt = d_x + t * D;
+          if (!active(t)) {
+            std::fill(dt, dt + D, 0.0f);
+            if constexpr (kLse) src.d_pos[t] = 0.0f;
+            continue;
+          }
+          const float* w = wl.data();
+          if (padded || kLse) load_row(x + t * D, nv, last, xv);
+          if (padded) {
+            float* xp = xpad + (t - lay.begin(g0, T)) * Dp;
+            for (int cc = 0; cc < nv; ++cc) vstore(xp + cc * VL, xv[cc]);
+          }
+          if constexpr (kLse) {
+            const int32_t tg = src.targets[t];
+            const float lt = src.lse[t], gt = src.dlse[t];
+            const vf vl = vbcast(lt), vg = vbcast(gt);
+            for (int64_t r = 0; r < R; r += VL) {
+              const int nr = static_cast<int>(std::min<int64_t>(VL, R - r));
+              const vf v = select_ninf(hit_lanes(it + r, nr, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, nr));
+              vstore(wl.data() + r, vselect(v > ninf, vexp(v - vl) * vg));
+            }
+            src.d_pos[t] = gt * std::exp(src.pos[t] - lt);
+          } else {
+            w = src.g + t * R;
+          }
+          // d_x[t]: chain k takes the rows r = k mod CH
+          for (int i = 0; i < CH * nv; ++i) acc[i] = vzero();
+          int64_t r = 0;
+          for (; r + CH <= R; r += CH) {
+#pragma GCC unroll 2
+            for (int k = 0; k < CH; ++k) {
+              const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
+              vf* a = acc + k * nv;
+              const vf wr = vbcast(w[r + k]);
+              for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
+              if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+            }
+          }
+          for (; r < R; ++r) {
+            const float* p = tv.p + int64_t(it[r]) * tv.ld;
+            const vf wr = vbcast(w[r]);
+            for (int cc = 0; cc + 1 < nv; ++cc) acc[cc] += wr * vload(p + cc * VL);
+            if (nv > 0) acc[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+          }
+          for (int cc = 0; cc < nv; ++cc) {
+            vf v = acc[cc];
+            if (CH == 2) v += acc[nv + cc];
+            if (cc + 1 < nv) vstore(dt + cc * VL, v);
+            else last.store(dt + cc * VL, v);
+          }
+          // entries in their partition's segment
+          const uint32_t tl = static_cast<uint32_t>(t - tb0) << shift;
+          for (int64_t q = 0; q < R; ++q) {
+            const uint32_t id = static_cast<uint32_t>(it[q]);
+            ent[put[size_t(id >> shift)]++] = Entry{tl | (id & id_mask), w[q]};
+          }
+        }
+      }
+      bad_t[size_t(tid)] = !ok;
+    });
+    for (char b : bad_t)
+      if (b) return 17;
+
+    // Pass 2: d_table over partition ranges with about the same number of entries each.
+    const int64_t ne = base[size_t(g1)] - e0;
+    const int nt2 = static_cast<int>(std::min<int64_t>(threads_for(ne * D, P), P));
+    pb[0] = 0;
+    for (int k = 1; k <= nt2; ++k) pb[size_t(k)] = P;
+    if (nt2 > 1) {
+      std::fill(tot.begin(), tot.end(), 0);
+      for (int64_t j = 0; j < ng; ++j)
+        for (int64_t p = 0; p < P; ++p) tot[size_t(p)] += seg[size_t(j * (P + 1) + p + 1)] - seg[size_t(j * (P + 1) + p)];
+      int64_t p = 0, run = 0;
+      for (int k = 1; k < nt2; ++k) {
+        const int64_t target = ne * k / nt2;
+        while (p < P && run < target) run += tot[size_t(p++)];
+        pb[size_t(k)] = p;
+      }
+    }
+    parallel_run(nt2, [&](int tid) {
+      const Last last(padded ? VL : s.last);
+      const int nv = nvecs<NV>(s);
+      if (nv == 0) return;
+      const int64_t p0 = pb[size_t(tid)], p1 = pb[size_t(tid + 1)];
+      for (int64_t b = g0; b < g1; ++b) {
+        const int64_t* sg = seg.data() + (b - g0) * (P + 1);
+        const float* xb0 = padded ? xpad + (lay.begin(b, T) - lay.begin(g0, T)) * Dp : x + lay.begin(b, T) * D;
+        for (int64_t p = p0; p < p1; ++p) {
+          float* dp = dacc + (p << shift) * dld;
+          for (int64_t e = sg[p]; e < sg[p + 1]; ++e) {
+            const Entry en = ent[e];
+            const float* xr = xb0 + int64_t(en.key >> shift) * dld;
+            float* dv = dp + int64_t(en.key & id_mask) * dld;
+            const vf we = vbcast(en.w);
+            for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * vload(xr + cc * VL));
+            last.store(dv + (nv - 1) * VL, last.load(dv + (nv - 1) * VL) + we * last.load(xr + (nv - 1) * VL));
+          }
+        }
+      }
+    });
+  }
+  if (padded)
+    for (int64_t v = 0; v < V1; ++v) std::memcpy(d_table + v * D, dacc + v * Dp, sizeof(float) * size_t(D));
+  return 0;
+}
+
+// Ids as int32 (int64 ids converted, range-checked): nullptr and *rc = 17 on an id out of range.
+struct Ids32 {
+  const int32_t* p = nullptr;
+  std::unique_ptr<Scratch> buf;
+};
+inline int ids32(const void* raw, const Shape& s, Ids32* out) {
+  if (!s.ids64) {
+    out->p = static_cast<const int32_t*>(raw);
+    return 0;
+  }
+  const int64_t* ids = static_cast<const int64_t*>(raw);
+  const int64_t n = s.T * s.R;
+  out->buf.reset(new Scratch(static_cast<size_t>(std::max<int64_t>(n, 1))));
+  int32_t* d = reinterpret_cast<int32_t*>(out->buf->data());
+  bool ok = true;
+  for (int64_t i = 0; i < n; ++i) {
+    ok &= (ids[i] >= 0) & (ids[i] < s.V1);
+    d[i] = static_cast<int32_t>(ids[i]);
+  }
+  if (!ok) return 17;
+  out->p = d;
+  return 0;
+}
 
 int check(int nparam, int want, int* ndims, int64_t** shapes, const char** dtypes, Shape* s) {
   if (nparam != want) return 10;
@@ -47,329 +606,9 @@ int check(int nparam, int want, int* ndims, int64_t** shapes, const char** dtype
   s->V1 = shapes[1][0];
   s->R = shapes[2][1];
   if (shapes[1][1] != s->D || shapes[2][0] != s->T) return 13;
-  if (s->T * s->R >= (int64_t(1) << 31)) return 13;
+  if (s->T * s->R >= (int64_t(1) << 31) || s->V1 >= (int64_t(1) << 31)) return 13;
+  s->derive();
   return 0;
-}
-
-template <class I>
-bool ids_ok(const I* ids, int64_t n, int64_t V1) {
-  bool ok = true;
-  for (int64_t i = 0; i < n; ++i) ok &= (ids[i] >= 0) & (ids[i] < V1);
-  return ok;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Lane g of the result = sum of the lanes of v[g], for VL vectors v: log2(VL) rounds of "sum of
-// adjacent lanes of two vectors, a's sums then b's" (a fixed order, no trip through memory).
-template <size_t... I>
-inline vf pair_sums(vf a, vf b, std::index_sequence<I...>) {
-  return __builtin_shufflevector(a, b, (2 * I)...) + __builtin_shufflevector(a, b, (2 * I + 1)...);
-}
-inline vf transpose_sum(vf* v) {
-  for (int n = VL; n > 1; n /= 2)
-    for (int g = 0; g < n / 2; ++g) v[g] = pair_sums(v[2 * g], v[2 * g + 1], std::make_index_sequence<VL>());
-  return v[0];
-}
-
-// logits[t, r0 + g] for g < VL: VL gathered table rows against out[t] (op, zero padded to nvec
-// vectors), one accumulator per row summed over D vertically, then one transposed reduction for
-// all VL dots.  Rows past n (a partial block) repeat the first row and are not stored.
-template <class I>
-inline void score_block(const float* __restrict op, int64_t full, int tail, const float* __restrict table,
-                        int64_t D, const I* __restrict ids, int n, float* __restrict dst) {
-  const float* row[VL];
-  for (int g = 0; g < VL; ++g) row[g] = table + int64_t(ids[g < n ? g : 0]) * D;
-  vf acc[VL];
-  for (int g = 0; g < VL; ++g) acc[g] = vzero();
-  for (int64_t c = 0; c < full; ++c) {
-    const vf o = vload(op + c * VL);
-    for (int g = 0; g < VL; ++g) acc[g] += o * vload(row[g] + c * VL);
-  }
-  if (tail) {
-    const vf o = vload(op + full * VL);
-    for (int g = 0; g < VL; ++g) acc[g] += o * vload_tail(row[g] + full * VL, tail);
-  }
-  const vf res = transpose_sum(acc);
-  if (n == VL) vstore(dst, res);
-  else vstore_tail(dst, res, n);
-}
-
-template <class I>
-void forward(const Shape& s, const float* out, const float* table, const I* ids, float* logits) {
-  const int64_t T = s.T, D = s.D, R = s.R;
-  const int64_t full = D / VL;
-  const int tail = static_cast<int>(D % VL);
-  const int nt = threads_for(T * R * D, T);
-  parallel_run(nt, [&](int tid) {
-    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
-    std::vector<float> op(static_cast<size_t>((full + 1) * VL), 0.0f);  // out[t], zero padded
-    for (int64_t t = t0; t < t1; ++t) {
-      std::memcpy(op.data(), out + t * D, sizeof(float) * size_t(D));
-      const I* it = ids + t * R;
-      float* lt = logits + t * R;
-      for (int64_t r = 0; r < R; r += VL)
-        score_block(op.data(), full, tail, table, D, it + r, static_cast<int>(std::min<int64_t>(VL, R - r)), lt + r);
-    }
-  });
-}
-
-// d_table by a stable counting sort of the (t, r) pairs by id (any catalogue size).
-template <class I>
-void backward_sorted(const Shape& s, const float* out, const float* table, const I* ids, const float* g,
-                     float* d_out, float* d_table) {
-  const int64_t T = s.T, D = s.D, R = s.R, V1 = s.V1;
-  const int64_t full = D / VL;
-  const int tail = static_cast<int>(D % VL);
-  const int64_t nvec = full + (tail ? 1 : 0);
-  const int nt = threads_for(T * R * D, T);
-
-  // Pass 1 (parallel over t): d_out, and a histogram of ids per thread's t-chunk.
-  std::vector<std::vector<int64_t>> counts(size_t(nt), std::vector<int64_t>(size_t(V1), 0));
-  parallel_run(nt, [&](int tid) {
-    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
-    int64_t* cnt = counts[size_t(tid)].data();
-    std::vector<vf> acc(static_cast<size_t>(nvec));
-    for (int64_t t = t0; t < t1; ++t) {
-      for (auto& a : acc) a = vzero();
-      const I* it = ids + t * R;
-      const float* gt = g + t * R;
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t id = it[r];
-        ++cnt[id];
-        const float* row = table + id * D;
-        const vf w = vbcast(gt[r]);
-        for (int64_t c = 0; c < full; ++c) acc[size_t(c)] += w * vload(row + c * VL);
-        if (tail) acc[size_t(full)] += w * vload_tail(row + full * VL, tail);
-      }
-      float* dt = d_out + t * D;
-      for (int64_t c = 0; c < full; ++c) vstore(dt + c * VL, acc[size_t(c)]);
-      if (tail) vstore_tail(dt + full * VL, acc[size_t(full)], tail);
-    }
-  });
-
-  // Stable counting sort of the (t, r) pairs by id: start[v] is where id v's entries begin;
-  // thread k's entries for v follow those of threads < k, so each id's list is in (t, r) order.
-  std::vector<int64_t> start(size_t(V1 + 1), 0);
-  for (int64_t v = 0; v < V1; ++v) {
-    int64_t pos = start[size_t(v)];
-    for (int k = 0; k < nt; ++k) {
-      const int64_t c = counts[size_t(k)][size_t(v)];
-      counts[size_t(k)][size_t(v)] = pos;  // now: where thread k writes its next entry for v
-      pos += c;
-    }
-    start[size_t(v + 1)] = pos;
-  }
-  const int64_t n = T * R;
-  Scratch tok_buf(static_cast<size_t>(n)), w_buf(static_cast<size_t>(n));  // int32 and float: 4 bytes each
-  int32_t* tok = reinterpret_cast<int32_t*>(tok_buf.data());  // token of each sorted entry
-  float* wgt = w_buf.data();                                  // its dlogits value
-  parallel_run(nt, [&](int tid) {
-    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
-    int64_t* pos = counts[size_t(tid)].data();
-    for (int64_t t = t0; t < t1; ++t) {
-      const I* it = ids + t * R;
-      const float* gt = g + t * R;
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t p = pos[it[r]]++;
-        tok[p] = static_cast<int32_t>(t);
-        wgt[p] = gt[r];
-      }
-    }
-  });
-
-  // Pass 2 (parallel over id ranges with about n / nt entries each): d_table.
-  std::vector<int64_t> vb(size_t(nt + 1), V1);
-  vb[0] = 0;
-  {
-    int64_t v = 0;
-    for (int k = 1; k < nt; ++k) {
-      const int64_t target = n * k / nt;
-      while (v < V1 && start[size_t(v)] < target) ++v;
-      vb[size_t(k)] = v;
-    }
-  }
-  parallel_run(nt, [&](int tid) {
-    std::vector<vf> acc(static_cast<size_t>(nvec));
-    for (int64_t v = vb[size_t(tid)]; v < vb[size_t(tid + 1)]; ++v) {
-      for (auto& a : acc) a = vzero();
-      for (int64_t p = start[size_t(v)]; p < start[size_t(v + 1)]; ++p) {
-        const float* row = out + int64_t(tok[p]) * D;
-        const vf w = vbcast(wgt[p]);
-        for (int64_t c = 0; c < full; ++c) acc[size_t(c)] += w * vload(row + c * VL);
-        if (tail) acc[size_t(full)] += w * vload_tail(row + full * VL, tail);
-      }
-      float* dv = d_table + v * D;
-      for (int64_t c = 0; c < full; ++c) vstore(dv + c * VL, acc[size_t(c)]);
-      if (tail) vstore_tail(dv + full * VL, acc[size_t(full)], tail);
-    }
-  });
-}
-
-// Fixed number of t-chunks whose d_table partial sums are kept apart and added in chunk order: the
-// result does not depend on how many threads process the chunks.
-constexpr int kChunks = 8;
-// The chunked path is used while its partial buffers stay this small (else the sorted path).
-constexpr int64_t kChunkedMaxBytes = int64_t(64) << 20;
-
-// One pass over (t, r): d_out[t] from table rows, and out[t] added into partial[chunk(t)][id].
-template <class I>
-void backward_chunked(const Shape& s, const float* out, const float* table, const I* ids, const float* g,
-                      float* d_out, float* d_table) {
-  const int64_t T = s.T, D = s.D, R = s.R, V1 = s.V1;
-  const int64_t full = D / VL;
-  const int tail = static_cast<int>(D % VL);
-  const int64_t nvec = full + (tail ? 1 : 0);
-  const int64_t Dp = nvec * VL;
-  const int nt = threads_for(T * R * D, kChunks);
-  Scratch part_buf(static_cast<size_t>(kChunks * V1 * Dp));
-  float* part = part_buf.data();
-  parallel_run(nt, [&](int tid) {
-    std::vector<vf> acc(static_cast<size_t>(nvec)), o(static_cast<size_t>(nvec));
-    std::vector<float> op(static_cast<size_t>(Dp), 0.0f);
-    for (int k = tid; k < kChunks; k += nt) {
-      float* pk = part + k * V1 * Dp;
-      std::memset(pk, 0, sizeof(float) * size_t(V1 * Dp));
-      const int64_t t0 = T * k / kChunks, t1 = T * (k + 1) / kChunks;
-      for (int64_t t = t0; t < t1; ++t) {
-        std::memcpy(op.data(), out + t * D, sizeof(float) * size_t(D));
-        for (int64_t c = 0; c < nvec; ++c) {
-          o[size_t(c)] = vload(op.data() + c * VL);
-          acc[size_t(c)] = vzero();
-        }
-        const I* it = ids + t * R;
-        const float* gt = g + t * R;
-        for (int64_t r = 0; r < R; ++r) {
-          const int64_t id = it[r];
-          const float* row = table + id * D;
-          float* prow = pk + id * Dp;
-          const vf w = vbcast(gt[r]);
-          for (int64_t c = 0; c < full; ++c) acc[size_t(c)] += w * vload(row + c * VL);
-          if (tail) acc[size_t(full)] += w * vload_tail(row + full * VL, tail);
-          for (int64_t c = 0; c < nvec; ++c) vstore(prow + c * VL, vload(prow + c * VL) + w * o[size_t(c)]);
-        }
-        float* dt = d_out + t * D;
-        for (int64_t c = 0; c < full; ++c) vstore(dt + c * VL, acc[size_t(c)]);
-        if (tail) vstore_tail(dt + full * VL, acc[size_t(full)], tail);
-      }
-    }
-  });
-  // d_table[v] = ((partial_0 + partial_1) + partial_2) + ... , parallel over v.
-  const int nr = threads_for(kChunks * V1 * Dp, V1);
-  parallel_run(nr, [&](int tid) {
-    const int64_t v0 = V1 * tid / nr, v1 = V1 * (tid + 1) / nr;
-    for (int64_t v = v0; v < v1; ++v) {
-      float* dv = d_table + v * D;
-      for (int64_t c = 0; c < nvec; ++c) {
-        vf a = vload(part + v * Dp + c * VL);
-        for (int k = 1; k < kChunks; ++k) a += vload(part + (k * V1 + v) * Dp + c * VL);
-        if (c < full) vstore(dv + c * VL, a);
-        else vstore_tail(dv + c * VL, a, tail);
-      }
-    }
-  });
-}
-
-template <class I>
-void backward(const Shape& s, const float* out, const float* table, const I* ids, const float* g,
-              float* d_out, float* d_table) {
-  const int64_t Dp = (s.D + VL - 1) / VL * VL;
-  if (int64_t(kChunks) * s.V1 * Dp * int64_t(sizeof(float)) <= kChunkedMaxBytes)
-    backward_chunked(s, out, table, ids, g, d_out, d_table);
-  else
-    backward_sorted(s, out, table, ids, g, d_out, d_table);
-}
-
-// ---------------------------------------------------------------------------------------------
-// The sampled-softmax loss tail fused with the scoring (never a [T, R] tensor outside the kernel):
-//   lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]]))  (targets[t] > 0)
-//          = 0                                                                                  (otherwise)
-// Backward: w[t, r] = dlse[t] exp(l[t, r] - lse[t]) on the kept pairs (0 on accidental hits and
-// tokens without a target) from recomputed logits, then d_x, d_table as the scoring's backward with
-// w for dlogits; d_pos[t] = dlse[t] exp(pos[t] - lse[t]).
-
-// Logits of token t's R negatives into l (R rounded up to VL), accidental hits set to -inf.
-template <class I>
-inline void token_logits(const float* op, int64_t full, int tail, const float* table, int64_t D, const I* it,
-                         int64_t R, int64_t target, float* l) {
-  for (int64_t r = 0; r < R; r += VL)
-    score_block(op, full, tail, table, D, it + r, static_cast<int>(std::min<int64_t>(VL, R - r)), l + r);
-  for (int64_t r = 0; r < R; ++r)
-    if (int64_t(it[r]) == target) l[r] = -INFINITY;
-}
-
-// log(exp(pos) + sum of exp(l[r]) over the r < R with l[r] > -inf): max-shifted, vectorised.
-inline float masked_lse(const float* l, int64_t R, float pos) {
-  float m = pos;
-  for (int64_t r = 0; r < R; ++r) m = l[r] > m ? l[r] : m;
-  const vf vm = vbcast(m), ninf = vbcast(-INFINITY);
-  vf acc = vzero();
-  int64_t r = 0;
-  for (; r + VL <= R; r += VL) {
-    const vf v = vload(l + r);
-    acc += vselect(v > ninf, vexp(v - vm));
-  }
-  float sum = vsum(acc) + std::exp(pos - m);
-  for (; r < R; ++r)
-    if (l[r] > -INFINITY) sum += std::exp(l[r] - m);
-  return m + std::log(sum);
-}
-
-template <class I>
-void lse_forward(const Shape& s, const float* x, const float* table, const I* ids, const int32_t* targets,
-                 const float* pos, float* lse) {
-  const int64_t T = s.T, D = s.D, R = s.R;
-  const int64_t full = D / VL;
-  const int tail = static_cast<int>(D % VL);
-  const int nt = threads_for(T * R * D, T);
-  parallel_run(nt, [&](int tid) {
-    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
-    std::vector<float> op(static_cast<size_t>((full + 1) * VL), 0.0f);
-    std::vector<float> l(static_cast<size_t>((R + VL - 1) / VL * VL));
-    for (int64_t t = t0; t < t1; ++t) {
-      if (targets[t] <= 0) {
-        lse[t] = 0.0f;
-        continue;
-      }
-      std::memcpy(op.data(), x + t * D, sizeof(float) * size_t(D));
-      token_logits(op.data(), full, tail, table, D, ids + t * R, R, targets[t], l.data());
-      lse[t] = masked_lse(l.data(), R, pos[t]);
-    }
-  });
-}
-
-template <class I>
-void lse_backward(const Shape& s, const float* x, const float* table, const I* ids, const int32_t* targets,
-                  const float* pos, const float* lse, const float* dlse, float* d_x, float* d_table, float* d_pos) {
-  const int64_t T = s.T, D = s.D, R = s.R;
-  const int64_t full = D / VL;
-  const int tail = static_cast<int>(D % VL);
-  Scratch w_buf(static_cast<size_t>(T * R));
-  float* w = w_buf.data();
-  const int nt = threads_for(T * R * D, T);
-  parallel_run(nt, [&](int tid) {
-    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
-    std::vector<float> op(static_cast<size_t>((full + 1) * VL), 0.0f);
-    std::vector<float> l(static_cast<size_t>((R + VL - 1) / VL * VL));
-    for (int64_t t = t0; t < t1; ++t) {
-      float* wt = w + t * R;
-      if (targets[t] <= 0) {
-        std::fill(wt, wt + R, 0.0f);
-        d_pos[t] = 0.0f;
-        continue;
-      }
-      std::memcpy(op.data(), x + t * D, sizeof(float) * size_t(D));
-      token_logits(op.data(), full, tail, table, D, ids + t * R, R, targets[t], l.data());
-      const vf vl = vbcast(lse[t]), vg = vbcast(dlse[t]), ninf = vbcast(-INFINITY);
-      int64_t r = 0;
-      for (; r + VL <= R; r += VL) {
-        const vf v = vload(l.data() + r);
-        vstore(wt + r, vselect(v > ninf, vexp(v - vl) * vg));
-      }
-      for (; r < R; ++r) wt[r] = l[r] > -INFINITY ? std::exp(l[r] - lse[t]) * dlse[t] : 0.0f;
-      d_pos[t] = dlse[t] * std::exp(pos[t] - lse[t]);
-    }
-  });
-  backward(s, x, table, ids, w, d_x, d_table);
 }
 
 // The first five arguments: x [T, D], table [V1, D] f32, ids [T, R] int32|int64, targets [T] int32,
@@ -386,7 +625,8 @@ int check_lse(int nparam, int want, int* ndims, int64_t** shapes, const char** d
   s->V1 = shapes[1][0];
   s->R = shapes[2][1];
   if (shapes[1][1] != s->D || shapes[2][0] != s->T || shapes[3][0] != s->T || shapes[4][0] != s->T) return 13;
-  if (s->T * s->R >= (int64_t(1) << 31)) return 13;
+  if (s->T * s->R >= (int64_t(1) << 31) || s->V1 >= (int64_t(1) << 31)) return 13;
+  s->derive();
   return 0;
 }
 
@@ -400,16 +640,11 @@ int run_lse_forward(int nparam, void** params, int* ndims, int64_t** shapes, con
   const int32_t* tg = static_cast<const int32_t*>(params[3]);
   const float* pos = static_cast<const float*>(params[4]);
   float* lse = static_cast<float*>(params[5]);
-  if (s.ids64) {
-    const int64_t* ids = static_cast<const int64_t*>(params[2]);
-    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
-    lse_forward(s, x, table, ids, tg, pos, lse);
-  } else {
-    const int32_t* ids = static_cast<const int32_t*>(params[2]);
-    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
-    lse_forward(s, x, table, ids, tg, pos, lse);
-  }
-  return 0;
+  Ids32 ids;
+  if (int rc = ids32(params[2], s, &ids)) return rc;
+  bool bad = false;
+  with_nv(s.nv, [&](auto k) { lse_forward_nv<decltype(k)::value>(s, x, table, ids.p, tg, pos, lse, &bad); });
+  return bad ? 17 : 0;
 } catch (...) {
   return 99;
 }
@@ -425,23 +660,16 @@ int run_lse_backward(int nparam, void** params, int* ndims, int64_t** shapes, co
     return 13;
   const float* x = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
-  const int32_t* tg = static_cast<const int32_t*>(params[3]);
-  const float* pos = static_cast<const float*>(params[4]);
-  const float* lse = static_cast<const float*>(params[5]);
-  const float* dlse = static_cast<const float*>(params[6]);
+  FromLse src{static_cast<const int32_t*>(params[3]), static_cast<const float*>(params[4]),
+              static_cast<const float*>(params[5]), static_cast<const float*>(params[6]),
+              static_cast<float*>(params[9])};
   float* d_x = static_cast<float*>(params[7]);
   float* d_table = static_cast<float*>(params[8]);
-  float* d_pos = static_cast<float*>(params[9]);
-  if (s.ids64) {
-    const int64_t* ids = static_cast<const int64_t*>(params[2]);
-    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
-    lse_backward(s, x, table, ids, tg, pos, lse, dlse, d_x, d_table, d_pos);
-  } else {
-    const int32_t* ids = static_cast<const int32_t*>(params[2]);
-    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
-    lse_backward(s, x, table, ids, tg, pos, lse, dlse, d_x, d_table, d_pos);
-  }
-  return 0;
+  Ids32 ids;
+  if (int rc = ids32(params[2], s, &ids)) return rc;
+  int rc = 0;
+  with_nv(s.nv, [&](auto k) { rc = backward_nv<decltype(k)::value>(s, x, table, ids.p, src, d_x, d_table); });
+  return rc;
 } catch (...) {
   return 99;
 }
@@ -453,16 +681,11 @@ int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const c
   const float* out = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   float* logits = static_cast<float*>(params[3]);
-  if (s.ids64) {
-    const int64_t* ids = static_cast<const int64_t*>(params[2]);
-    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
-    forward(s, out, table, ids, logits);
-  } else {
-    const int32_t* ids = static_cast<const int32_t*>(params[2]);
-    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
-    forward(s, out, table, ids, logits);
-  }
-  return 0;
+  Ids32 ids;
+  if (int rc = ids32(params[2], s, &ids)) return rc;
+  bool bad = false;
+  with_nv(s.nv, [&](auto k) { forward_nv<decltype(k)::value>(s, out, table, ids.p, logits, &bad); });
+  return bad ? 17 : 0;
 } catch (...) {
   return 99;
 }
@@ -474,19 +697,14 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
   if (shapes[4][0] != s.T || shapes[4][1] != s.D || shapes[5][0] != s.V1 || shapes[5][1] != s.D) return 13;
   const float* out = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
-  const float* g = static_cast<const float*>(params[3]);
+  const FromGrad src{static_cast<const float*>(params[3])};
   float* d_out = static_cast<float*>(params[4]);
   float* d_table = static_cast<float*>(params[5]);
-  if (s.ids64) {
-    const int64_t* ids = static_cast<const int64_t*>(params[2]);
-    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
-    backward(s, out, table, ids, g, d_out, d_table);
-  } else {
-    const int32_t* ids = static_cast<const int32_t*>(params[2]);
-    if (!ids_ok(ids, s.T * s.R, s.V1)) return 17;
-    backward(s, out, table, ids, g, d_out, d_table);
-  }
-  return 0;
+  Ids32 ids;
+  if (int rc = ids32(params[2], s, &ids)) return rc;
+  int rc = 0;
+  with_nv(s.nv, [&](auto k) { rc = backward_nv<decltype(k)::value>(s, out, table, ids.p, src, d_out, d_table); });
+  return rc;
 } catch (...) {
   return 99;
 }
