@@ -10,6 +10,9 @@ Several runs per side (seeds of one setting, `mindgr compare A1,A2 B1,B2`): a si
 mean over its runs, and each bootstrap sample also redraws every side's runs with replacement, so the
 interval carries the spread between seeds as well as between users (with 2-3 seeds only roughly; the
 per-run means are reported beside it).
+
+Extra per-user metrics that every compared ranks file carries (a GR run with a page holdout writes its
+page recall@K) are compared the same way, over the users every run evaluated.
 """
 from __future__ import annotations
 
@@ -61,6 +64,20 @@ def load_ranks(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ranks = f["ranks"]
         ties = f["ties"] if "ties" in f.files else np.where(ranks >= 0, 0, -1)
         return ranks, ties, f["targets"]
+
+
+USER_METRIC_PREFIX = "metric_"   # a ranks file's extra per-user metrics (page recall), -1 = not evaluated
+
+
+def user_metrics_of(npz) -> dict:
+    """{name: [U] float} of the extra per-user metrics of an open ranks file ({} when it has none)."""
+    return {k[len(USER_METRIC_PREFIX):]: npz[k] for k in npz.files if k.startswith(USER_METRIC_PREFIX)}
+
+
+def _user_metrics(path) -> dict:
+    """Extra per-user metrics a ranks file carries (a GR run's page recall: mindgr.train.generative)."""
+    with np.load(path) as f:
+        return {k: np.asarray(v, np.float64) for k, v in user_metrics_of(f).items()}
 
 
 def compare_ranks(ranks_a, targets_a, ranks_b, targets_b, ks=(1, 10, 50, 200), samples: int = 5000,
@@ -127,6 +144,12 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
     stacked = [[np.stack([entry[i] for entry in side]) for i in (0, 1)] for side in loaded]
     out = compare_ranks(stacked[0][0], targets, stacked[1][0], targets, ks, samples,
                         ties_a=stacked[0][1], ties_b=stacked[1][1])
+    extra = [[_user_metrics(r["ranks_file"]) for r in side] for side in evaluated]
+    for name in sorted(set.intersection(*[set(m) for side in extra for m in side])):   # e.g. page recall
+        a, b = (np.stack([m[name] for m in side]) for side in extra)
+        seen = (a >= 0).all(0) & (b >= 0).all(0)
+        if seen.any():
+            out["metrics"][name] = paired_bootstrap(a[:, seen], b[:, seen], samples)
     info = [[{"run": str(run), "checkpoint": r["checkpoint"]} for run, r in zip(runs, side)]
             for runs, side in zip(sides, evaluated)]
     out.update(split=split, a=info[0][0] if len(info[0]) == 1 else info[0],
