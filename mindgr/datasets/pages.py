@@ -15,7 +15,6 @@ import dataclasses
 
 import numpy as np
 
-from .errors import DataError
 from .split import EvalSet, Split
 
 
@@ -24,12 +23,12 @@ def timestamp_pages(store):
     times are all 0 (no real times, e.g. the ML-1M sequences.txt users a data.timestamps file does not
     cover) are left out; returns (store, users left out)."""
     if store.time_seqs is None:
-        raise DataError(f"data.pages = timestamps: data '{store.name}' has no timestamps")
+        raise ValueError(f"data.pages = timestamps: data '{store.name}' has no timestamps")
     if store.page_seqs is not None:
-        raise DataError(f"data.pages = timestamps: data '{store.name}' already has pages (a csv page_column)")
+        raise ValueError(f"data.pages = timestamps: data '{store.name}' already has pages (a csv page_column)")
     keep = [u for u, t in enumerate(store.time_seqs) if len(t) and np.any(np.asarray(t) != 0)]
     if not keep:
-        raise DataError(f"data.pages = timestamps: every user of '{store.name}' has only zero times")
+        raise ValueError(f"data.pages = timestamps: every user of '{store.name}' has only zero times")
     pages = []
     for u in keep:
         t = np.asarray(store.time_seqs[u], np.int64)
@@ -71,7 +70,7 @@ def page_leave_one_out(store, holdout=2, min_train_len=2):
     """Leave one PAGE out: test = last page, validation = the page before, train = the items before the
     validation page (holdout 2) or the test page (holdout 1); see the module docstring."""
     if store.page_seqs is None:
-        raise DataError(f"data.holdout_unit = page: data '{store.name}' has no pages (set data.pages, "
+        raise ValueError(f"data.holdout_unit = page: data '{store.name}' has no pages (set data.pages, "
                         "data.synthetic.page_size or a csv page_column)")
     if holdout not in (1, 2):
         raise ValueError(f"holdout must be 1 or 2, got {holdout}")
