@@ -102,3 +102,20 @@ def test_page_config_errors(data, message):
         config_from_dict({"data": data})
     config_from_dict({"data": {"holdout_unit": "page", "synthetic": {"page_size": 3}}})
     config_from_dict({"data": {"kind": "movielens-1m", "path": "x.dat", "pages": "timestamps", "holdout_unit": "page"}})
+
+
+def test_compare_reads_page_recall_from_ranks_files(tmp_path, monkeypatch):
+    import mindgr.train.run_eval as run_eval
+    from mindgr.train.compare import compare_runs
+    targets = np.arange(1, 5)
+    files = {}
+    for name, ranks, recall in (("a", [0, 3, 20, 1], [1.0, 0.5, 0.0, -1.0]), ("b", [0, 2, 1, 1], [1.0, 1.0, 0.5, 0.5])):
+        files[name] = tmp_path / f"{name}.npz"
+        np.savez(files[name], ranks=np.array(ranks), ties=np.zeros(4, np.int64), targets=targets,
+                 **{"metric_page_recall@10": np.array(recall)})
+    monkeypatch.setattr(run_eval, "evaluate_any_run", lambda run, split, which, filter_history=None: {
+        "ranks_file": files[str(run)[-1]], "checkpoint": "best", "hr@10": 0.0})
+    out = compare_runs(tmp_path / "a", tmp_path / "b", samples=200)
+    r = out["metrics"]["page_recall@10"]               # user 3 was not evaluated by a: left out
+    assert r["a"] == pytest.approx(0.5) and r["b"] == pytest.approx(2.5 / 3) and r["ci95"][0] <= r["diff"] <= r["ci95"][1]
+    assert out["metrics"]["hr@10"]["b"] == 1.0
