@@ -103,17 +103,19 @@ def compare_ranks(ranks_a, targets_a, ranks_b, targets_b, ks=(1, 10, 50, 200), s
 def format_comparison(result: dict, name_a: str, name_b: str) -> str:
     lines = [f"paired comparison over {result['users']} users ({result['samples']} bootstrap samples); "
              f"A = {name_a}, B = {name_b}",
-             f"{'metric':9s} {'A':>8s} {'B':>8s} {'B - A':>9s}  {'95% interval of B - A':>22s} {'p':>6s}"]
+             ]
+    w = max([9] + [len(m) for m in result["metrics"]])
+    lines.append(f"{'metric':{w}s} {'A':>8s} {'B':>8s} {'B - A':>9s}  {'95% interval of B - A':>22s} {'p':>6s}")
     for m, r in result["metrics"].items():
         lo, hi = r["ci95"]
         verdict = "B better" if lo > 0 else "A better" if hi < 0 else "not distinguishable"
-        lines.append(f"{m:9s} {r['a']:8.4f} {r['b']:8.4f} {r['diff']:+9.4f}  [{lo:+.4f}, {hi:+.4f}] "
+        lines.append(f"{m:{w}s} {r['a']:8.4f} {r['b']:8.4f} {r['diff']:+9.4f}  [{lo:+.4f}, {hi:+.4f}] "
                      f"{r['p']:6.3f}  {verdict}")
     if result.get("runs", [1, 1]) != [1, 1]:     # several seeds: show each run's mean beside the pooled figure
         lines.append(f"per run (A: {result['runs'][0]} runs, B: {result['runs'][1]} runs; A and B means in "
                      "the order given)")
         for m, r in result["metrics"].items():
-            lines.append(f"{m:9s} A " + " ".join(f"{v:.4f}" for v in r["a_runs"])
+            lines.append(f"{m:{w}s} A " + " ".join(f"{v:.4f}" for v in r["a_runs"])
                          + "   B " + " ".join(f"{v:.4f}" for v in r["b_runs"]))
     return "\n".join(lines)
 
