@@ -66,16 +66,9 @@ def load_ranks(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return ranks, ties, f["targets"]
 
 
-USER_METRIC_PREFIX = "metric_"   # a ranks file's extra per-user metrics (page recall), -1 = not evaluated
-
-
-def user_metrics_of(npz) -> dict:
-    """{name: [U] float} of the extra per-user metrics of an open ranks file ({} when it has none)."""
-    return {k[len(USER_METRIC_PREFIX):]: npz[k] for k in npz.files if k.startswith(USER_METRIC_PREFIX)}
-
-
 def _user_metrics(path) -> dict:
-    """Extra per-user metrics a ranks file carries (a GR run's page recall: mindgr.train.generative)."""
+    """Extra per-user metrics a ranks file carries (a GR run's page recall: mindgr.train.gr_eval)."""
+    from mindgr.train.gr_eval import user_metrics_of
     with np.load(path) as f:
         return {k: np.asarray(v, np.float64) for k, v in user_metrics_of(f).items()}
 

@@ -29,7 +29,7 @@ import numpy as np
 from mindgr.config import Config, ConfigError
 from mindgr.paths import atomic_write
 from mindgr.train.checkpoint import CheckpointError, CheckpointManager, file_sha256, load_checkpoint, restore_parameters
-from mindgr.train.compare import USER_METRIC_PREFIX, user_metrics_of
+from mindgr.train.gr_eval import USER_METRIC_PREFIX, user_metrics_of
 from mindgr.train.local import RetrievalStrategy
 from mindgr.train.loop import TrainLoop
 from mindgr.train.rundir import data_change_note, run_config, saved_checkpoint

@@ -45,6 +45,14 @@ def history_buckets(max_history: int) -> list:
     return caps
 
 
+USER_METRIC_PREFIX = "metric_"   # a ranks file's extra per-user metrics (page recall), -1 = not evaluated
+
+
+def user_metrics_of(npz) -> dict:
+    """{name: [U] float} of the extra per-user metrics of an open ranks file ({} when it has none)."""
+    return {k[len(USER_METRIC_PREFIX):]: npz[k] for k in npz.files if k.startswith(USER_METRIC_PREFIX)}
+
+
 def page_recall(items: np.ndarray, pages, histories, ks) -> dict:
     """{"page_recall@K": [U]}: |top-K of the list ∩ page| / min(K, |page|) per user, where the list is
     `items` [U, beam] with dead slots (0) and, when histories is given, the history items that are not in
