@@ -41,6 +41,8 @@ class SyntheticConfig:
     max_len: int = field(default=200, metadata=_rng(lo=3))
     num_clusters: int = field(default=20, metadata=_rng(lo=1))
     seed: int = field(default=0, metadata=_rng(lo=0))
+    # request pages of about this many items (mindgr.datasets.synthetic); 0 = no pages (the data as before)
+    page_size: float = field(default=0.0, metadata=_rng(lo=0.0))
 
 
 @dataclass
@@ -68,6 +70,12 @@ class DataConfig:
     positive_column: str = "is_click"         # kuairand: which column marks a positive interaction
     timestamps: str = ""                      # movielens-1m sequences.txt: ratings file with times for its users
     prefetch: int = field(default=2, metadata=_rng(lo=0))  # batches prepared ahead in a thread; 0 = inline
+    # pages (mindgr.datasets.pages): "" = the source's own (csv page_column, synthetic page_size), or
+    # "timestamps" = a user's items with equal times form one page (users with only zero times left out)
+    pages: str = field(default="", metadata=_rng(choices=["", "timestamps"]))
+    # item: leave one item out (test = last item); page: leave one page out (test = last page, valid = the
+    # page before, training stops before the held-out pages; targets: the page's first item + all its items)
+    holdout_unit: str = field(default="item", metadata=_rng(choices=["item", "page"]))
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     csv: CsvConfig = field(default_factory=CsvConfig)
 
@@ -331,6 +339,31 @@ def _check_run_name(name: str):
         raise ConfigError(f"config: run.name = {name!r}: '..' would put the run outside run.out_dir")
 
 
+def _validate_pages(d):
+    """Where pages come from (data.pages, synthetic.page_size, csv.page_column): one source, with times."""
+    paged_synthetic = d.synthetic.page_size > 0
+    if paged_synthetic and d.kind != "synthetic":
+        raise ConfigError(f"config: data.synthetic.page_size = {d.synthetic.page_size:g}: only for data.kind "
+                          f"synthetic, not {d.kind} (data.pages=timestamps makes pages from equal times)")
+    if d.pages == "timestamps":
+        if d.kind == "sequences":
+            raise ConfigError("config: data.pages = timestamps: data.kind sequences has no timestamps")
+        if d.kind == "synthetic" and paged_synthetic:
+            raise ConfigError("config: data.pages = timestamps and data.synthetic.page_size > 0: pages from "
+                              "one source only (set data.pages='' to keep the generator's pages)")
+        if d.kind == "csv" and d.csv.page_column != "":
+            raise ConfigError(f"config: data.pages = timestamps and data.csv.page_column = {d.csv.page_column!r}: "
+                              "pages from one source only")
+        if d.kind == "csv" and d.csv.time_column == "":
+            raise ConfigError("config: data.pages = timestamps needs times: data.csv.time_column is ''")
+    if d.holdout_unit == "page" and not d.pages:
+        no_pages = ((d.kind == "synthetic" and not paged_synthetic) or (d.kind == "csv" and d.csv.page_column == "")
+                    or d.kind not in ("synthetic", "csv", "store"))
+        if no_pages:
+            raise ConfigError(f"config: data.holdout_unit = page needs pages: data.kind {d.kind} has none here "
+                              "(set data.pages=timestamps, data.synthetic.page_size or data.csv.page_column)")
+
+
 def _validate_cross(cfg: Config):
     _check_run_name(cfg.run.name)
     m = cfg.model
@@ -343,6 +376,7 @@ def _validate_cross(cfg: Config):
     if cfg.data.timestamps and cfg.data.kind != "movielens-1m":
         raise ConfigError(f"config: data.timestamps = {cfg.data.timestamps!r}: only for data.kind movielens-1m "
                           f"(times for sequences.txt), not {cfg.data.kind}")
+    _validate_pages(cfg.data)
     if cfg.data.token_capacity and cfg.data.token_capacity < cfg.data.max_len:
         raise ConfigError(f"config: data.token_capacity = {cfg.data.token_capacity}: expected 0 (auto) "
                           f"or >= data.max_len = {cfg.data.max_len}")

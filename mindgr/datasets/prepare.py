@@ -21,7 +21,8 @@ KIND_OPTIONS = {
     "csv": {"user_column": (str, int), "item_column": (str, int), "time_column": (str, int),
             "page_column": (str, int), "time_unit": str, "separator": str, "header": bool},
     "synthetic": {"num_users": int, "num_items": int, "median_len": int, "max_len": int, "min_len": int,
-                  "num_clusters": int, "seed": int, "sigma": float, "zipf_a": float},
+                  "num_clusters": int, "seed": int, "sigma": float, "zipf_a": float,
+                  "page_size": float},
 }
 KINDS = tuple(KIND_OPTIONS)
 _READERS = {"movielens-1m": read_movielens_1m, "movielens-100k": read_movielens_100k, "kuairand": read_kuairand,

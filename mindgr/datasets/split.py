@@ -15,6 +15,7 @@ class EvalSet:
     targets: np.ndarray  # int32 [n]
     target_times: np.ndarray | None  # int64 [n]
     users: np.ndarray  # int64 [n], user index into the store
+    page_items: list | None = None  # page holdout (mindgr.datasets.pages): every item of each held-out page
 
     def __len__(self):
         return len(self.targets)

@@ -54,10 +54,15 @@ def _session_gaps(rng, n, new_session):
 
 
 def generate_synthetic(num_users=2000, num_items=1000, median_len=50, max_len=200, min_len=5,
-                       num_clusters=20, seed=0, sigma=0.8, zipf_a=1.1):
-    """Deterministic (per seed) synthetic store; time_unit "ms", raw item ids 1..num_items."""
+                       num_clusters=20, seed=0, sigma=0.8, zipf_a=1.1, page_size=0.0):
+    """Deterministic (per seed) synthetic store; time_unit "ms", raw item ids 1..num_items.
+
+    page_size > 0: the log is a sequence of request pages of about page_size items each (page_seqs);
+    page_size 0 (the default): one item per step, no pages, the data exactly as before pages existed."""
     if not (1 <= min_len <= max_len) or num_users < 1 or num_items < 2:
         raise ValueError("need num_users >= 1, num_items >= 2 and 1 <= min_len <= max_len")
+    if page_size < 0 or 0 < page_size < 1:
+        raise ValueError(f"page_size = {page_size}: expected 0 (no pages) or a mean page size >= 1")
     rng = np.random.default_rng(seed)
     num_clusters = max(1, min(num_clusters, num_items))
 
@@ -90,6 +95,9 @@ def generate_synthetic(num_users=2000, num_items=1000, median_len=50, max_len=20
         u = rng.random(len(users))[:, None]
         return np.minimum((pref_cdf[users] < u).sum(axis=1), num_clusters - 1)
 
+    if page_size > 0:
+        return _paged_store(rng, lens, page_size, succ, in_cluster, pick_cluster, pop_cdf, num_items)
+
     steps = int(lens.max())
     items = np.empty((num_users, steps), dtype=np.int64)
     new_session = np.zeros((num_users, steps), dtype=bool)
@@ -121,6 +129,79 @@ def generate_synthetic(num_users=2000, num_items=1000, median_len=50, max_len=20
     return SequenceStore(name="synthetic", user_ids=np.arange(1, num_users + 1, dtype=np.int64),
                          item_seqs=item_seqs, time_seqs=np.split(times[mask], splits),
                          item_raw_ids=item_raw_ids, time_unit="ms")
+
+
+_P_ANCHOR = 0.5   # paged: a page slot is a successor of the previous page's anchor item (else cluster popularity)
+
+
+def _shuffle_rows(rng, values, keep):
+    """Each row's kept values first, in a uniformly random order (exchangeable), then the rest."""
+    key = np.where(keep, rng.random(values.shape), 2.0)
+    order = np.argsort(key, axis=1, kind="stable")
+    return np.take_along_axis(values, order, 1), np.take_along_axis(keep, order, 1)
+
+
+def _paged_store(rng, lens, page_size, succ, in_cluster, pick_cluster, pop_cdf, num_items):
+    """Request pages: per step every user gets a page of 1 + Poisson(page_size - 1) items (cut at the
+    user's length), all at one time (the request's), drawn independently given the user's current
+    interest (its cluster and an anchor item of the previous page): each slot is popularity noise
+    (_P_NOISE), a successor of the anchor (_P_ANCHOR) or a popular item of the cluster; a page keeps its
+    first `size` distinct draws (of 3 x size; fewer if there are not that many) in a random order, so
+    page-mates are exchangeable. The interest moves
+    between pages: the cluster switches with _P_SWITCH, the anchor is a random item of the new page."""
+    num_users = len(lens)
+    everyone = np.arange(num_users)
+    cluster = pick_cluster(everyone)
+    anchor = in_cluster(rng, cluster)
+    k_succ = succ.shape[1]
+    succ_cdf = np.cumsum(_SUCCESSOR_PROBS) / _SUCCESSOR_PROBS.sum()
+    items = [[] for _ in range(num_users)]
+    pages = [[] for _ in range(num_users)]
+    times = [[] for _ in range(num_users)]
+    clock = _START_MS + rng.integers(0, 60 * 86400_000, size=num_users)
+    filled = np.zeros(num_users, np.int64)
+    step = 0
+    while (filled < lens).any():
+        users = np.flatnonzero(filled < lens)
+        n = len(users)
+        switch = rng.random(n) < _P_SWITCH
+        if step and switch.any():
+            cluster[users[switch]] = pick_cluster(users[switch])
+            anchor[users[switch]] = in_cluster(rng, cluster[users[switch]])
+        size = np.minimum(1 + rng.poisson(page_size - 1, n), lens[users] - filled[users])
+        width = 3 * int(size.max())                     # spare draws: a page keeps its first `size` distinct
+        r = rng.random((n, width))
+        which = np.minimum(np.searchsorted(succ_cdf, rng.random((n, width))), k_succ - 1)
+        draw = succ[np.repeat(anchor[users], width).reshape(n, width), which]
+        popular = in_cluster(rng, np.repeat(cluster[users], width)).reshape(n, width)
+        draw = np.where(r < _P_NOISE + _P_ANCHOR, draw, popular)
+        noise = r < _P_NOISE
+        draw[noise] = np.minimum(np.searchsorted(pop_cdf, rng.random(int(noise.sum()))), num_items - 1)
+        order = np.argsort(draw, axis=1, kind="stable")  # a repeat of an earlier draw in the row is dropped
+        srt = np.take_along_axis(draw, order, 1)
+        repeat = np.zeros(draw.shape, bool)
+        np.put_along_axis(repeat, order[:, 1:], srt[:, 1:] == srt[:, :-1], 1)
+        distinct = ~repeat
+        keep = distinct & (np.cumsum(distinct, axis=1) <= size[:, None])
+        draw, keep = _shuffle_rows(rng, draw, keep)
+        count = keep.sum(axis=1)
+        gap = _session_gaps(rng, n, rng.random(n) < np.where(switch, 0.5, 0.04))
+        if step:
+            clock[users] += gap
+        for j, u in enumerate(users):
+            c = int(count[j])
+            items[u].append(draw[j, :c])
+            pages[u].append(np.full(c, step, np.int64))
+            times[u].append(np.full(c, clock[u], np.int64))
+        filled[users] += count
+        anchor[users] = draw[np.arange(n), np.minimum((rng.random(n) * count).astype(np.int64), count - 1)]
+        step += 1
+    raw_seqs = [np.concatenate(x) + 1 for x in items]
+    item_seqs, item_raw_ids = remap_items(raw_seqs)
+    return SequenceStore(name="synthetic", user_ids=np.arange(1, num_users + 1, dtype=np.int64),
+                         item_seqs=item_seqs, time_seqs=[np.concatenate(t) for t in times],
+                         item_raw_ids=item_raw_ids, time_unit="ms",
+                         page_seqs=[np.concatenate(p) for p in pages])
 
 
 KUAIRAND_COLUMNS = ["user_id", "video_id", "date", "hourmin", "time_ms", "is_click", "is_like",

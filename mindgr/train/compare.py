@@ -10,6 +10,9 @@ Several runs per side (seeds of one setting, `mindgr compare A1,A2 B1,B2`): a si
 mean over its runs, and each bootstrap sample also redraws every side's runs with replacement, so the
 interval carries the spread between seeds as well as between users (with 2-3 seeds only roughly; the
 per-run means are reported beside it).
+
+Extra per-user metrics that every compared ranks file carries (a GR run with a page holdout writes its
+page recall@K) are compared the same way, over the users every run evaluated.
 """
 from __future__ import annotations
 
@@ -63,6 +66,13 @@ def load_ranks(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return ranks, ties, f["targets"]
 
 
+def _user_metrics(path) -> dict:
+    """Extra per-user metrics a ranks file carries (a GR run's page recall: mindgr.train.gr_eval)."""
+    from mindgr.train.gr_eval import user_metrics_of
+    with np.load(path) as f:
+        return {k: np.asarray(v, np.float64) for k, v in user_metrics_of(f).items()}
+
+
 def compare_ranks(ranks_a, targets_a, ranks_b, targets_b, ks=(1, 10, 50, 200), samples: int = 5000,
                   seed: int = 0, ties_a=None, ties_b=None) -> dict:
     """Paired comparison of two runs' per-user ranks ([U], or [S, U] for S runs of one side) and ties
@@ -86,17 +96,19 @@ def compare_ranks(ranks_a, targets_a, ranks_b, targets_b, ks=(1, 10, 50, 200), s
 def format_comparison(result: dict, name_a: str, name_b: str) -> str:
     lines = [f"paired comparison over {result['users']} users ({result['samples']} bootstrap samples); "
              f"A = {name_a}, B = {name_b}",
-             f"{'metric':9s} {'A':>8s} {'B':>8s} {'B - A':>9s}  {'95% interval of B - A':>22s} {'p':>6s}"]
+             ]
+    w = max([9] + [len(m) for m in result["metrics"]])
+    lines.append(f"{'metric':{w}s} {'A':>8s} {'B':>8s} {'B - A':>9s}  {'95% interval of B - A':>22s} {'p':>6s}")
     for m, r in result["metrics"].items():
         lo, hi = r["ci95"]
         verdict = "B better" if lo > 0 else "A better" if hi < 0 else "not distinguishable"
-        lines.append(f"{m:9s} {r['a']:8.4f} {r['b']:8.4f} {r['diff']:+9.4f}  [{lo:+.4f}, {hi:+.4f}] "
+        lines.append(f"{m:{w}s} {r['a']:8.4f} {r['b']:8.4f} {r['diff']:+9.4f}  [{lo:+.4f}, {hi:+.4f}] "
                      f"{r['p']:6.3f}  {verdict}")
     if result.get("runs", [1, 1]) != [1, 1]:     # several seeds: show each run's mean beside the pooled figure
         lines.append(f"per run (A: {result['runs'][0]} runs, B: {result['runs'][1]} runs; A and B means in "
                      "the order given)")
         for m, r in result["metrics"].items():
-            lines.append(f"{m:9s} A " + " ".join(f"{v:.4f}" for v in r["a_runs"])
+            lines.append(f"{m:{w}s} A " + " ".join(f"{v:.4f}" for v in r["a_runs"])
                          + "   B " + " ".join(f"{v:.4f}" for v in r["b_runs"]))
     return "\n".join(lines)
 
@@ -132,6 +144,12 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
     stacked = [[np.stack([entry[i] for entry in side]) for i in (0, 1)] for side in loaded]
     out = compare_ranks(stacked[0][0], targets, stacked[1][0], targets, ks, samples,
                         ties_a=stacked[0][1], ties_b=stacked[1][1])
+    extra = [[_user_metrics(r["ranks_file"]) for r in side] for side in evaluated]
+    for name in sorted(set.intersection(*[set(m) for side in extra for m in side])):   # e.g. page recall
+        a, b = (np.stack([m[name] for m in side]) for side in extra)
+        seen = (a >= 0).all(0) & (b >= 0).all(0)
+        if seen.any():
+            out["metrics"][name] = paired_bootstrap(a[:, seen], b[:, seen], samples)
     info = [[{"run": str(run), "checkpoint": r["checkpoint"]} for run, r in zip(runs, side)]
             for runs, side in zip(sides, evaluated)]
     out.update(split=split, a=info[0][0] if len(info[0]) == 1 else info[0],

@@ -13,13 +13,22 @@ from mindgr.train.checkpoint import file_sha256
 
 
 def load_store(data_cfg, seed: int = 0):
-    """Read the configured source; a directory holding a prepared store is read as a store."""
+    """Read the configured source (a directory holding a prepared store is read as a store), with
+    data.pages applied (mindgr.datasets.pages)."""
+    store = _read_source(data_cfg)
+    if data_cfg.pages == "timestamps":
+        from mindgr.datasets.pages import timestamp_pages
+        store, _ = timestamp_pages(store)
+    return store
+
+
+def _read_source(data_cfg):
     d = data_cfg
     if d.kind == "synthetic":
         s = d.synthetic
         return read_any("synthetic", None, num_users=s.num_users, num_items=s.num_items,
                         median_len=s.median_len, min_len=s.min_len, max_len=s.max_len,
-                        num_clusters=s.num_clusters, seed=s.seed)
+                        num_clusters=s.num_clusters, seed=s.seed, page_size=s.page_size)
     if d.kind == "store" or (Path(d.path) / "sequences.parquet").is_file():
         return read_store(d.path)
     opts = {"positive_column": d.positive_column} if d.kind == "kuairand" else {}
@@ -138,7 +147,11 @@ class RunData:
             raise ValueError(f"model.time_bias = true, but data '{self.store.name}' has no timestamps: "
                              "set model.time_bias=false")
         self.num_items = self.store.num_items
-        self.split = leave_one_out(self.store, holdout=d.holdout)
+        if d.holdout_unit == "page":                 # whole pages held out (mindgr.datasets.pages)
+            from mindgr.datasets.pages import page_leave_one_out
+            self.split = page_leave_one_out(self.store, holdout=d.holdout)
+        else:
+            self.split = leave_one_out(self.store, holdout=d.holdout)
         unit = self.store.time_unit
         train_times = _in_seconds(self.split.train_times, unit)
         inputs, times, targets = training_examples(self.split.train, train_times, d.max_len)
@@ -174,7 +187,10 @@ def data_fingerprint(data_cfg) -> dict:
     d = data_cfg
     if d.kind == "synthetic":
         import dataclasses
-        return {"kind": d.kind, "synthetic": dataclasses.asdict(d.synthetic)}
+        settings = dataclasses.asdict(d.synthetic)
+        if not settings["page_size"]:               # page-less runs keep the fingerprint they had before pages
+            del settings["page_size"]
+        return {"kind": d.kind, "synthetic": settings}
     files = []
     for source in [d.path] + ([d.timestamps] if d.timestamps else []):
         root = Path(source)

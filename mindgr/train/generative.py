@@ -29,6 +29,7 @@ import numpy as np
 from mindgr.config import Config, ConfigError
 from mindgr.paths import atomic_write
 from mindgr.train.checkpoint import CheckpointError, CheckpointManager, file_sha256, load_checkpoint, restore_parameters
+from mindgr.train.gr_eval import USER_METRIC_PREFIX, user_metrics_of
 from mindgr.train.local import RetrievalStrategy
 from mindgr.train.loop import TrainLoop
 from mindgr.train.rundir import data_change_note, run_config, saved_checkpoint
@@ -139,7 +140,8 @@ def gr_train_data(cfg: Config, data, table: CodeTable):
     pages = page_windows(data.store, data.split, windows)
     if cfg.loss.objective == "page_ntp" and pages is None:
         raise ConfigError(f"config: loss.objective = page_ntp needs pages, and data '{data.store.name}' has none "
-                          "(a csv page_column, or use loss.objective=ntp)")
+                          "(a csv page_column, data.pages=timestamps or data.synthetic.page_size; or use "
+                          "loss.objective=ntp)")
     offsets = np.concatenate([[0], np.cumsum(table.level_sizes)]).astype(np.int64)
     try:
         return GRTrainData(windows, table.codes, offsets, int(offsets[-1]), cfg.loss.objective,
@@ -319,7 +321,7 @@ def _saved_ranks(path: Path, checkpoint_sha: str, users: int, max_users: int):
             if str(f["checkpoint_sha256"]) != checkpoint_sha or int(f["max_users"]) != max_users \
                     or len(f["ranks"]) != users:
                 return None
-            return f["ranks"], f["ties"]
+            return f["ranks"], f["ties"], user_metrics_of(f)
     except (KeyError, ValueError, OSError):
         return None
 
@@ -348,17 +350,20 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
     paths = {f: ranks_dir / ranks_file_name(split, which, f) for f in (True, False)}
     saved = _saved_ranks(paths[filter_history], sha, len(targets), max_users)
     if saved is not None:
-        ranks, ties = saved
+        ranks, ties, extra = saved
         seen = ranks >= 0
         metrics = ranking_metrics(ranks[seen], cfg.eval.ks, ties[seen])
+        metrics.update({name: float(v[v >= 0].mean()) for name, v in extra.items() if (v >= 0).any()})
         metrics["decode"] = {"reused": str(paths[filter_history])}
     else:
         metrics, both = generative_metrics(run.decoder, run.trie, run.codes, evalset, cfg.eval.ks, run.max_history,
                                            beam, cfg.eval.batch_size, data.num_items, filter_history,
                                            max_users, cfg.run.seed, per_user=True)
-        for f, (_, r, t) in both.items():
+        for f, (_, r, t, extra) in both.items():
+            per_user = {USER_METRIC_PREFIX + name: v for name, v in extra.items()}
             atomic_write(paths[f], lambda tmp: np.savez(tmp, ranks=r, ties=t, targets=targets, checkpoint=run.checkpoint,
-                                                        checkpoint_sha256=sha, max_users=max_users, filter_history=f),
+                                                        checkpoint_sha256=sha, max_users=max_users, filter_history=f,
+                                                        **per_user),
                          tmp_suffix=".tmp.npz")
     out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
            "filter_history": filter_history, **metrics, "ranks_file": str(paths[filter_history])}

@@ -7,6 +7,9 @@ is its rank, after removing the user's history items other than the target (filt
 encoders' evaluation does), or in the list as it is (filter_history false: TIGER's protocol). A target
 outside the list is a miss: rank = the catalogue size (below every item, hit@K = 0 for every K) with no
 ties. A generated list has no ties, so ties are 0 and the tie-aware metrics are the plain ones.
+With a page holdout (EvalSet.page_items, mindgr.datasets.pages) the same lists also give page recall@K =
+|top-K ∩ page| / min(K, |page|) per user (K = 5, 10 and the beam, up to the beam), the history items not in
+the page removed when filter_history.
 Independent of the Trainer: it takes a decoder, a trie, a code table and an EvalSet.
 """
 from __future__ import annotations
@@ -40,6 +43,30 @@ def history_buckets(max_history: int) -> list:
     their prompt, so short histories are not padded to the longest (a fixed, small set of shapes)."""
     caps = sorted({max(1, max_history // 4), max(1, max_history // 2), max_history})
     return caps
+
+
+USER_METRIC_PREFIX = "metric_"   # a ranks file's extra per-user metrics (page recall), -1 = not evaluated
+
+
+def user_metrics_of(npz) -> dict:
+    """{name: [U] float} of the extra per-user metrics of an open ranks file ({} when it has none)."""
+    return {k[len(USER_METRIC_PREFIX):]: npz[k] for k in npz.files if k.startswith(USER_METRIC_PREFIX)}
+
+
+def page_recall(items: np.ndarray, pages, histories, ks) -> dict:
+    """{"page_recall@K": [U]}: |top-K of the list ∩ page| / min(K, |page|) per user, where the list is
+    `items` [U, beam] with dead slots (0) and, when histories is given, the history items that are not in
+    the page removed (as beam_ranks treats a single target); pages: each user's held-out page items."""
+    items = np.asarray(items)
+    out = {f"page_recall@{k}": np.zeros(items.shape[0], np.float64) for k in ks}
+    for u in range(items.shape[0]):
+        page = set(int(i) for i in pages[u])
+        seen = set(int(i) for i in histories[u]) - page if histories is not None else set()
+        listed = [it for it in items[u].tolist() if it != 0 and it not in seen]
+        for k in ks:
+            hits = len(page.intersection(listed[:k]))
+            out[f"page_recall@{k}"][u] = hits / min(k, len(page))
+    return out
 
 
 _ENGINES: "OrderedDict" = None
@@ -84,6 +111,9 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
     caps = history_buckets(max_history)
     bucket = np.searchsorted(np.asarray(caps), lengths)        # smallest cap >= the prompt's items
     greater = {f: np.zeros(len(rows), np.int64) for f in flags}
+    pages = getattr(evalset, "page_items", None)       # page holdout: page recall of the same lists
+    ks = sorted({k for k in (5, 10, beam) if k <= beam})
+    recall = {f: {f"page_recall@{k}": np.zeros(len(rows)) for k in ks} for f in flags} if pages is not None else None
     prompt_tokens = 0
     timings = {"prefill": 0.0, "model": 0.0}
     t0 = time.perf_counter()
@@ -102,6 +132,9 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
             for f in flags:
                 full = [evalset.histories[r] for r in chunk] if f else None
                 greater[f][idx] = beam_ranks(items, evalset.targets[chunk], full, num_items)
+                if recall is not None:
+                    for name, v in page_recall(items, [pages[r] for r in chunk], full, ks).items():
+                        recall[f][name][idx] = v
         for key in timings:
             timings[key] += engine.timings[key]
     seconds = time.perf_counter() - t0
@@ -109,6 +142,8 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
              "users_per_s": len(rows) / seconds if seconds > 0 else 0.0,
              "prompt_tokens_mean": prompt_tokens / max(len(rows), 1), "prompt_caps_items": caps,
              "prefill_s": timings["prefill"], "step_s": timings["model"]}
+    if recall is not None:
+        stats["page_recall"] = recall if isinstance(filter_history, (tuple, list)) else recall[flags[0]]
     ties = {f: np.zeros(len(rows), np.int64) for f in flags}
     if len(flags) == 1 and not isinstance(filter_history, (tuple, list)):
         return greater[flags[0]], ties[flags[0]], stats
@@ -120,11 +155,13 @@ def generative_metrics(decoder, trie, codes, evalset, ks, max_history: int, beam
                        per_user: bool = False):
     """Ranking metrics of the decoded lists (and, with per_user, (greater, ties) per evalset user, -1 =
     not evaluated, for `mindgr compare`). With per_user, the other ranking (history filtered or not) of
-    the same lists comes too: a dict {filter_history: (metrics, greater, ties)} under key "both"."""
+    the same lists comes too: a dict {filter_history: (metrics, greater, ties, per-user page recall)}
+    (that last one {} without a page holdout, else {"page_recall@K": [U] float, -1 = not evaluated})."""
     rows = eval_users(len(evalset.targets), max_users, seed)
     flags = (True, False)
     greater, ties, stats = generative_ranks(decoder, trie, codes, evalset, rows, max_history, beam, batch_users,
                                             num_items, flags)
+    recall = stats.pop("page_recall", None)
     both = {}
     for f in flags:
         m = ranking_metrics(greater[f], ks, ties[f])
@@ -132,7 +169,12 @@ def generative_metrics(decoder, trie, codes, evalset, ks, max_history: int, beam
         by_user = np.full(len(evalset.targets), -1, np.int64)
         ties_by_user = np.full(len(evalset.targets), -1, np.int64)
         by_user[rows], ties_by_user[rows] = greater[f], ties[f]
-        both[f] = (m, by_user, ties_by_user)
+        extra = {}                     # page holdout: mean page recall, and per user (-1 = not evaluated)
+        for name, v in (recall[f] if recall is not None else {}).items():
+            m[name] = float(v.mean()) if len(v) else 0.0
+            extra[name] = np.full(len(evalset.targets), -1.0)
+            extra[name][rows] = v
+        both[f] = (m, by_user, ties_by_user, extra)
     metrics = dict(both[bool(filter_history)][0])
     metrics["other_ranking"] = {"filter_history": not filter_history,
                                 **{k: v for k, v in both[not filter_history][0].items() if k != "decode"}}
