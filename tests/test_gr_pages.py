@@ -113,7 +113,7 @@ def test_compare_reads_page_recall_from_ranks_files(tmp_path, monkeypatch):
         files[name] = tmp_path / f"{name}.npz"
         np.savez(files[name], ranks=np.array(ranks), ties=np.zeros(4, np.int64), targets=targets,
                  **{"metric_page_recall@10": np.array(recall)})
-    monkeypatch.setattr(run_eval, "evaluate_any_run", lambda run, split, which, filter_history=None: {
+    monkeypatch.setattr(run_eval, "evaluate_any_run", lambda run, split, which, filter_history=None, max_users=0: {
         "ranks_file": files[str(run)[-1]], "checkpoint": "best", "hr@10": 0.0})
     out = compare_runs(tmp_path / "a", tmp_path / "b", samples=200)
     r = out["metrics"]["page_recall@10"]               # user 3 was not evaluated by a: left out

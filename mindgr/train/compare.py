@@ -129,7 +129,7 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
             raise ValueError(f"a side of the comparison names an empty run directory ({runs}): give DIR or "
                              "DIR1,DIR2,... without empty entries")
     def evaluate(run):
-        sample = max_users if is_generative_config(run_config(Path(run))) else 0
+        sample = max_users if max_users and is_generative_config(run_config(Path(run))) else 0
         return evaluate_any_run(Path(run), split, which, filter_history=filter_history, max_users=sample)
     evaluated = [[evaluate(run) for run in runs] for runs in sides]
     loaded = [[load_ranks(r["ranks_file"]) for r in side] for side in evaluated]
