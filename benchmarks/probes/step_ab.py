@@ -43,10 +43,10 @@ def main(argv=None) -> int:
     ap.add_argument("repos", nargs="+", type=Path, help="checkouts to alternate (the first is the baseline)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path)
-    ap.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then `mindgr bench train` arguments")
-    args = ap.parse_args(argv)
-    bench = [a for a in args.bench_args if a != "--"] or ["--config", "configs/ml-1m/hstu.yaml", "--steps", "6",
-                                                          "--warmup", "2"]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)    # after `--`: `mindgr bench train` arguments
+    args = ap.parse_args(argv[:cut])
+    bench = argv[cut + 1:] or ["--config", "configs/ml-1m/hstu.yaml", "--steps", "6", "--warmup", "2"]
     times = {str(r): [] for r in args.repos}
     runs = {str(r): [] for r in args.repos}
     for k in range(args.rounds):
