@@ -123,42 +123,58 @@ def plan_batches(lengths, token_capacity, row_capacity, rng=None, window=64):
     return batches
 
 
-def build_batch(indices, inputs, input_times, targets, token_capacity, row_capacity, request_times=None):
-    """Pack the given examples into fixed-shape arrays (see JaggedBatch). request_times: int64 per
-    example (None: each row's last input time, or 0 without times)."""
-    indices = np.asarray(indices, dtype=np.int64)
-    if len(indices) > row_capacity:
-        raise ValueError(f"{len(indices)} examples exceed row_capacity {row_capacity}")
-    lens = np.array([len(inputs[i]) for i in indices], dtype=np.int64)
+def batch_frame(indices, lens, token_capacity, row_capacity):
+    """The fixed-shape arrays of a batch of `indices` (lens: their lengths), capacity-checked: zeroed token
+    arrays (ids, targets, times, positions), offsets and rows filled in -> (total, ids, tgt, times,
+    positions, offsets, rows). Shared by build_batch and the gathering packer (mindgr.train.data)."""
+    nrows = len(indices)
+    if nrows > row_capacity:
+        raise ValueError(f"{nrows} examples exceed row_capacity {row_capacity}")
     total = int(lens.sum())
     if total > token_capacity:
         raise ValueError(f"{total} tokens exceed token_capacity {token_capacity}")
-    for i in indices:
-        if len(targets[i]) != len(inputs[i]):
-            raise ValueError(f"example {i}: {len(targets[i])} targets for {len(inputs[i])} inputs")
     ids = np.zeros(token_capacity, dtype=np.int32)
     tgt = np.zeros(token_capacity, dtype=np.int32)
     times = np.zeros(token_capacity, dtype=np.int64)
     positions = np.zeros(token_capacity, dtype=np.int32)
     offsets = np.full(row_capacity + 1, total, dtype=np.int32)
     rows = np.full(row_capacity, -1, dtype=np.int64)
-    nrows = len(indices)
     offsets[0] = 0
     offsets[1:nrows + 1] = np.cumsum(lens)
     rows[:nrows] = indices
+    return total, ids, tgt, times, positions, offsets, rows
+
+
+def row_request_times(indices, lens, offsets, times, row_capacity, request_times=None, has_times=True):
+    """int64 [row_capacity]: each row's request time (request_times[example], else its last input time when
+    the data has times, else 0); padding rows 0."""
+    nrows = len(indices)
+    req = np.zeros(row_capacity, dtype=np.int64)
+    if nrows:
+        if request_times is not None:
+            req[:nrows] = np.asarray(request_times, dtype=np.int64)[indices]
+        elif has_times:
+            req[:nrows] = np.where(lens > 0, times[np.maximum(offsets[1:nrows + 1] - 1, 0)], 0)
+    return req
+
+
+def build_batch(indices, inputs, input_times, targets, token_capacity, row_capacity, request_times=None):
+    """Pack the given examples into fixed-shape arrays (see JaggedBatch). request_times: int64 per
+    example (None: each row's last input time, or 0 without times)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    lens = np.array([len(inputs[i]) for i in indices], dtype=np.int64)
+    total, ids, tgt, times, positions, offsets, rows = batch_frame(indices, lens, token_capacity, row_capacity)
+    for i in indices:
+        if len(targets[i]) != len(inputs[i]):
+            raise ValueError(f"example {i}: {len(targets[i])} targets for {len(inputs[i])} inputs")
+    nrows = len(indices)
     if total:
         ids[:total] = np.concatenate([inputs[i] for i in indices])
         tgt[:total] = np.concatenate([targets[i] for i in indices])
         if input_times is not None:
             times[:total] = np.concatenate([input_times[i] for i in indices])
         positions[:total] = np.arange(total) - np.repeat(offsets[:nrows], lens)
-    req = np.zeros(row_capacity, dtype=np.int64)
-    if nrows:
-        if request_times is not None:
-            req[:nrows] = np.asarray(request_times, dtype=np.int64)[indices]
-        elif input_times is not None:
-            ends = offsets[1:nrows + 1]
-            req[:nrows] = np.where(lens > 0, times[np.maximum(ends - 1, 0)], 0)
+    req = row_request_times(indices, lens, offsets, times, row_capacity, request_times, input_times is not None)
     return JaggedBatch(ids=ids, targets=tgt, timestamps=times, offsets=offsets, positions=positions,
                        rows=rows, num_tokens=total, num_rows=nrows, request_times=req)
 

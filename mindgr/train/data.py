@@ -9,6 +9,7 @@ import numpy as np
 
 from mindgr.datasets import (EpochPlan, JaggedBatch, auto_capacities, build_batch, eval_examples, leave_one_out,
                              plan_batches, read_any, read_store, training_examples, training_request_times)
+from mindgr.datasets.packer import batch_frame, row_request_times
 from mindgr.train.checkpoint import file_sha256
 
 
@@ -65,36 +66,19 @@ class FlatExamples:
     def batch(self, indices, token_capacity: int, row_capacity: int) -> JaggedBatch:
         indices = np.asarray(indices, dtype=np.int64)
         nrows = len(indices)
-        if nrows > row_capacity:
-            raise ValueError(f"{nrows} examples exceed row_capacity {row_capacity}")
         lens = self.lengths[indices]
-        total = int(lens.sum())
-        if total > token_capacity:
-            raise ValueError(f"{total} tokens exceed token_capacity {token_capacity}")
-        ids = np.zeros(token_capacity, dtype=np.int32)
-        tgt = np.zeros(token_capacity, dtype=np.int32)
-        times = np.zeros(token_capacity, dtype=np.int64)
-        positions = np.zeros(token_capacity, dtype=np.int32)
-        offsets = np.full(row_capacity + 1, total, dtype=np.int32)
-        rows = np.full(row_capacity, -1, dtype=np.int64)
-        ends = np.cumsum(lens)
-        offsets[0] = 0
-        offsets[1:nrows + 1] = ends
-        rows[:nrows] = indices
+        total, ids, tgt, times, positions, offsets, rows = batch_frame(indices, lens, token_capacity, row_capacity)
         if total:
             # token k of the batch is flat token src[k]: its example's start + its position in the row
+            ends = offsets[1:nrows + 1].astype(np.int64)
             src = np.arange(total, dtype=np.int64) + np.repeat(self.starts[indices] - (ends - lens), lens)
             ids[:total] = self.inputs[src]
             tgt[:total] = self.targets[src]
             positions[:total] = self.positions[src]
             if self.times is not None:
                 times[:total] = self.times[src]
-        req = np.zeros(row_capacity, dtype=np.int64)
-        if nrows:
-            if self.request_times is not None:
-                req[:nrows] = self.request_times[indices]
-            elif self.times is not None:
-                req[:nrows] = np.where(lens > 0, times[np.maximum(offsets[1:nrows + 1] - 1, 0)], 0)
+        req = row_request_times(indices, lens, offsets, times, row_capacity, self.request_times,
+                                self.times is not None)
         return JaggedBatch(ids=ids, targets=tgt, timestamps=times, offsets=offsets, positions=positions,
                            rows=rows, num_tokens=total, num_rows=nrows, request_times=req)
 
