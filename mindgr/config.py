@@ -145,6 +145,9 @@ class EvalConfig:
     filter_history: bool = True
     beam: int = field(default=0, metadata=_rng(lo=0))          # GR beam width (>= max ks); 0 = max(ks)
     max_users: int = field(default=0, metadata=_rng(lo=0))     # GR validation during training: users decoded; 0 = all
+    # stop training after this many validations in a row without a new best (0 = train every epoch); the
+    # test evaluation then uses the best checkpoint as always
+    patience: int = field(default=0, metadata=_rng(lo=0))
 
 
 @dataclass
@@ -224,7 +227,7 @@ RESUMABLE_CHANGES = frozenset({
     "train.epochs", "train.max_steps", "train.lr",
     "run.name", "run.out_dir", "run.log_every", "run.keep_last", "run.ckpt_every",
     "eval.every_epochs", "eval.ks", "eval.batch_size", "eval.filter_history", "eval.beam", "eval.max_users",
-    "ops.backend", "data.prefetch"})
+    "eval.patience", "ops.backend", "data.prefetch"})
 
 
 def _type_name(tp) -> str:

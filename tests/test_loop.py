@@ -97,6 +97,28 @@ def test_a_strategy_with_its_own_data_trains_evaluates_checkpoints_and_resumes(t
     assert resumed.strategy.prepared[:3] == [(2, 0), (2, 1), (2, 2)] and resumed.step == 9
 
 
+def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path, monkeypatch):
+    from mindgr.train.loop import TrainLoop
+    monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
+    scores = {3: 0.2, 6: 0.5, 9: 0.4, 12: 0.5, 15: 0.9, 18: 0.1}     # step -> valid NDCG@10 (a tie is no better)
+
+    def run(*extra, resume=False):
+        cfg = _toy_cfg(tmp_path, "train.epochs=6", *extra)
+        strategy = _toy_strategy(cfg)
+        strategy.evaluate = lambda split, step: {"count": 1, "ndcg@10": scores[step], "mrr": 0.0}
+        loop = TrainLoop(cfg, strategy, resume=resume, quiet=True)
+        return loop, loop.fit()
+    loop, result = run("eval.patience=2")
+    assert (loop.epoch, loop.step) == (4, 12)                  # best at epoch 2; epochs 3 and 4 no better
+    assert result["checkpoint"]["name"] == "best" and result["checkpoint"]["epoch"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "toy" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["epoch"], r["best"]["epoch"]) for r in rows if r.get("early_stop")] == [(4, 2)]
+    loop, _ = run("eval.patience=2", resume=True)              # a run that stopped early is complete
+    assert loop.step == 12
+    loop, result = run("eval.patience=3", resume=True)         # more patience trains on: a new best at epoch 5
+    assert loop.step == 18 and result["checkpoint"]["epoch"] == 5
+
+
 def test_run_steps_trains_n_more_steps_across_epochs(tmp_path):
     from mindgr.train.loop import TrainLoop
     cfg = _toy_cfg(tmp_path, "train.epochs=100", "eval.every_epochs=0", "run.ckpt_every=1000")

@@ -100,8 +100,18 @@ class _StopRequested(Exception):
 
 
 def _reached_end(cfg: Config, meta: dict) -> bool:
-    """Whether a checkpoint is the end of the run `cfg` describes (its epochs, or its max_steps)."""
-    return meta["epoch"] >= cfg.train.epochs or bool(cfg.train.max_steps and meta["step"] >= cfg.train.max_steps)
+    """Whether a checkpoint is the end of the run `cfg` describes (its epochs, its max_steps, or its
+    validation patience)."""
+    return (meta["epoch"] >= cfg.train.epochs or bool(cfg.train.max_steps and meta["step"] >= cfg.train.max_steps)
+            or _patience_spent(cfg, meta.get("best", {}), meta.get("history", [])))
+
+
+def _patience_spent(cfg: Config, best: dict, history: list[dict]) -> bool:
+    """eval.patience validations in a row have passed without a new best (every rank sees the same gathered
+    metrics, so every rank stops at the same epoch)."""
+    if not cfg.eval.patience or best.get("epoch") is None:
+        return False
+    return sum(1 for h in history if h["epoch"] > best["epoch"]) >= cfg.eval.patience
 
 
 def _new_window() -> dict:
@@ -310,7 +320,7 @@ class TrainLoop:
         done = f"{self.run_dir}: the run is complete (step {self.step}, epoch {self.epoch})"
         eval_path = self.run_dir / "eval.json"
         if eval_path.is_file():
-            self.log.info(f"{done}: nothing to do (raise train.epochs or train.max_steps to train further); "
+            self.log.info(f"{done}: nothing to do (raise train.epochs, train.max_steps or eval.patience to train further); "
                           f"results in {eval_path}")
             return json.loads(eval_path.read_text())
         self.log.info(f"{done}, but its final evaluation is missing: evaluating")
@@ -355,7 +365,7 @@ class TrainLoop:
         sums = (window,) if block is None else (window, block)
         cfg, strategy = self.cfg, self.strategy
         done = False
-        while self.epoch < cfg.train.epochs and not done:
+        while self.epoch < cfg.train.epochs and not done and not _patience_spent(cfg, self.best, self.history):
             epoch = self.epoch
             stream = self._input_stream(epoch)
             try:
@@ -450,6 +460,11 @@ class TrainLoop:
             if score > self.best["metric"]:
                 self.best = {"metric": score, "key": key, "epoch": self.epoch, "step": self.step}
                 self._save_best()
+            elif _patience_spent(self.cfg, self.best, self.history):
+                self.log.write({"early_stop": True, "step": self.step, "epoch": self.epoch, "key": key,
+                                "patience": self.cfg.eval.patience, "best": self.best},
+                               f"early stop at epoch {self.epoch}: no better valid {key} in {self.cfg.eval.patience} "
+                               f"evaluations (best {self.best['metric']:.4f} at epoch {self.best['epoch']})")
         if not self.cfg.run.ckpt_every:
             self.save()
 
