@@ -368,7 +368,8 @@ def _bench_serve(args) -> int:
                        p99_bound_ms=args.gr_p99_bound_ms, cell_budget_s=args.cell_budget,
                        shapes=args.gr_batch_shapes, big_shapes=args.gr_big_batch_shapes, threads=args.threads,
                        sides=("overlap-on", "overlap-off") if args.overlap_ab else ("engine", "naive"),
-                       multiples=[float(x) for x in args.rate_multiples.split(",")], out=args.out)
+                       multiples=[float(x) for x in args.rate_multiples.split(",")],
+                       memory_fraction=args.memory_fraction, out=args.out)
         return 0
     if not args.run:
         raise ValueError("bench serve: --run RUN is required")
@@ -455,6 +456,9 @@ def _add_bench_serve_args(b):
                    help="serve --gr: rates as multiples of each side's 1 / unloaded latency")
     b.add_argument("--gr-batch-shapes", default="1,2,4", help="serve --gr: user-batch shapes of both servers")
     b.add_argument("--gr-big-batch-shapes", default="1,2", help="serve --gr: shapes where beam x prompt >= 256 x 1000")
+    b.add_argument("--memory-fraction", type=float, default=0.6,
+                   help="serve --gr: kill a server whose resident memory exceeds this fraction of the host's "
+                        "available memory (that cell records it; the grid goes on)")
     b.add_argument("--overlap-ab", action="store_true",
                    help="serve --gr: engine with overlap on vs off, instead of engine vs naive")
     b.add_argument("--index-recall", action="store_true",

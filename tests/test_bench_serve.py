@@ -1,4 +1,5 @@
-"""The capacity bound of `mindgr bench serve --gr`: per-shape batch times from two /metrics snapshots."""
+"""`mindgr bench serve --gr`: the capacity bound (per-shape batch times from two /metrics snapshots) and the
+servers' memory guard."""
 from mindgr.bench.serve import _shape_ms, capacity_bound
 
 
@@ -19,3 +20,21 @@ def test_shape_ms_is_the_mean_of_the_batches_between_snapshots():
 def test_capacity_is_the_best_users_per_second_over_shapes():
     assert capacity_bound({1: 500.0, 2: 800.0, 4: 2000.0}) == (2.5, 2)
     assert capacity_bound({}) == (None, None)
+
+
+def test_a_server_over_its_memory_budget_is_killed_and_flagged():
+    import subprocess
+    import sys
+    from mindgr.bench.serve import guard_memory, resident_bytes
+    grow = "import time\nx = []\nfor _ in range(60):\n    x.append(bytearray(8 << 20)); time.sleep(0.02)\ntime.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-c", grow])
+    try:
+        guard_memory(proc, 200 << 20, every_s=0.05)
+        assert proc.wait(20) != 0
+        assert proc.memory_exceeded > 200 << 20
+    finally:
+        proc.kill()
+    small = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    guard_memory(small, 2 << 30, every_s=0.05)
+    assert small.wait(20) == 0 and small.memory_exceeded is None
+    assert resident_bytes(small.pid) is None                   # gone

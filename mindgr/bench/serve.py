@@ -346,7 +346,7 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                    duration: float = 6.0, max_requests: int = 400, min_requests: int = 6,
                    bound_factor: float = 5.0, p99_bound_ms: float | None = None, cell_budget_s: float = 240.0,
                    shapes: str = "1,2,4", big_shapes: str = "1,2", threads=None, overlap: str = "off",
-                   sides=("engine", "naive"), out=None) -> dict:
+                   sides=("engine", "naive"), memory_fraction: float = 0.6, out=None) -> dict:
     """Per (prompt, beam) cell: one server per side (`--decode engine` / `--decode naive`, or overlap on /
     off when sides = ("overlap-on", "overlap-off")), both up at once on the same random-weight model;
     an unloaded probe (sequential requests) of each; then open-loop rates at multiples of each side's
@@ -357,7 +357,9 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
     when the cell's time budget is spent (a side too slow for its first rate is not load-tested); every
     rate measured is recorded. Each side's capacity (measure_capacity: max over shapes b of b / t_b, the
     unloaded compute time of a full b-user batch) bounds its throughput from above, so the first side's
-    throughput within the bound / the second side's capacity is a firm lower bound on their ratio."""
+    throughput within the bound / the second side's capacity is a firm lower bound on their ratio.
+    Each server is killed once its resident memory exceeds memory_fraction x the host's available memory
+    at the cell's start; that cell records which side and how much, and the grid goes on."""
     import httpx
     from mindgr.config import ConfigError
     if duration <= 0 or max_requests < 1 or min_requests < 1 or not multiples or min(multiples) <= 0:
@@ -371,6 +373,8 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
             spec = f"items={items},prompt={prompt},dim={dim},blocks={blocks},heads={heads},seed=0"
             servers, ports = {}, {}
             load_before = os.getloadavg()
+            avail = available_bytes()
+            budget = int(memory_fraction * avail) if avail else None
             print(f"== prompt {prompt} beam {beam}: load average before {load_before}", flush=True)
             t_start = time.perf_counter()
             try:
@@ -381,7 +385,7 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                     args = ["--random-gr", spec, "--beam", beam, "--decode", decode, "--overlap", ov,
                             "--batch-shapes", cell_shapes, "--queue-size", 64, "--max-wait-ms", 2] + \
                         (["--threads", threads] if threads else [])
-                    servers[side] = launch_server(ports[side], args)
+                    servers[side] = launch_server(ports[side], args, memory_budget=budget)
                 for side in sides:
                     wait_ready(servers[side], ports[side])
                 startup = time.perf_counter() - t_start
@@ -430,6 +434,16 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                         if not _ok(row, bound):
                             climbing[side] = False
                 final = {s: httpx.get(f"{urls[s]}/metrics").json() for s in sides}
+            except Exception:
+                over = {s: p.memory_exceeded for s, p in servers.items() if getattr(p, "memory_exceeded", None)}
+                if not over:
+                    raise
+                error = "; ".join(f"{s} server killed at {rss / 1e9:.1f} GB resident" for s, rss in over.items()) + \
+                    f" (budget {budget / 1e9:.1f} GB = {memory_fraction} x the {avail / 1e9:.1f} GB available)"
+                print(f"== prompt {prompt} beam {beam}: {error}", flush=True)
+                cells.append({"prompt_tokens": prompt, "beam": beam, "error": error, "loadavg_before": load_before})
+                write_result({"partial": True, "cells": cells}, out)
+                continue
             finally:
                 codes = {s: stop_server(p) for s, p in servers.items()}
             best = {}
@@ -479,9 +493,10 @@ def _decode_delta(before: dict, after: dict) -> dict:
             for key in a["ms_per_batch"]}
 
 
-def launch_server(port: int, args, cwd=None, log_path=None):
+def launch_server(port: int, args, cwd=None, log_path=None, memory_budget: int | None = None):
     """A `mindgr serve` subprocess (not waited for: start several, then wait_ready each, so their compiles
-    overlap)."""
+    overlap). memory_budget (bytes): the server is killed once its resident memory exceeds it (see
+    guard_memory), rather than letting the kernel's OOM killer pick a victim among the host's jobs."""
     cmd = [sys.executable, "-m", "mindgr", "serve", "--host", "127.0.0.1", "--port", str(port), *[str(a) for a in args]]
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix="mindgr-serve-", suffix=".log")
@@ -489,7 +504,50 @@ def launch_server(port: int, args, cwd=None, log_path=None):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=cwd)
     proc.log_path = log_path
+    if memory_budget:
+        guard_memory(proc, memory_budget)
     return proc
+
+
+def resident_bytes(pid: int) -> int | None:
+    """VmRSS of a process from /proc (None: gone, or no /proc on this system)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def guard_memory(proc, budget: int, every_s: float = 0.2):
+    """Kill `proc` (SIGKILL) if its resident memory exceeds `budget` bytes; proc.memory_exceeded is then the
+    resident size seen (else None). A daemon thread polls until the process ends."""
+    import threading
+    proc.memory_exceeded = None
+
+    def watch():
+        while proc.poll() is None:
+            rss = resident_bytes(proc.pid)
+            if rss is not None and rss > budget:
+                proc.memory_exceeded = rss
+                proc.kill()
+                return
+            time.sleep(every_s)
+    threading.Thread(target=watch, daemon=True, name=f"memory-guard-{proc.pid}").start()
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (None without /proc)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def wait_ready(proc, port: int, timeout: float = 900.0):
