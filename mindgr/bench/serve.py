@@ -509,16 +509,21 @@ def launch_server(port: int, args, cwd=None, log_path=None, memory_budget: int |
     return proc
 
 
-def resident_bytes(pid: int) -> int | None:
-    """VmRSS of a process from /proc (None: gone, or no /proc on this system)."""
+def _proc_bytes(path: str, key: str) -> int | None:
+    """A `key: N kB` line of a /proc file, in bytes (None: no such file, e.g. the process is gone)."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
     return None
+
+
+def resident_bytes(pid: int) -> int | None:
+    """VmRSS of a process (None: gone, or no /proc on this system)."""
+    return _proc_bytes(f"/proc/{pid}/status", "VmRSS")
 
 
 def guard_memory(proc, budget: int, every_s: float = 0.2):
@@ -539,15 +544,8 @@ def guard_memory(proc, budget: int, every_s: float = 0.2):
 
 
 def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None without /proc)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    """MemAvailable of the host (None without /proc)."""
+    return _proc_bytes("/proc/meminfo", "MemAvailable")
 
 
 def wait_ready(proc, port: int, timeout: float = 900.0):
