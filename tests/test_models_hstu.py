@@ -29,9 +29,10 @@ for _p in (str(_HERE.parent), str(_HERE)):
         sys.path.insert(0, _p)
 
 import mindspore as ms  # noqa: E402
-from mindspore import Tensor, nn  # noqa: E402
+from mindspore import Tensor  # noqa: E402
 
 import hstu_numpy as hn  # noqa: E402
+from block_grad import BlockGrad  # noqa: E402
 from mindgr.models.hstu import HSTU, HSTUBlock  # noqa: E402
 from mindgr.ops import set_backend  # noqa: E402
 
@@ -75,29 +76,6 @@ def randomize(block, rng):
         values[name] = v.astype(np.float64)
     values.setdefault("w_ts", None)
     return values
-
-
-class BlockLoss(nn.Cell):
-    def __init__(self, block):
-        super().__init__()
-        self.block = block
-
-    def construct(self, x, offsets, timestamps, c):
-        y = self.block(x, offsets, timestamps)
-        return (y * c).sum(), y
-
-
-class BlockGrad(nn.Cell):
-    """((f, y), (dx, (dw for each trainable parameter))) in one graph."""
-
-    def __init__(self, block):
-        super().__init__()
-        self.loss = BlockLoss(block)
-        self.weights = block.trainable_params()
-        self.fn = ms.value_and_grad(self.loss, grad_position=0, weights=self.weights, has_aux=True)
-
-    def construct(self, x, offsets, timestamps, c):
-        return self.fn(x, offsets, timestamps, c)
 
 
 def numpy_block(p, offsets, ts, h):
