@@ -1,0 +1,146 @@
+"""Where does a steady-state training step go? Build a config's training loop as `mindgr bench train` does, run
+the compile step and the warm-up, then record `perf record -e cpu-clock` of this process over the timed steps
+only, and print a per-part table: core-ms per step (the part's share of the samples times the process CPU time
+per step), its share, and the part's wall ms per step if it ran alone on one core.
+
+    cd SNAPSHOT && PYTHONPATH=$PWD python benchmarks/probes/step_profile.py --config configs/ml-1m/hstu.yaml \
+        --steps 12 --warmup 3 [--top 40] [--keep /tmp/step.perf] [-- key=value ...]
+
+Parts are assigned by the sampled function's name and library (`PARTS` below, first match wins); `--top N`
+also prints the N hottest symbols with their part, so the rules can be checked. Only user-space samples are
+seen (kernel time, e.g. page faults, is not attributed: the table says how much CPU time that leaves out).
+Needs `perf` (linux-tools) allowed to attach to one's own process (perf_event_paranoid <= 2).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+# (part, regex on "dso symbol"), first match wins.  The C++ kernels' symbols are theirs; MindSpore's CPU kernels
+# are named by their kernel class or nnacl function.
+PARTS = [
+    ("attention fwd (C++)", r"mindgr.*\b(hstu_fwd|HstuFwd|fwd_row|fwd_|Fwd)"),
+    ("attention bwd (C++)", r"mindgr.*\b(hstu_bwd|HstuBwd|bwd_row|Bwd)"),
+    ("C++ kernels, other", r"mindgr|hstu|sampled|layernorm"),
+    ("matmul (MindSpore)", r"(?i)matmul|gemm|sgemm|MatMul|Conv|dnnl|onednn|mkl|jit_avx|brgemm|Pack.*Col|RowMajor2"),
+    ("Adam (MindSpore)", r"(?i)adam"),
+    ("gather/scatter/embedding (MindSpore)", r"(?i)gather|scatter|unsorted|embedding|segment"),
+    ("reduce (MindSpore)", r"(?i)reduce|sum|argmax"),
+    ("elementwise (MindSpore)", r"(?i)elementwise|element|arithmetic|activation|sigmoid|silu|swish|relu|mul|add|sub|"
+                               r"div|exp|log|sqrt|select|cast|bias|dropout|broadcast|fill|tile|transpose|concat|"
+                               r"slice|strided|addn|tensor_?copy|assign|maximum|minimum|neg|square|pow|less|greater"),
+    ("memcpy/memset (libc)", r"(?i)memcpy|memmove|memset|__memcpy|__memset|copy_user"),
+    ("malloc/free", r"(?i)malloc|free|_int_|mmap|munmap|brk|tcache|arena"),
+    ("numpy (host input)", r"_multiarray|numpy|_generator|_pcg64|bit_generator|_bounded|random_"),
+    ("python interpreter", r"libpython|python3"),
+    ("MindSpore runtime/threads", r"libmindspore|mindspore|_c_expression|libmindspore_backend|libmindspore_core|"
+                                  r"libmindspore_common|libmindspore_ops|libmindspore_cpu|actor|pybind|"
+                                  r"libgomp|pthread|libstdc|futex|sched|spin|Yield|Wait|Sync"),
+]
+_RULES = [(name, re.compile(rx)) for name, rx in PARTS]
+
+
+def part_of(dso: str, sym: str) -> str:
+    key = f"{dso} {sym}"
+    for name, rx in _RULES:
+        if rx.search(key):
+            return name
+    return "other"
+
+
+def parse_report(text: str):
+    """[(percent, comm, dso, symbol)] from `perf report --stdio --sort comm,dso,sym -F overhead,comm,dso,sym`."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        m = re.match(r"\s*([\d.]+)%\s+(.+?)\s{2,}(\S+)\s+\[[.k]\]\s+(.*)$", line)
+        if m:
+            rows.append((float(m.group(1)), m.group(2).strip(), m.group(3), m.group(4).strip()))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/ml-1m/hstu.yaml")
+    ap.add_argument("--steps", type=int, default=12, help="steady-state steps recorded")
+    ap.add_argument("--warmup", type=int, default=3, help="steps before recording (the first one compiles)")
+    ap.add_argument("--freq", type=int, default=999, help="perf sampling frequency (Hz)")
+    ap.add_argument("--top", type=int, default=30, help="also print the N hottest symbols")
+    ap.add_argument("--keep", help="keep perf.data at this path")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    overrides = argv[cut + 1:]
+    perf = shutil.which("perf") or "/usr/bin/perf"
+    if not os.path.exists(perf):
+        sys.exit("step_profile: perf not found (install linux-tools)")
+
+    from mindgr.bench import quiet_run
+    from mindgr.config import load_config
+    from mindgr.train.trainer import Trainer
+    cfg = load_config(args.config, overrides)
+    tmp = tempfile.mkdtemp(prefix="step_profile_")
+    cfg.run.out_dir, cfg.run.name = tmp, "profile"
+    quiet_run(cfg)
+    trainer = Trainer(cfg, quiet=True)
+    trainer.run_steps(max(args.warmup, 1))
+    data_path = args.keep or os.path.join(tmp, "perf.data")
+    rec = subprocess.Popen([perf, "record", "-q", "-e", "cpu-clock", "-F", str(args.freq), "-p", str(os.getpid()),
+                            "-o", data_path], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)                                    # let perf attach before the first recorded step
+    if rec.poll() is not None:
+        sys.exit(f"step_profile: perf record failed: {rec.stderr.read().decode().strip()[-300:]}")
+    load0 = os.getloadavg()[0]
+    c0, w0 = time.process_time(), time.perf_counter()
+    block = trainer.run_steps(args.steps)
+    cpu_s, wall_s = time.process_time() - c0, time.perf_counter() - w0
+    rec.send_signal(signal.SIGINT)
+    rec.wait(timeout=60)
+    load1 = os.getloadavg()[0]
+    steps = block["steps"]
+    report = subprocess.run([perf, "report", "-i", data_path, "--stdio", "--sort", "comm,dso,sym",
+                             "-F", "overhead,comm,dso,sym"], capture_output=True, text=True).stdout
+    rows = parse_report(report)
+    total = sum(r[0] for r in rows) or 1.0
+    core_ms = 1e3 * cpu_s / steps                     # process CPU (user + sys) per step, all threads
+    parts, threads = defaultdict(float), defaultdict(float)
+    for pct, comm, dso, sym in rows:
+        parts[part_of(dso, sym)] += pct / total
+        threads[comm] += pct / total
+    step_ms = [1e3 * s for s in block["step_times"]]
+    step_ms.sort()
+    print(f"step_profile: {args.config} {' '.join(overrides)}: {steps} steady-state steps recorded after "
+          f"{args.warmup} (incl. the compile step); load average {load0:.1f} -> {load1:.1f}")
+    print(f"  wall ms per step: median {step_ms[len(step_ms) // 2]:.1f} [{step_ms[0]:.1f}-{step_ms[-1]:.1f}]; "
+          f"block wall {1e3 * wall_s / steps:.1f} ms/step; process CPU {core_ms:.1f} core-ms/step "
+          f"(input thread {1e3 * block['host_cpu_s'] / steps:.1f}); {sum(1 for _ in rows)} symbols, user-space "
+          "samples only")
+    print(f"\n| part | core-ms per step | share |\n|---|---|---|")
+    for name, share in sorted(parts.items(), key=lambda kv: -kv[1]):
+        print(f"| {name} | {share * core_ms:.1f} | {100 * share:.1f}% |")
+    print(f"\n| thread | core-ms per step | share |\n|---|---|---|")
+    for name, share in sorted(threads.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"| {name} | {share * core_ms:.1f} | {100 * share:.1f}% |")
+    if args.top:
+        syms = defaultdict(float)
+        for pct, comm, dso, sym in rows:
+            syms[(dso, sym)] += pct / total
+        print(f"\n| symbol | library | part | core-ms per step | share |\n|---|---|---|---|---|")
+        for (dso, sym), share in sorted(syms.items(), key=lambda kv: -kv[1])[:args.top]:
+            print(f"| `{sym[:90]}` | {dso} | {part_of(dso, sym)} | {share * core_ms:.2f} | {100 * share:.1f}% |")
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
