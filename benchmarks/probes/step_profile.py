@@ -24,26 +24,32 @@ import tempfile
 import time
 from collections import defaultdict
 
-# (part, regex on "dso symbol"), first match wins.  The C++ kernels' symbols are theirs; MindSpore's CPU kernels
-# are named by their kernel class or nnacl function.
+# (part, regex on "dso symbol"), first match wins. The C++ kernels' symbols name their op (the threads of
+# parallel_run carry the inner function's name); MindSpore's CPU kernels are nnacl functions or, in the
+# stripped libmindspore_ops_cpu.so, bare addresses (per disassembly, on 2.10: the scalar index-array loops
+# of broadcasting arithmetic, e.g. RealDiv [T, D] / [T, 1] and Add of a [D] bias, and BroadcastTo-style
+# copies); MatMul runs oneDNN JIT code ("[JIT]", no symbols).
+_MG = r"libmindgr_cpu\S*\.so .*"
 PARTS = [
-    ("attention fwd (C++)", r"mindgr.*\b(hstu_fwd|HstuFwd|fwd_row|fwd_|Fwd)"),
-    ("attention bwd (C++)", r"mindgr.*\b(hstu_bwd|HstuBwd|bwd_row|Bwd)"),
-    ("C++ kernels, other", r"mindgr|hstu|sampled|layernorm"),
-    ("matmul (MindSpore)", r"(?i)matmul|gemm|sgemm|MatMul|Conv|dnnl|onednn|mkl|jit_avx|brgemm|Pack.*Col|RowMajor2"),
+    ("SiLU split fwd+bwd (C++)", _MG + r"silu_split|SiluSplit"),
+    ("LayerNorms fwd+bwd (C++)", _MG + r"layer_norm|LayerNorm|gated_(fwd|bwd)"),
+    ("sampled softmax fwd (C++)", _MG + r"lse_forward|MindgrSampledLse$|logits_forward"),
+    ("sampled softmax bwd (C++)", _MG + r"FromLse|backward_nv|SampledLseBwd|SampledLogitsBwd"),
+    ("attention bwd (C++)", _MG + r"backward\(mindgr::\(anonymous namespace\)::Problem|run_backward|HstuBwd"),
+    ("attention fwd (C++)", _MG + r"forward\(mindgr::\(anonymous namespace\)::Problem|run_forward|HstuFwd"),
+    ("attention micro-kernels, fwd+bwd (C++)", _MG + r"micro_nt|rank_update|pack_t|transpose"),
+    ("C++ kernels, other", r"libmindgr_cpu"),
+    ("MatMul (oneDNN JIT)", r"^\[JIT\]|libdnnl|jit_"),
     ("Adam (MindSpore)", r"(?i)adam"),
-    ("gather/scatter/embedding (MindSpore)", r"(?i)gather|scatter|unsorted|embedding|segment"),
-    ("reduce (MindSpore)", r"(?i)reduce|sum|argmax"),
-    ("elementwise (MindSpore)", r"(?i)elementwise|element|arithmetic|activation|sigmoid|silu|swish|relu|mul|add|sub|"
-                               r"div|exp|log|sqrt|select|cast|bias|dropout|broadcast|fill|tile|transpose|concat|"
-                               r"slice|strided|addn|tensor_?copy|assign|maximum|minimum|neg|square|pow|less|greater"),
-    ("memcpy/memset (libc)", r"(?i)memcpy|memmove|memset|__memcpy|__memset|copy_user"),
-    ("malloc/free", r"(?i)malloc|free|_int_|mmap|munmap|brk|tcache|arena"),
-    ("numpy (host input)", r"_multiarray|numpy|_generator|_pcg64|bit_generator|_bounded|random_"),
+    ("elementwise (MindSpore nnacl)", r"libnnacl.*(Element|Sigmoid|Relu|Exp|Sqrt|Div|Sub|Neg|Square|Fill|Cast)"),
+    ("reduce/gather (MindSpore nnacl)", r"libnnacl.*(Reduce|Gather|Tile|Transpose|Concat|Slice|Pad)"),
+    ("MindSpore nnacl, other", r"libnnacl"),
+    ("broadcast/copy loops (MindSpore, stripped)", r"libmindspore_ops_cpu\.so 0x"),
+    ("memcpy/memset (libc)", r"(?i)memcpy|memmove|memset"),
+    ("host input (numpy)", r"_multiarray|numpy|_generator|_pcg64|bit_generator|_bounded|_common\.cpython"),
     ("python interpreter", r"libpython|python3"),
-    ("MindSpore runtime/threads", r"libmindspore|mindspore|_c_expression|libmindspore_backend|libmindspore_core|"
-                                  r"libmindspore_common|libmindspore_ops|libmindspore_cpu|actor|pybind|"
-                                  r"libgomp|pthread|libstdc|futex|sched|spin|Yield|Wait|Sync"),
+    ("OS kernel (scheduling, syscalls, faults)", r"^\[kernel"),
+    ("MindSpore runtime, threads, allocator", r"mindspore|_c_expression|libstdc|libgomp|libc\.so|ld-linux"),
 ]
 _RULES = [(name, re.compile(rx)) for name, rx in PARTS]
 
@@ -57,14 +63,15 @@ def part_of(dso: str, sym: str) -> str:
 
 
 def parse_report(text: str):
-    """[(percent, comm, dso, symbol)] from `perf report --stdio --sort comm,dso,sym -F overhead,comm,dso,sym`."""
+    """[(samples, comm, dso, symbol)] from `perf report -t '|' -F sample,comm,dso,sym`."""
     rows = []
     for line in text.splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        m = re.match(r"\s*([\d.]+)%\s+(.+?)\s{2,}(\S+)\s+\[[.k]\]\s+(.*)$", line)
-        if m:
-            rows.append((float(m.group(1)), m.group(2).strip(), m.group(3), m.group(4).strip()))
+        cols = [c.strip() for c in line.split("|", 3)]
+        if len(cols) == 4 and cols[0].isdigit():
+            sym = re.sub(r"^\[[.k]\]\s*", "", cols[3])
+            rows.append((int(cols[0]), cols[1], cols[2], sym))
     return rows
 
 
@@ -107,8 +114,8 @@ def main(argv=None) -> int:
     rec.wait(timeout=60)
     load1 = os.getloadavg()[0]
     steps = block["steps"]
-    report = subprocess.run([perf, "report", "-i", data_path, "--stdio", "--sort", "comm,dso,sym",
-                             "-F", "overhead,comm,dso,sym"], capture_output=True, text=True).stdout
+    report = subprocess.run([perf, "report", "-i", data_path, "--stdio", "-t", "|", "--sort", "comm,dso,sym",
+                             "-F", "sample,comm,dso,sym"], capture_output=True, text=True).stdout
     rows = parse_report(report)
     total = sum(r[0] for r in rows) or 1.0
     core_ms = 1e3 * cpu_s / steps                     # process CPU (user + sys) per step, all threads
@@ -122,8 +129,8 @@ def main(argv=None) -> int:
           f"{args.warmup} (incl. the compile step); load average {load0:.1f} -> {load1:.1f}")
     print(f"  wall ms per step: median {step_ms[len(step_ms) // 2]:.1f} [{step_ms[0]:.1f}-{step_ms[-1]:.1f}]; "
           f"block wall {1e3 * wall_s / steps:.1f} ms/step; process CPU {core_ms:.1f} core-ms/step "
-          f"(input thread {1e3 * block['host_cpu_s'] / steps:.1f}); {sum(1 for _ in rows)} symbols, user-space "
-          "samples only")
+          f"(input thread {1e3 * block['host_cpu_s'] / steps:.1f}); perf samples {total:.0f} at {args.freq} Hz = "
+          f"{1e3 * total / args.freq / steps:.1f} core-ms/step")
     print(f"\n| part | core-ms per step | share |\n|---|---|---|")
     for name, share in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"| {name} | {share * core_ms:.1f} | {100 * share:.1f}% |")
@@ -133,6 +140,8 @@ def main(argv=None) -> int:
     if args.top:
         syms = defaultdict(float)
         for pct, comm, dso, sym in rows:
+            if dso.startswith("[JIT]"):
+                dso, sym = "[JIT]", "(oneDNN JIT code, all addresses)"
             syms[(dso, sym)] += pct / total
         print(f"\n| symbol | library | part | core-ms per step | share |\n|---|---|---|---|---|")
         for (dso, sym), share in sorted(syms.items(), key=lambda kv: -kv[1])[:args.top]:

@@ -1,4 +1,4 @@
-"""The HSTU block glue (row LayerNorms, the SiLU of the split projection), dispatched through the selected backend's table
+"""The block glue (row LayerNorms, the SiLU of the split projection, the output L2 norm), dispatched through the selected backend's table
 (mindgr.ops.backend.ACTIVE).
 
 layer_norm(x, eps=1e-6) -> [.., D]
@@ -7,6 +7,10 @@ layer_norm(x, eps=1e-6) -> [.., D]
     kernel makes one pass over x forward and one over (x, dy) backward.
 gated_layer_norm(u, y, eps=1e-6) -> [.., D]
     u * layer_norm(y) for u, y of the same shape: HSTU's u * LayerNorm(A v), gradients to u and y.
+l2_normalize(x, eps=1e-6) -> [.., D]
+    x / sqrt(sum(x^2) + eps^2) over the last axis (the encoders' output and the item table rows): the
+    reference composes 5 generic ops (RealDiv broadcast [.., D] / [.., 1]) and their gradients; the CPU
+    kernel makes one pass each way.
 silu_split(x, widths) -> tuple of [.., w_k]
     split(SiLU(x), widths, axis=-1), sum(widths) = x.shape[-1]: HSTU's u, v, q, k from ONE projection
     LN(x) W_uvqk. The reference is the generic SiLU (Sigmoid, Mul) and Split, whose gradient sums
@@ -27,3 +31,7 @@ def gated_layer_norm(u, y, eps: float = 1e-6):
 
 def silu_split(x, widths):
     return ACTIVE["silu_split"](x, tuple(int(w) for w in widths))
+
+
+def l2_normalize(x, eps: float = 1e-6):
+    return ACTIVE["l2_normalize"](x, eps)

@@ -9,6 +9,7 @@
     sampled_lse(x, table, ids, targets, pos) -> [T]   (the sampled-softmax tail fused with the scoring)
     shared_pool_lse(x, cand, logq, cand_ids, targets, pos) -> [T]
     layer_norm(x, eps) -> [.., D];  gated_layer_norm(u, y, eps) = u * layer_norm(y)   (layernorm.cc)
+    l2_normalize(x, eps) -> [.., D]                                                  (layernorm.cc)
     silu_split(x, widths) -> (SiLU(x[.., o_k:o_k + w_k]) for each width w_k)          (silu.cc)
 
 Same math as `mindgr.ops.reference`; usable in PyNative and inside a GRAPH-mode Cell (static shapes
@@ -39,6 +40,8 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrLayerNormBwd(x, eps, dy) -> dx
     MindgrGatedLayerNorm(u, y, eps[1]) -> u * LN(y)                  (gradient: MindgrGatedLayerNormBwd)
     MindgrGatedLayerNormBwd(u, y, eps, dout) -> du, dy
+    MindgrL2Normalize(x, eps[1]) -> x / sqrt(sum(x^2) + eps^2)       (gradient: MindgrL2NormalizeBwd)
+    MindgrL2NormalizeBwd(x, eps, dy) -> dx
     MindgrSiluSplit(x, carrier_w0 .. carrier_w{K-1}) -> out_0 .. out_{K-1}   (gradient: MindgrSiluSplitBwd)
     MindgrSiluSplitBwd(x, d_0 .. d_{K-1}) -> dx
 
@@ -74,7 +77,7 @@ _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBw
             "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrSampledLse", "MindgrSampledLseBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
             "MindgrBiasAttnFwd", "MindgrBiasAttnFwdNoTs", "MindgrBiasAttnBwd", "MindgrBiasAttnBwdNoTs",
             "MindgrLayerNorm", "MindgrLayerNormBwd", "MindgrGatedLayerNorm", "MindgrGatedLayerNormBwd",
-            "MindgrSiluSplit", "MindgrSiluSplitBwd",
+            "MindgrSiluSplit", "MindgrSiluSplitBwd", "MindgrL2Normalize", "MindgrL2NormalizeBwd",
             "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
             "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe")
 
@@ -436,6 +439,22 @@ class _Primitives:
             return _aot("MindgrGatedLayerNorm", lambda u, y, e: u, lambda u, y, e: u, bprop)
         return self._get("gated_layer_norm", make)
 
+    @property
+    def l2_normalize_bwd(self):
+        return self._get("l2_normalize_bwd", lambda: _aot(
+            "MindgrL2NormalizeBwd", lambda x, e, d: x, lambda x, e, d: x))
+
+    @property
+    def l2_normalize(self):
+        def make():
+            bwd = self.l2_normalize_bwd
+
+            def bprop(x, eps, out, dout):
+                return bwd(x, eps, dout), ops.zeros_like(eps)
+
+            return _aot("MindgrL2Normalize", lambda x, e: x, lambda x, e: x, bprop)
+        return self._get("l2_normalize", make)
+
     # SiLU of a projection split along its last axis (silu.cc): one primitive per number of outputs K,
     # the widths carried by K zero vectors of length w_k (shape inference reads their lengths) -----------
     def _silu_split(self, k: int):
@@ -590,6 +609,13 @@ def gated_layer_norm(u, y, eps: float = 1e-6):
     return _as(_P.gated_layer_norm(_as(u, ms.float32), _as(y, ms.float32), _eps(eps)), dtype)
 
 
+def l2_normalize(x, eps: float = 1e-6):
+    """x / sqrt(sum(x^2, -1) + eps^2) over the last axis: one pass over x forward, one over (x, dy) backward;
+    see reference."""
+    dtype = x.dtype
+    return _as(_P.l2_normalize(_as(x, ms.float32), _eps(eps)), dtype)
+
+
 def silu_split(x, widths):
     """split(SiLU(x), widths, axis=-1) in one pass over x forward and one over (x, gradients) backward,
     which writes x's gradient once (no zero-filled slice gradients); see reference. 1 to 4 outputs (more:
@@ -615,4 +641,5 @@ def silu_split(x, widths):
 PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention, "jagged_to_padded": jagged_to_padded,
             "padded_to_jagged": padded_to_jagged, "sampled_logits": sampled_logits,
             "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse,
-            "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm, "silu_split": silu_split}
+            "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm, "silu_split": silu_split,
+            "l2_normalize": l2_normalize}

@@ -1,4 +1,5 @@
-"""The fused SiLU split (mindgr/ops/cpu/silu.cc) against the reference split(SiLU(x)).
+"""The fused SiLU split (mindgr/ops/cpu/silu.cc) against the reference split(SiLU(x)), and the fused
+L2 norm (layernorm.cc) against the reference's x / sqrt(sum(x^2) + eps^2).
 
 silu_split(x, widths) of the cpu backend is compared with mindgr.ops.reference (generic SiLU and
 Split and their autodiff gradients): every output and x's gradient of sum_k sum(out_k * c_k) for
@@ -102,3 +103,37 @@ def test_thread_count_invariance(monkeypatch):
 def test_cpu_backend_provides_the_fused_silu_split():
     assert backend.provided("cpu")["silu_split"] is cpu.silu_split
     assert backend.provided("reference")["silu_split"] is reference.silu_split
+
+
+class L2Loss(nn.Cell):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def construct(self, x, c):
+        y = self.fn(x, 1e-6)
+        return (y * c).sum(), y
+
+
+def run_l2(fn, x, c):
+    (_, y), dx = ms.value_and_grad(L2Loss(fn), grad_position=0, has_aux=True)(Tensor(x), Tensor(c))
+    return y.asnumpy(), dx.asnumpy()
+
+
+@pynative
+def test_l2_normalize_matches_reference():
+    """The fused L2 norm (layernorm.cc) against the reference's composition: rows with and without a
+    vector tail, a zero row (only eps: y = 0), a 3-D input, T = 0; forward and x's gradient."""
+    rng = np.random.default_rng(5)
+    for shape in [(37, 50), (5, 7), (1, 16), (4, 3, 33), (0, 50)]:
+        x = (rng.standard_normal(shape) * 2.0).astype(np.float32)
+        c = rng.standard_normal(shape).astype(np.float32)
+        if x.size:
+            x.reshape(-1, shape[-1])[0] = 0.0
+        got, want = run_l2(cpu.l2_normalize, x, c), run_l2(reference.l2_normalize, x, c)
+        for name, g, w in zip(("y", "dx"), got, want):
+            assert_close(g, w, f"{shape} {name}", rtol=RTOL)
+        again = run_l2(cpu.l2_normalize, x, c)
+        for g, a in zip(got, again):
+            np.testing.assert_array_equal(a, g)
+    assert backend.provided("cpu")["l2_normalize"] is cpu.l2_normalize
