@@ -32,7 +32,7 @@ from collections import defaultdict
 _MG = r"libmindgr_cpu\S*\.so .*"
 PARTS = [
     ("SiLU split fwd+bwd (C++)", _MG + r"silu_split|SiluSplit"),
-    ("LayerNorms fwd+bwd (C++)", _MG + r"layer_norm|LayerNorm|gated_(fwd|bwd)"),
+    ("LayerNorms, L2 norm fwd+bwd (C++)", _MG + r"layer_norm|LayerNorm|gated_(fwd|bwd)|l2_(fwd|bwd)|L2Normalize"),
     ("sampled softmax fwd (C++)", _MG + r"lse_forward|MindgrSampledLse$|logits_forward"),
     ("sampled softmax bwd (C++)", _MG + r"FromLse|backward_nv|SampledLseBwd|SampledLogitsBwd"),
     ("attention bwd (C++)", _MG + r"backward\(mindgr::\(anonymous namespace\)::Problem|run_backward|HstuBwd"),
