@@ -83,6 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--freq", type=int, default=999, help="perf sampling frequency (Hz)")
     ap.add_argument("--top", type=int, default=30, help="also print the N hottest symbols")
     ap.add_argument("--keep", help="keep perf.data at this path")
+    ap.add_argument("--analyse", metavar="PERF_DATA", help="only re-classify a kept recording of --steps steps at "
+                    "--freq (core-ms from the sample count; no training)")
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = ap.parse_args(argv[:cut])
@@ -91,6 +93,9 @@ def main(argv=None) -> int:
     if not os.path.exists(perf):
         sys.exit("step_profile: perf not found (install linux-tools)")
 
+    if args.analyse:
+        table(args, args.analyse, args.steps, None, None, None, None)
+        return 0
     from mindgr.bench import quiet_run
     from mindgr.config import load_config
     from mindgr.train.trainer import Trainer
@@ -113,24 +118,37 @@ def main(argv=None) -> int:
     rec.send_signal(signal.SIGINT)
     rec.wait(timeout=60)
     load1 = os.getloadavg()[0]
-    steps = block["steps"]
+    table(args, data_path, block["steps"], 1e3 * cpu_s / block["steps"], wall_s, block, (load0, load1))
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def table(args, data_path, steps, core_ms, wall_s, block, loads):
+    """Print the per-part, per-thread and per-symbol tables of a recording of `steps` steps; core_ms None:
+    from the sample count."""
+    perf = shutil.which("perf") or "/usr/bin/perf"
     report = subprocess.run([perf, "report", "-i", data_path, "--stdio", "-t", "|", "--sort", "comm,dso,sym",
                              "-F", "sample,comm,dso,sym"], capture_output=True, text=True).stdout
     rows = parse_report(report)
     total = sum(r[0] for r in rows) or 1.0
-    core_ms = 1e3 * cpu_s / steps                     # process CPU (user + sys) per step, all threads
+    sampled_ms = 1e3 * total / args.freq / steps
+    core_ms = sampled_ms if core_ms is None else core_ms   # process CPU (user + sys) per step, all threads
     parts, threads = defaultdict(float), defaultdict(float)
     for pct, comm, dso, sym in rows:
         parts[part_of(dso, sym)] += pct / total
         threads[comm] += pct / total
-    step_ms = [1e3 * s for s in block["step_times"]]
-    step_ms.sort()
-    print(f"step_profile: {args.config} {' '.join(overrides)}: {steps} steady-state steps recorded after "
-          f"{args.warmup} (incl. the compile step); load average {load0:.1f} -> {load1:.1f}")
-    print(f"  wall ms per step: median {step_ms[len(step_ms) // 2]:.1f} [{step_ms[0]:.1f}-{step_ms[-1]:.1f}]; "
-          f"block wall {1e3 * wall_s / steps:.1f} ms/step; process CPU {core_ms:.1f} core-ms/step "
-          f"(input thread {1e3 * block['host_cpu_s'] / steps:.1f}); perf samples {total:.0f} at {args.freq} Hz = "
-          f"{1e3 * total / args.freq / steps:.1f} core-ms/step")
+    if block is not None:
+        step_ms = sorted(1e3 * s for s in block["step_times"])
+        print(f"step_profile: {args.config}: {steps} steady-state steps recorded after {args.warmup} (incl. the "
+              f"compile step); load average {loads[0]:.1f} -> {loads[1]:.1f}")
+        print(f"  wall ms per step: median {step_ms[len(step_ms) // 2]:.1f} [{step_ms[0]:.1f}-{step_ms[-1]:.1f}]; "
+              f"block wall {1e3 * wall_s / steps:.1f} ms/step; process CPU {core_ms:.1f} core-ms/step "
+              f"(input thread {1e3 * block['host_cpu_s'] / steps:.1f}); perf samples {total:.0f} at {args.freq} Hz = "
+              f"{sampled_ms:.1f} core-ms/step")
+    else:
+        print(f"step_profile: {data_path}: {total:.0f} samples at {args.freq} Hz over {steps} steps = "
+              f"{sampled_ms:.1f} core-ms/step")
     print(f"\n| part | core-ms per step | share |\n|---|---|---|")
     for name, share in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"| {name} | {share * core_ms:.1f} | {100 * share:.1f}% |")
@@ -146,9 +164,6 @@ def main(argv=None) -> int:
         print(f"\n| symbol | library | part | core-ms per step | share |\n|---|---|---|---|---|")
         for (dso, sym), share in sorted(syms.items(), key=lambda kv: -kv[1])[:args.top]:
             print(f"| `{sym[:90]}` | {dso} | {part_of(dso, sym)} | {share * core_ms:.2f} | {100 * share:.1f}% |")
-    if not args.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":
