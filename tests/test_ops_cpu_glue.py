@@ -137,3 +137,11 @@ def test_l2_normalize_matches_reference():
         for g, a in zip(got, again):
             np.testing.assert_array_equal(a, g)
     assert backend.provided("cpu")["l2_normalize"] is cpu.l2_normalize
+
+
+@pynative
+def test_silu_split_widths_must_cover_the_last_dimension():
+    import pytest
+    from mindgr.ops import norm
+    with pytest.raises(ValueError, match="sum to the last dimension 12"):
+        norm.silu_split(Tensor(np.zeros((3, 12), np.float32)), (5, 5))
