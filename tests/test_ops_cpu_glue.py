@@ -72,6 +72,18 @@ def check(shape, widths, scale=3.0, seed=0):
 
 def test_silu_split_matches_reference_graph():
     check((37, 200), (50, 50, 50, 50))
+    # and through the dispatch (mindgr.ops.norm, its width check included) inside a compiled graph
+    from mindgr.ops import norm
+    saved = backend.get_backend()
+    try:
+        backend.set_backend("cpu")
+        x = np.random.default_rng(1).standard_normal((6, 20)).astype(np.float32)
+        c = np.ones((6, 20), np.float32)
+        got, want = run(norm.silu_split, x, c, (5, 15)), run(cpu.silu_split, x, c, (5, 15))
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    finally:
+        backend.set_backend(saved)
 
 
 @pynative
@@ -143,5 +155,5 @@ def test_l2_normalize_matches_reference():
 def test_silu_split_widths_must_cover_the_last_dimension():
     import pytest
     from mindgr.ops import norm
-    with pytest.raises(ValueError, match="sum to the last dimension 12"):
+    with pytest.raises(ValueError, match="must sum to the last dimension 12"):
         norm.silu_split(Tensor(np.zeros((3, 12), np.float32)), (5, 5))

@@ -31,8 +31,8 @@ def gated_layer_norm(u, y, eps: float = 1e-6):
 
 def silu_split(x, widths):
     widths = tuple(int(w) for w in widths)
-    if sum(widths) != x.shape[-1] or min(widths, default=-1) < 0:
-        raise ValueError(f"silu_split: widths {widths} must be >= 0 and sum to the last dimension {x.shape[-1]}")
+    if sum(widths) != x.shape[-1]:
+        raise ValueError(f"silu_split: widths {widths} must sum to the last dimension {x.shape[-1]}")
     return ACTIVE["silu_split"](x, widths)
 
 
