@@ -157,3 +157,28 @@ def test_silu_split_widths_must_cover_the_last_dimension():
     from mindgr.ops import norm
     with pytest.raises(ValueError, match="must sum to the last dimension 12"):
         norm.silu_split(Tensor(np.zeros((3, 12), np.float32)), (5, 5))
+
+
+def test_linear_matches_matmul_and_its_gradients():
+    """mindgr.ops.linear (MatMul with a transpose-flag bprop, no materialised x^T) against ops.matmul's
+    autodiff, inside a compiled graph."""
+    from mindspore import ops
+    from mindgr.ops.linear import linear
+
+    class Lin(nn.Cell):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def construct(self, x, w, c):
+            return (self.fn(x, w) * c).sum()
+
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((53, 20)).astype(np.float32), rng.standard_normal((20, 7)).astype(np.float32)
+    c = rng.standard_normal((53, 7)).astype(np.float32)
+    res = {}
+    for name, fn in (("linear", linear), ("matmul", ops.matmul)):
+        loss, (dx, dw) = ms.value_and_grad(Lin(fn), (0, 1))(Tensor(x), Tensor(w), Tensor(c))
+        res[name] = [loss.asnumpy(), dx.asnumpy(), dw.asnumpy()]
+    for i, (a, b) in enumerate(zip(res["linear"], res["matmul"])):
+        assert_close(a, b, f"linear output {i}", rtol=RTOL)
