@@ -14,7 +14,8 @@ from mindspore import nn, ops
 
 from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
 from mindgr.ops.attention import jagged_hstu_attention
-from mindgr.ops.norm import gated_layer_norm, layer_norm
+from mindgr.ops.linear import linear
+from mindgr.ops.norm import gated_layer_norm, layer_norm, silu_split
 
 
 class HSTUBlock(nn.Cell):
@@ -32,16 +33,13 @@ class HSTUBlock(nn.Cell):
         """x [T, D] -> [T, D]. Callers pass request_times and drop_mask by name (both optional)."""
         t = x.shape[0]
         hv, hqk = self.h * self.dv, self.h * self.dqk
-        # u, v, q, k as four matmuls against column slices of W_uvqk (same parameter, same math as
-        # split(SiLU(LN(x) W_uvqk))): the backward then writes each slice's gradient once into
-        # W_uvqk's small [D, width] gradient instead of zero-filling four [T, width] buffers.
-        # Both LayerNorms go through mindgr.ops.norm (the cpu backend: one fused kernel each way).
+        # u, v, q, k = split(SiLU(LN(x) W_uvqk)) as ONE matmul and one fused SiLU split (mindgr.ops.norm):
+        # on the cpu backend its backward writes the projection's gradient once (the generic split's
+        # gradient zero-fills one [T, width] buffer per slice), and W_uvqk's gradient is one matmul.
+        # Both LayerNorms go through mindgr.ops.norm too (the cpu backend: one fused kernel each way);
+        # the projections through mindgr.ops.linear (a backward without a materialised transpose).
         xn = layer_norm(x)
-        w = self.w_uvqk
-        u = ops.silu(ops.matmul(xn, w[:, :hv]))
-        v = ops.silu(ops.matmul(xn, w[:, hv:2 * hv]))
-        q = ops.silu(ops.matmul(xn, w[:, 2 * hv:2 * hv + hqk]))
-        k = ops.silu(ops.matmul(xn, w[:, 2 * hv + hqk:]))
+        u, v, q, k = silu_split(linear(xn, self.w_uvqk), (hv, hv, hqk, hqk))
         v = v.reshape(t, self.h, self.dv)
         q = q.reshape(t, self.h, self.dqk)
         k = k.reshape(t, self.h, self.dqk)
@@ -50,7 +48,7 @@ class HSTUBlock(nn.Cell):
         o = gated_layer_norm(u, attn.reshape(t, hv))
         if drop_mask is not None:
             o = apply_dropout(o, drop_mask)
-        return x + ops.matmul(o, self.w_out) + self.b_out
+        return x + linear(o, self.w_out) + self.b_out
 
 
 class HSTU(ItemSequenceEncoder):

@@ -27,6 +27,8 @@ OPS = {
     "shared_pool_lse": "(x, cand, logq, cand_ids, targets, pos) -> [T]",
     "layer_norm": "(x, eps) -> [.., D]",
     "gated_layer_norm": "(u, y, eps) -> [.., D]",
+    "l2_normalize": "(x, eps) -> [.., D]",
+    "silu_split": "(x, widths) -> tuple of [.., w] (split(SiLU(x), widths, -1))",
 }
 REFERENCE = "reference"
 AUTO_ORDER = {"Ascend": ("ascend", REFERENCE)}  # `auto`: the first that runs here; other devices below

@@ -221,12 +221,23 @@ def gated_layer_norm(u, y, eps: float = 1e-6):
     return u * layer_norm(y, eps)
 
 
+def l2_normalize(x, eps: float = 1e-6):
+    """x / sqrt(sum(x^2, -1) + eps^2): generic Mul, ReduceSum, Add, Sqrt, RealDiv and their gradients."""
+    return x / ops.sqrt((x * x).sum(-1, keepdims=True) + eps * eps)
+
+
+def silu_split(x, widths):
+    """split(SiLU(x), widths, axis=-1): the generic SiLU and Split ops and their autodiff gradients."""
+    return tuple(ops.split(ops.silu(x), list(widths), axis=-1))
+
+
 # The backend registry's view of this module (mindgr.ops.backend): every op, runnable anywhere.
 PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention,
             "softmax_attention": softmax_attention,
             "jagged_to_padded": jagged_to_padded, "padded_to_jagged": padded_to_jagged,
             "sampled_logits": sampled_logits, "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse,
-            "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm}
+            "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm, "silu_split": silu_split,
+            "l2_normalize": l2_normalize}
 
 
 def unavailable_reason():

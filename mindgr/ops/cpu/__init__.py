@@ -9,6 +9,8 @@
     sampled_lse(x, table, ids, targets, pos) -> [T]   (the sampled-softmax tail fused with the scoring)
     shared_pool_lse(x, cand, logq, cand_ids, targets, pos) -> [T]
     layer_norm(x, eps) -> [.., D];  gated_layer_norm(u, y, eps) = u * layer_norm(y)   (layernorm.cc)
+    l2_normalize(x, eps) -> [.., D]                                                  (layernorm.cc)
+    silu_split(x, widths) -> (SiLU(x[.., o_k:o_k + w_k]) for each width w_k)          (silu.cc)
 
 Same math as `mindgr.ops.reference`; usable in PyNative and inside a GRAPH-mode Cell (static shapes
 only: a custom AOT op cannot infer a shape from a value). Output lengths that are not a dimension
@@ -38,6 +40,10 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrLayerNormBwd(x, eps, dy) -> dx
     MindgrGatedLayerNorm(u, y, eps[1]) -> u * LN(y)                  (gradient: MindgrGatedLayerNormBwd)
     MindgrGatedLayerNormBwd(u, y, eps, dout) -> du, dy
+    MindgrL2Normalize(x, eps[1]) -> x / sqrt(sum(x^2) + eps^2)       (gradient: MindgrL2NormalizeBwd)
+    MindgrL2NormalizeBwd(x, eps, dy) -> dx
+    MindgrSiluSplit(x, carrier_w0 .. carrier_w{K-1}) -> out_0 .. out_{K-1}   (gradient: MindgrSiluSplitBwd)
+    MindgrSiluSplitBwd(x, d_0 .. d_{K-1}) -> dx
 
 A kernel that rejects its inputs makes MindSpore raise "Return value from CPU AOT kernel ... is N":
 10-16 wrong number/rank/dtype/shape of arguments, 17 offsets not non-decreasing from >= 0 to <= T
@@ -58,6 +64,7 @@ import mindspore as ms
 from mindspore import ops
 
 from mindgr.ops.reference import default_request_times
+from mindgr.ops.reference import silu_split as _reference_silu_split
 
 
 def _builder():
@@ -70,6 +77,7 @@ _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBw
             "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrSampledLse", "MindgrSampledLseBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
             "MindgrBiasAttnFwd", "MindgrBiasAttnFwdNoTs", "MindgrBiasAttnBwd", "MindgrBiasAttnBwdNoTs",
             "MindgrLayerNorm", "MindgrLayerNormBwd", "MindgrGatedLayerNorm", "MindgrGatedLayerNormBwd",
+            "MindgrSiluSplit", "MindgrSiluSplitBwd", "MindgrL2Normalize", "MindgrL2NormalizeBwd",
             "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
             "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe")
 
@@ -432,6 +440,63 @@ class _Primitives:
         return self._get("gated_layer_norm", make)
 
     @property
+    def l2_normalize_bwd(self):
+        return self._get("l2_normalize_bwd", lambda: _aot(
+            "MindgrL2NormalizeBwd", lambda x, e, d: x, lambda x, e, d: x))
+
+    @property
+    def l2_normalize(self):
+        def make():
+            bwd = self.l2_normalize_bwd
+
+            def bprop(x, eps, out, dout):
+                return bwd(x, eps, dout), ops.zeros_like(eps)
+
+            return _aot("MindgrL2Normalize", lambda x, e: x, lambda x, e: x, bprop)
+        return self._get("l2_normalize", make)
+
+    # SiLU of a projection split along its last axis (silu.cc): one primitive per number of outputs K,
+    # the widths carried by K zero vectors of length w_k (shape inference reads their lengths) -----------
+    def _silu_split(self, k: int):
+        def make():
+            bwd = _aot("MindgrSiluSplitBwd", lambda x, *d: x, lambda x, *d: x)
+            z = ops.zeros_like
+
+            # (graph mode needs a bprop of fixed arity: x, the k carriers, out, dout)
+            def bprop1(x, c0, out, dout):
+                return bwd(x, dout[0]), z(c0)
+
+            def bprop2(x, c0, c1, out, dout):
+                return bwd(x, dout[0], dout[1]), z(c0), z(c1)
+
+            def bprop3(x, c0, c1, c2, out, dout):
+                return bwd(x, dout[0], dout[1], dout[2]), z(c0), z(c1), z(c2)
+
+            def bprop4(x, c0, c1, c2, c3, out, dout):
+                return bwd(x, dout[0], dout[1], dout[2], dout[3]), z(c0), z(c1), z(c2), z(c3)
+
+            bprop = (bprop1, bprop2, bprop3, bprop4)[k - 1]
+            return _aot("MindgrSiluSplit", lambda x, *cars: tuple(list(x[:-1]) + [c[0]] for c in cars),
+                        lambda x, *cars: tuple(x for _ in cars), bprop)
+        return self._get(("silu_split", k), make)
+
+    @property
+    def silu_split1(self):
+        return self._silu_split(1)
+
+    @property
+    def silu_split2(self):
+        return self._silu_split(2)
+
+    @property
+    def silu_split3(self):
+        return self._silu_split(3)
+
+    @property
+    def silu_split4(self):
+        return self._silu_split(4)
+
+    @property
     def pool_lse_fp16(self):
         return self._pool_lse(ms.float16)
 
@@ -544,8 +609,37 @@ def gated_layer_norm(u, y, eps: float = 1e-6):
     return _as(_P.gated_layer_norm(_as(u, ms.float32), _as(y, ms.float32), _eps(eps)), dtype)
 
 
+def l2_normalize(x, eps: float = 1e-6):
+    """x / sqrt(sum(x^2, -1) + eps^2) over the last axis: one pass over x forward, one over (x, dy) backward;
+    see reference."""
+    dtype = x.dtype
+    return _as(_P.l2_normalize(_as(x, ms.float32), _eps(eps)), dtype)
+
+
+def silu_split(x, widths):
+    """split(SiLU(x), widths, axis=-1) in one pass over x forward and one over (x, gradients) backward,
+    which writes x's gradient once (no zero-filled slice gradients); see reference. 1 to 4 outputs (more:
+    the reference)."""
+    k = len(widths)
+    if k > 4:
+        return _reference_silu_split(x, widths)
+    dtype = x.dtype
+    xf = _as(x, ms.float32)
+    c = [_zeros_carrier(w) for w in widths]
+    if k == 1:
+        outs = _P.silu_split1(xf, c[0])
+    elif k == 2:
+        outs = _P.silu_split2(xf, c[0], c[1])
+    elif k == 3:
+        outs = _P.silu_split3(xf, c[0], c[1], c[2])
+    else:
+        outs = _P.silu_split4(xf, c[0], c[1], c[2], c[3])
+    return tuple(_as(o, dtype) for o in outs)
+
+
 # The backend registry's view of this module (mindgr.ops.backend); softmax_attention is reference-only.
 PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention, "jagged_to_padded": jagged_to_padded,
             "padded_to_jagged": padded_to_jagged, "sampled_logits": sampled_logits,
             "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse,
-            "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm}
+            "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm, "silu_split": silu_split,
+            "l2_normalize": l2_normalize}

@@ -4,6 +4,9 @@
 //   MindgrLayerNormBwd(x, eps, dy) -> dx = rstd * (dy - mean(dy) - y * mean(dy * y))
 //   MindgrGatedLayerNorm(u [.., D], a [.., D], eps [1]) -> o = u * LayerNorm(a)
 //   MindgrGatedLayerNormBwd(u, a, eps, do) -> du = do * LayerNorm(a), da = LayerNormBwd(a, do * u)
+//   MindgrL2Normalize(x [.., D], eps [1]) -> y = x / n,  n = sqrt(sum(x^2) + eps^2)   (the L2 norm of
+//       mindgr.models.layers.l2_normalize, the encoders' output and the item table)
+//   MindgrL2NormalizeBwd(x, eps, dy) -> dx = (dy - y * sum(dy * y)) / n
 // mean and var = mean((x - mean)^2) are the two-pass statistics of the reference (mindgr.ops.reference
 // layer_norm). The backward recomputes them from x (one row of D floats stays in L1), so forward and
 // backward each read their [R, D] inputs once and write their outputs once; nothing is saved in
@@ -229,6 +232,67 @@ int gated_bwd(int nparam, void** params, int* ndims, int64_t** shapes, const cha
   return 99;
 }
 
+// sum(x^2) of one row and, with g, sum(g * x) (tail lanes load as zeros).
+template <bool WithG>
+inline void row_dots(const float* x, const float* g, const RowShape& rs, float* ss, float* sgx) {
+  const int64_t nvec = rs.full + (rs.tail ? 1 : 0);
+  vf a = vzero(), b = vzero();
+  for (int64_t c = 0; c < nvec; ++c) {
+    const vf xv = load_at(x, c, rs);
+    a += xv * xv;
+    if (WithG) b += load_at(g, c, rs) * xv;
+  }
+  *ss = hsum(a);
+  if (WithG) *sgx = hsum(b);
+}
+
+int l2_fwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
+  Rows s;
+  if (int rc = check(nparam, 3, 1, ndims, shapes, dtypes, &s)) return rc;
+  const float* x = static_cast<const float*>(params[0]);
+  const float eps = *static_cast<const float*>(params[1]);
+  float* y = static_cast<float*>(params[2]);
+  const int64_t D = s.D;
+  const RowShape rs(D);
+  const int64_t nvec = rs.full + (rs.tail ? 1 : 0);
+  for_rows(s, [&](int64_t r) {
+    const float* xr = x + r * D;
+    float ss, unused;
+    row_dots<false>(xr, nullptr, rs, &ss, &unused);
+    const vf inv = vbcast(1.0f / std::sqrt(ss + eps * eps));
+    for (int64_t c = 0; c < nvec; ++c) store_at(y + r * D, c, load_at(xr, c, rs) * inv, rs);
+  });
+  return 0;
+} catch (...) {
+  return 99;
+}
+
+int l2_bwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
+  Rows s;
+  if (int rc = check(nparam, 4, 1, ndims, shapes, dtypes, &s)) return rc;
+  const float* x = static_cast<const float*>(params[0]);
+  const float eps = *static_cast<const float*>(params[1]);
+  const float* dy = static_cast<const float*>(params[2]);
+  float* dx = static_cast<float*>(params[3]);
+  const int64_t D = s.D;
+  const RowShape rs(D);
+  const int64_t nvec = rs.full + (rs.tail ? 1 : 0);
+  for_rows(s, [&](int64_t r) {
+    const float* xr = x + r * D;
+    const float* gr = dy + r * D;
+    float ss, sgx;
+    row_dots<true>(xr, gr, rs, &ss, &sgx);
+    const float inv = 1.0f / std::sqrt(ss + eps * eps);
+    // dx = g / n - x * sum(g x) / n^3
+    const vf iv = vbcast(inv), k = vbcast(sgx * inv * inv * inv);
+    for (int64_t c = 0; c < nvec; ++c)
+      store_at(dx + r * D, c, load_at(gr, c, rs) * iv - load_at(xr, c, rs) * k, rs);
+  });
+  return 0;
+} catch (...) {
+  return 99;
+}
+
 }  // namespace
 }  // namespace mindgr
 
@@ -252,6 +316,16 @@ int MindgrGatedLayerNorm(int nparam, void** params, int* ndims, int64_t** shapes
 int MindgrGatedLayerNormBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
                             void* /*stream*/, void* /*extra*/) {
   return mindgr::gated_bwd(nparam, params, ndims, shapes, dtypes);
+}
+
+int MindgrL2Normalize(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                      void* /*stream*/, void* /*extra*/) {
+  return mindgr::l2_fwd(nparam, params, ndims, shapes, dtypes);
+}
+
+int MindgrL2NormalizeBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                         void* /*stream*/, void* /*extra*/) {
+  return mindgr::l2_bwd(nparam, params, ndims, shapes, dtypes);
 }
 
 }  // extern "C"

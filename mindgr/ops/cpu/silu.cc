@@ -1,0 +1,143 @@
+// SiLU of a projection split along its last axis (HSTU's u, v, q, k = split(SiLU(LN(x) W_uvqk))), with
+// MindSpore's custom AOT signature. x is [.., W]; the K outputs (K >= 1) are [.., w_k] with sum w_k = W,
+// their widths read from the output shapes (the forward's inputs carry them as K vectors of length w_k,
+// which only the op's shape inference reads).
+//   MindgrSiluSplit(x, car_0 .. car_{K-1}, out_0 .. out_{K-1}):    out_k = SiLU(x[.., o_k : o_k + w_k]),  SiLU(a) = a * s(a)
+//   MindgrSiluSplitBwd(x, d_0 .. d_{K-1}, dx):   dx[.., o_k + j] = d_k[.., j] * s(a) * (1 + a * (1 - s(a)))
+// with s = sigmoid = 1 / (1 + exp(-a)) (common.h: vexp about 1 ulp, vrecip within 4e-7 relative, so SiLU
+// within ~5e-7 of max(|SiLU|, 1)). One pass over x forward, one over (x, d) backward, each element
+// alone: bitwise reproducible and independent of the thread count. This replaces, per projection, the
+// generic Sigmoid + Mul forward and Mul, Mul, SigmoidGrad, Add backward, and the split's gradient
+// (zero-filled [.., W] buffers summed) by one write of dx.
+// Return codes: 10 wrong argument count, 11 wrong ranks, 12 wrong dtypes, 13 inconsistent shapes,
+// 99 threads unavailable.
+#include <vector>
+
+#include "common.h"
+
+namespace mindgr {
+namespace {
+
+struct Split {
+  int64_t R = 0, W = 0;
+  std::vector<int64_t> width;  // per output
+};
+
+// params: x, `skip` tensors not checked here (the forward's width carriers), then K tensors [.., w_k]
+// (outputs forward; gradients backward), then `extra` tensors [.., W] (backward: dx).
+int check(int nparam, int K, int skip, int extra, int* ndims, int64_t** shapes, const char** dtypes,
+          Split* s) {
+  if (K < 1 || nparam != 1 + skip + K + extra) return 10;
+  for (int i = 0; i < nparam; ++i)
+    if (!is_f32(dtypes[i])) return 12;
+  const int nd = ndims[0];
+  if (nd < 1) return 11;
+  for (int i = 0; i < nparam; ++i) {
+    if (i >= 1 && i <= skip) continue;
+    if (ndims[i] != nd) return 11;
+    for (int k = 0; k + 1 < nd; ++k)
+      if (shapes[i][k] != shapes[0][k]) return 13;
+  }
+  s->W = shapes[0][nd - 1];
+  int64_t sum = 0;
+  for (int k = 0; k < K; ++k) {
+    s->width.push_back(shapes[1 + skip + k][nd - 1]);
+    sum += s->width.back();
+  }
+  if (sum != s->W) return 13;
+  if (extra == 1 && shapes[nparam - 1][nd - 1] != s->W) return 13;
+  s->R = s->W > 0 ? numel(nd, shapes[0]) / s->W : 0;
+  return 0;
+}
+
+// fn(r0, r1) over contiguous chunks of rows on up to num_threads() threads; one thread below 2M
+// floats (as layernorm.cc: a fresh thread costs more than such a pass on a loaded host).
+template <class Fn>
+void for_chunks(const Split& s, Fn&& fn) {
+  int nt = num_threads();
+  if (s.R * s.W < (int64_t(1) << 21)) nt = 1;
+  nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nt, s.R)));
+  parallel_run(nt, [&](int tid) { fn(s.R * tid / nt, s.R * (tid + 1) / nt); });
+}
+
+inline vf silu(vf a) { return a * vsigmoid(a); }
+
+inline vf silu_grad(vf a, vf d) {
+  const vf s = vsigmoid(a);
+  return d * (s * (1.0f + a * (1.0f - s)));
+}
+
+// fn(src_offset_in_row, k, j, n): segment k, lanes j .. j+n of its width (n = VL or the tail).
+template <class Fn>
+inline void segments(const Split& s, Fn&& fn) {
+  int64_t o = 0;
+  for (size_t k = 0; k < s.width.size(); ++k) {
+    const int64_t w = s.width[k];
+    int64_t j = 0;
+    for (; j + VL <= w; j += VL) fn(o + j, k, j, VL);
+    if (j < w) fn(o + j, k, j, static_cast<int>(w - j));
+    o += w;
+  }
+}
+
+int silu_split_fwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
+  Split s;
+  const int K = (nparam - 1) / 2;
+  if (int rc = check(nparam, K, K, 0, ndims, shapes, dtypes, &s)) return rc;
+  const float* x = static_cast<const float*>(params[0]);
+  std::vector<float*> out;
+  for (int i = 1 + K; i < nparam; ++i) out.push_back(static_cast<float*>(params[i]));
+  for_chunks(s, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * s.W;
+      segments(s, [&](int64_t o, size_t k, int64_t j, int n) {
+        float* dst = out[k] + r * s.width[k] + j;
+        if (n == VL) vstore(dst, silu(vload(xr + o)));
+        else vstore_tail(dst, silu(vload_tail(xr + o, n)), n);
+      });
+    }
+  });
+  return 0;
+} catch (...) {
+  return 99;
+}
+
+int silu_split_bwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
+  Split s;
+  if (int rc = check(nparam, nparam - 2, 0, 1, ndims, shapes, dtypes, &s)) return rc;
+  const float* x = static_cast<const float*>(params[0]);
+  std::vector<const float*> d;
+  for (int i = 1; i + 1 < nparam; ++i) d.push_back(static_cast<const float*>(params[i]));
+  float* dx = static_cast<float*>(params[nparam - 1]);
+  for_chunks(s, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * s.W;
+      float* dr = dx + r * s.W;
+      segments(s, [&](int64_t o, size_t k, int64_t j, int n) {
+        const float* g = d[k] + r * s.width[k] + j;
+        if (n == VL) vstore(dr + o, silu_grad(vload(xr + o), vload(g)));
+        else vstore_tail(dr + o, silu_grad(vload_tail(xr + o, n), vload_tail(g, n)), n);
+      });
+    }
+  });
+  return 0;
+} catch (...) {
+  return 99;
+}
+
+}  // namespace
+}  // namespace mindgr
+
+extern "C" {
+
+int MindgrSiluSplit(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                    void* /*stream*/, void* /*extra*/) {
+  return mindgr::silu_split_fwd(nparam, params, ndims, shapes, dtypes);
+}
+
+int MindgrSiluSplitBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
+                       void* /*stream*/, void* /*extra*/) {
+  return mindgr::silu_split_bwd(nparam, params, ndims, shapes, dtypes);
+}
+
+}  // extern "C"
