@@ -356,33 +356,17 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
 }  // namespace
 }  // namespace mindgr
 
-extern "C" {
-
 // (v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N) -> out [T, H, 2, dv]
-int MindgrBiasAttnFwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
-                      void*) {
-  return mindgr::run_forward(nparam, params, ndims, shapes, dtypes, true);
-}
+MINDGR_AOT_OP(MindgrBiasAttnFwd, mindgr::run_forward, true)
 
 // (v, offsets, w_pos, carrier_N) -> out [T, H, 1, dv]
-int MindgrBiasAttnFwdNoTs(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
-                          void*) {
-  return mindgr::run_forward(nparam, params, ndims, shapes, dtypes, false);
-}
+MINDGR_AOT_OP(MindgrBiasAttnFwdNoTs, mindgr::run_forward, false)
 
 // (v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N, dout) -> dv, dw_pos, dw_ts
-int MindgrBiasAttnBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
-                      void*) {
-  return mindgr::run_backward(nparam, params, ndims, shapes, dtypes, true);
-}
+MINDGR_AOT_OP(MindgrBiasAttnBwd, mindgr::run_backward, true)
 
 // (v, offsets, w_pos, carrier_N, dout) -> dv, dw_pos
-int MindgrBiasAttnBwdNoTs(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, void*,
-                          void*) {
-  return mindgr::run_backward(nparam, params, ndims, shapes, dtypes, false);
-}
-
-}  // extern "C"
+MINDGR_AOT_OP(MindgrBiasAttnBwdNoTs, mindgr::run_backward, false)
 
 // For tests: the bucket the kernels assign to a gap (table), and the formula it must equal.
 extern "C" int mindgr_bias_time_bucket(int64_t dt, int nb) { return mindgr::buckets_for(nb)(dt); }

@@ -27,6 +27,14 @@
 #define MINDGR_ISA_GENERIC 1
 #endif
 
+// A custom-op (AOT) entry point with MindSpore's CPU signature, forwarding the tensors to FN and any
+// further arguments, e.g. MINDGR_AOT_OP(MindgrHstuFwd, mindgr::run_forward, true).
+#define MINDGR_AOT_OP(NAME, FN, ...)                                                                  \
+  extern "C" int NAME(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, \
+                      void* /*stream*/, void* /*extra*/) {                                         \
+    return FN(nparam, params, ndims, shapes, dtypes, ##__VA_ARGS__);                               \
+  }
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>

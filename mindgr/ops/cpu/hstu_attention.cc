@@ -822,28 +822,16 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
 extern "C" {
 
 // out = hstu_attention(q, k, v, offsets, timestamps, request_times, w_pos, w_ts; N = len(carrier))
-int MindgrHstuFwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                  void* /*stream*/, void* /*extra*/) {
-  return mindgr::run_forward(nparam, params, ndims, shapes, dtypes, true);
-}
+MINDGR_AOT_OP(MindgrHstuFwd, mindgr::run_forward, true)
 
 // out = hstu_attention(q, k, v, offsets, w_pos; N = len(carrier)), no time bias
-int MindgrHstuFwdNoTs(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                      void* /*stream*/, void* /*extra*/) {
-  return mindgr::run_forward(nparam, params, ndims, shapes, dtypes, false);
-}
+MINDGR_AOT_OP(MindgrHstuFwdNoTs, mindgr::run_forward, false)
 
 // (dq, dk, dv, dw_pos, dw_ts) from (q, k, v, offsets, timestamps, request_times, w_pos, w_ts, carrier, dout)
-int MindgrHstuBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                  void* /*stream*/, void* /*extra*/) {
-  return mindgr::run_backward(nparam, params, ndims, shapes, dtypes, true);
-}
+MINDGR_AOT_OP(MindgrHstuBwd, mindgr::run_backward, true)
 
 // (dq, dk, dv, dw_pos) from (q, k, v, offsets, w_pos, carrier, dout)
-int MindgrHstuBwdNoTs(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                      void* /*stream*/, void* /*extra*/) {
-  return mindgr::run_backward(nparam, params, ndims, shapes, dtypes, false);
-}
+MINDGR_AOT_OP(MindgrHstuBwdNoTs, mindgr::run_backward, false)
 
 // For tests: the time bucket the kernels use for a gap, and the thread count they would use.
 // Gaps below 2^31 go through the vectorised kernels' cell table (scalar form), others the octave table.

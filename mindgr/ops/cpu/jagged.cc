@@ -82,16 +82,6 @@ int padded_to_jagged(int nparam, void** params, int* ndims, int64_t** shapes, co
 }  // namespace
 }  // namespace mindgr
 
-extern "C" {
+MINDGR_AOT_OP(MindgrJaggedToPadded, mindgr::jagged_to_padded)
 
-int MindgrJaggedToPadded(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                         void* /*stream*/, void* /*extra*/) {
-  return mindgr::jagged_to_padded(nparam, params, ndims, shapes, dtypes);
-}
-
-int MindgrPaddedToJagged(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                         void* /*stream*/, void* /*extra*/) {
-  return mindgr::padded_to_jagged(nparam, params, ndims, shapes, dtypes);
-}
-
-}  // extern "C"
+MINDGR_AOT_OP(MindgrPaddedToJagged, mindgr::padded_to_jagged)

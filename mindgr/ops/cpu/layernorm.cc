@@ -296,36 +296,14 @@ int l2_bwd(int nparam, void** params, int* ndims, int64_t** shapes, const char**
 }  // namespace
 }  // namespace mindgr
 
-extern "C" {
+MINDGR_AOT_OP(MindgrLayerNorm, mindgr::layer_norm_fwd)
 
-int MindgrLayerNorm(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                    void* /*stream*/, void* /*extra*/) {
-  return mindgr::layer_norm_fwd(nparam, params, ndims, shapes, dtypes);
-}
+MINDGR_AOT_OP(MindgrLayerNormBwd, mindgr::layer_norm_bwd)
 
-int MindgrLayerNormBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                       void* /*stream*/, void* /*extra*/) {
-  return mindgr::layer_norm_bwd(nparam, params, ndims, shapes, dtypes);
-}
+MINDGR_AOT_OP(MindgrGatedLayerNorm, mindgr::gated_fwd)
 
-int MindgrGatedLayerNorm(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                         void* /*stream*/, void* /*extra*/) {
-  return mindgr::gated_fwd(nparam, params, ndims, shapes, dtypes);
-}
+MINDGR_AOT_OP(MindgrGatedLayerNormBwd, mindgr::gated_bwd)
 
-int MindgrGatedLayerNormBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                            void* /*stream*/, void* /*extra*/) {
-  return mindgr::gated_bwd(nparam, params, ndims, shapes, dtypes);
-}
+MINDGR_AOT_OP(MindgrL2Normalize, mindgr::l2_fwd)
 
-int MindgrL2Normalize(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                      void* /*stream*/, void* /*extra*/) {
-  return mindgr::l2_fwd(nparam, params, ndims, shapes, dtypes);
-}
-
-int MindgrL2NormalizeBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                         void* /*stream*/, void* /*extra*/) {
-  return mindgr::l2_bwd(nparam, params, ndims, shapes, dtypes);
-}
-
-}  // extern "C"
+MINDGR_AOT_OP(MindgrL2NormalizeBwd, mindgr::l2_bwd)

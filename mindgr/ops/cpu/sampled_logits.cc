@@ -712,30 +712,14 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
 }  // namespace
 }  // namespace mindgr
 
-extern "C" {
-
 // logits = sampled_logits(out, table, ids)
-int MindgrSampledLogits(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                        void* /*stream*/, void* /*extra*/) {
-  return mindgr::run_forward(nparam, params, ndims, shapes, dtypes);
-}
+MINDGR_AOT_OP(MindgrSampledLogits, mindgr::run_forward)
 
 // (d_out, d_table) from (out, table, ids, dlogits)
-int MindgrSampledLogitsBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                           void* /*stream*/, void* /*extra*/) {
-  return mindgr::run_backward(nparam, params, ndims, shapes, dtypes);
-}
+MINDGR_AOT_OP(MindgrSampledLogitsBwd, mindgr::run_backward)
 
 // lse = sampled_lse(x, table, ids, targets, pos)
-int MindgrSampledLse(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                     void* /*stream*/, void* /*extra*/) {
-  return mindgr::run_lse_forward(nparam, params, ndims, shapes, dtypes);
-}
+MINDGR_AOT_OP(MindgrSampledLse, mindgr::run_lse_forward)
 
 // (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, dlse)
-int MindgrSampledLseBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                        void* /*stream*/, void* /*extra*/) {
-  return mindgr::run_lse_backward(nparam, params, ndims, shapes, dtypes);
-}
-
-}  // extern "C"
+MINDGR_AOT_OP(MindgrSampledLseBwd, mindgr::run_lse_backward)

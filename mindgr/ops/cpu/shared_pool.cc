@@ -450,18 +450,8 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
 }  // namespace
 }  // namespace mindgr
 
-extern "C" {
-
 // lse = pool_lse(x, cand, logq, ids, targets, pos)
-int MindgrPoolLse(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                  void* /*stream*/, void* /*extra*/) {
-  return mindgr::run_forward(nparam, params, ndims, shapes, dtypes);
-}
+MINDGR_AOT_OP(MindgrPoolLse, mindgr::run_forward)
 
 // (d_x, d_cand, d_logq, d_pos) from (x, cand, logq, ids, targets, pos, lse, dlse)
-int MindgrPoolLseBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                     void* /*stream*/, void* /*extra*/) {
-  return mindgr::run_backward(nparam, params, ndims, shapes, dtypes);
-}
-
-}  // extern "C"
+MINDGR_AOT_OP(MindgrPoolLseBwd, mindgr::run_backward)

@@ -128,16 +128,6 @@ int silu_split_bwd(int nparam, void** params, int* ndims, int64_t** shapes, cons
 }  // namespace
 }  // namespace mindgr
 
-extern "C" {
+MINDGR_AOT_OP(MindgrSiluSplit, mindgr::silu_split_fwd)
 
-int MindgrSiluSplit(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                    void* /*stream*/, void* /*extra*/) {
-  return mindgr::silu_split_fwd(nparam, params, ndims, shapes, dtypes);
-}
-
-int MindgrSiluSplitBwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes,
-                       void* /*stream*/, void* /*extra*/) {
-  return mindgr::silu_split_bwd(nparam, params, ndims, shapes, dtypes);
-}
-
-}  // extern "C"
+MINDGR_AOT_OP(MindgrSiluSplitBwd, mindgr::silu_split_bwd)
