@@ -8,6 +8,7 @@ different orders; observed errors are ~1e-6 of the scale).
 Use: `pytestmark = needs_compiler` and `from ops_fixtures import graph_mode` (an autouse fixture: the
 import is what activates it in the test module).
 """
+import functools
 import os
 import shutil
 
@@ -45,3 +46,16 @@ def assert_close(got, want, name, rtol=RTOL):
     scale = float(np.max(np.abs(want))) if want.size else 0.0
     err = float(np.max(np.abs(got - want))) if want.size else 0.0
     assert err <= rtol * max(scale, 1e-30), f"{name}: max abs error {err:.3g} vs scale {scale:.3g}"
+
+
+def pynative(fn):
+    """Run fn in PyNative mode (no graph compile per shape), then back to the module's GRAPH mode."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        import mindspore as ms
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            ms.set_context(mode=ms.GRAPH_MODE)
+    return wrapped

@@ -9,11 +9,10 @@ relative RTOL (ops_fixtures). Also: bitwise reproducible and equal for 1 and 2 t
 the kernel's one-thread threshold). One case runs in GRAPH mode (the training path); the rest in
 PyNative (no compile per shape: test time).
 """
-import functools
 
 import numpy as np
 
-from ops_fixtures import RTOL, assert_close, graph_mode, needs_compiler  # noqa: F401
+from ops_fixtures import RTOL, assert_close, graph_mode, needs_compiler, pynative  # noqa: F401
 
 pytestmark = needs_compiler
 
@@ -36,17 +35,6 @@ class SplitLoss(nn.Cell):
             loss = loss + (o * c[..., start:start + w]).sum()
             start += w
         return loss, outs
-
-
-def pynative(fn):
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            ms.set_context(mode=ms.GRAPH_MODE)
-    return wrapped
 
 
 def run(fn, x, c, widths):

@@ -11,11 +11,10 @@ the block, the jagged attention, also differs by summation order: 1e-4 of the sc
 in GRAPH mode (the training path: custom ops with bprops inside a compiled Cell); the others, T = 0
 and the block run in PyNative (same kernels and bprops, no compile per shape: test time).
 """
-import functools
 
 import numpy as np
 
-from ops_fixtures import RTOL, assert_close, graph_mode, needs_compiler  # noqa: F401
+from ops_fixtures import RTOL, assert_close, graph_mode, needs_compiler, pynative  # noqa: F401
 
 pytestmark = needs_compiler
 
@@ -36,18 +35,6 @@ class NormLoss(nn.Cell):
         a = self.ln(x, 1e-6)
         b = self.gated(u, y, 1e-6)
         return (a * c1).sum() + (b * c2).sum(), a, b
-
-
-def pynative(fn):
-    """Run fn in PyNative mode (no graph compile per shape), then back to the module's GRAPH mode."""
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            ms.set_context(mode=ms.GRAPH_MODE)
-    return wrapped
 
 
 def run(mod, arrays):
