@@ -21,8 +21,8 @@ setup(
         "report": ["matplotlib>=3.5"],
         # mindgr serve / bench serve: HTTP server, load generator, optional ANN index (--index faiss-ivf)
         "serve": ["fastapi>=0.100", "pydantic>=2", "uvicorn>=0.29", "httpx>=0.24", "faiss-cpu>=1.7"],
-        # the tests check the plots and run a real server
-        "test": ["pytest", "matplotlib>=3.5", "fastapi>=0.100", "pydantic>=2", "uvicorn>=0.29", "httpx>=0.24",
+        # the tests check the plots and run a real server, two test processes at a time (pytest -n 2)
+        "test": ["pytest", "pytest-xdist>=3", "matplotlib>=3.5", "fastapi>=0.100", "pydantic>=2", "uvicorn>=0.29", "httpx>=0.24",
                  "faiss-cpu>=1.7"],
     },
     entry_points={"console_scripts": ["mindgr=mindgr.cli:main"]},

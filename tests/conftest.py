@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the real data lives, and a tiny synthetic run config."""
+"""Shared test fixtures: where the real data lives, and a tiny synthetic run config; and the test order."""
 import os
 from pathlib import Path
 
@@ -16,3 +16,11 @@ def tiny_overrides(tmp_path):
             "data.synthetic.num_items=60", "data.synthetic.median_len=10", "data.synthetic.max_len=20",
             "model.dim=16", "model.num_blocks=1", "model.num_heads=2", "loss.num_negatives=8",
             "train.batch_size=16", "train.epochs=2", "eval.every_epochs=1", "ops.backend=reference"]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Files holding `slow` tests (msrun jobs, kernel rebuilds, long runs) run first, each file's tests in
+    their own order: with `-n 2 --dist loadfile` (README's test command) the longest files then start
+    early and the two workers finish together instead of one waiting on a late msrun file."""
+    slow_files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)

@@ -72,6 +72,37 @@ def test_only_valid_distinct_items_and_exhaustive_when_beam_covers(seed):
     np.testing.assert_array_equal(scores2, scores)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_renormalized_beam_equals_exhaustive_over_trie_children(seed):
+    """renormalize=True (the trie softmax's scoring rule): an item's score is the sum over its codes of the
+    log-softmax over the codes the trie allows after its prefix; a covering beam finds the exact top k."""
+    rng = np.random.default_rng([seed, 5])
+    sizes = [int(rng.integers(2, 6)) for _ in range(3)]
+    codes = random_codes(rng, int(rng.integers(4, min(30, int(np.prod(sizes))) + 1)), sizes)
+    trie = PrefixTrie(codes, sizes)
+    scorer = HashScorer(sizes, seed)
+    users, v = 3, codes.shape[0] - 1
+    tuples = [tuple(r) for r in codes[1:].tolist()]
+    want = np.full((users, v + 1), -np.inf, np.float32)
+    for u in range(users):
+        for i, t in enumerate(tuples, start=1):
+            total = 0.0
+            for level in range(len(sizes)):
+                children = sorted({c[level] for c in tuples if c[:level] == t[:level]})
+                z = scorer.logp(u, np.asarray(t[:level]))[children]
+                total += z[children.index(t[level])] - np.log(np.exp(z - z.max()).sum()) - z.max()
+            want[u, i] = total
+    k = min(4, v)
+    items, scores = beam_search(trie, scorer, users, max(max_prefixes(trie), k), k, renormalize=True)
+    want_items, want_scores = topk_items(want, k)
+    np.testing.assert_array_equal(items, want_items)
+    np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-5)
+    # renormalising over a subset of the codes never lowers an item's score, and raises it when some
+    # level of the item has a sibling code outside the trie
+    plain = scorer.item_scores(codes, users)
+    assert (want[:, 1:] >= plain[:, 1:] - 1e-6).all() and (want[:, 1:] > plain[:, 1:] + 1e-6).any()
+
+
 def randomize(cell, rng, scale=0.3):
     for p in cell.trainable_params():
         p.set_data(Tensor((rng.standard_normal(p.shape) * scale).astype(np.float32)))

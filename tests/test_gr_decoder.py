@@ -21,6 +21,7 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
 import hstu_numpy as hn  # noqa: E402
+from mindgr.ids.trie import PrefixTrie  # noqa: E402
 from mindgr.models.generative import GRDecoder  # noqa: E402
 from mindgr.models.ntp import (NTPLoss, _row, batch_tensors, pack_rows, prompt_tokens,  # noqa: E402
                                user_rows)
@@ -53,8 +54,9 @@ def numpy_params(dec):
             p.asnumpy().astype(np.float64) for p in dec.trainable_params()}
 
 
-def numpy_loss(p, dec, batch):
-    """Independent float64 forward of GRDecoder + NTPLoss."""
+def numpy_loss(p, dec, batch, allowed=None):
+    """Independent float64 forward of GRDecoder + NTPLoss; allowed [groups, sum K] the softmax groups of a
+    trie softmax (None: a position's group is its level)."""
     slots, merged, offsets = batch["slots"], batch["merged"], batch["offsets"]
     lvl_of = np.concatenate([np.repeat(np.arange(len(dec.level_sizes)), dec.level_sizes), [0]])
     emb = (p["code_emb"][slots] + p["level_emb"][lvl_of[slots]]) * (slots < dec.pad_id)[..., None]
@@ -74,44 +76,51 @@ def numpy_loss(p, dec, batch):
         w = batch["weight"][t]
         if w == 0:
             continue
-        lv = batch["level"][t]
-        z = logits[t, lo[lv]:lo[lv + 1]]
+        g = batch["group"][t]
+        z = logits[t, lo[g]:lo[g + 1]] if allowed is None else logits[t, allowed[g]]
         m = z.max()
         total += w * (m + np.log(np.exp(z - m).sum()) - logits[t, batch["target"][t]])
     return len(dec.level_sizes) * total / batch["weight"].sum()
 
 
-def tiny_batch(rng, dec, codes, merger, t_cap=40, b_cap=4, objective="ntp"):
+def tiny_batch(rng, dec, codes, merger, t_cap=40, b_cap=4, objective="ntp", item_groups=None):
     rows = []
     for n in (3, 2, 4):
         items = rng.integers(1, codes.shape[0], n)
         pages = np.repeat(np.arange(n), 1) if objective == "ntp" else np.sort(rng.integers(0, 2, n))
-        rows += user_rows(items, codes, dec.level_offsets, objective, merger, pages=pages)
+        rows += user_rows(items, codes, dec.level_offsets, objective, merger, pages=pages, item_groups=item_groups)
     return pack_rows(rows, t_cap, b_cap, dec.group, dec.pad_id)[0]
 
 
-@pytest.mark.parametrize("merger,backend", [("none", "reference"), ("item", "fast"), ("pairs", "fast")])
-def test_loss_and_gradients_match_numpy(merger, backend):
+@pytest.mark.parametrize("merger,backend,trie_softmax", [("none", "reference", False), ("item", "fast", False),
+                                                         ("pairs", "fast", False), ("none", "fast", True),
+                                                         ("item", "fast", True)])
+def test_loss_and_gradients_match_numpy(merger, backend, trie_softmax):
     if backend == "reference":
         set_backend("reference")
     try:
-        _loss_and_gradients(merger)
+        _loss_and_gradients(merger, trie_softmax)
     finally:
         fast_backend()
 
 
-def _loss_and_gradients(merger):
+def _loss_and_gradients(merger, trie_softmax):
     rng = np.random.default_rng([3, len(merger)])
     codes = random_codes(rng, 12, SIZES)
     dec = GRDecoder(SIZES, D, NBLK, H, DQK, DV, max_len=16, token_merger=merger, seed=1)
     randomize(dec, rng)
     loss = NTPLoss(dec)
+    allowed = groups = None
+    if trie_softmax:                    # softmax over the trie's children of each target's prefix
+        trie = PrefixTrie(codes, SIZES)
+        allowed, groups = trie.node_masks(), trie.item_nodes()
+        loss.restrict_to(allowed)
     grad = LossGrad(loss)
-    batch = tiny_batch(rng, dec, codes, merger)
+    batch = tiny_batch(rng, dec, codes, merger, item_groups=groups)
     assert int(batch["offsets"][-1]) < len(batch["slots"])      # a non-empty unused tail
     value, grads = grad(*batch_tensors(batch))
     p = numpy_params(dec)
-    want = numpy_loss(p, dec, batch)
+    want = numpy_loss(p, dec, batch, allowed)
     assert abs(float(value.asnumpy()) - want) <= 1e-5 + 1e-4 * abs(want)
     names = [q.name.split("blocks.")[-1] if "blocks." in q.name else q.name.split(".")[-1] for q in grad.weights]
     assert ("w_merge" in names) == (merger != "none")
@@ -122,7 +131,7 @@ def _loss_and_gradients(merger):
         plus, minus = dict(p), dict(p)
         plus[name] = p[name] + eps * d
         minus[name] = p[name] - eps * d
-        fd = (numpy_loss(plus, dec, batch) - numpy_loss(minus, dec, batch)) / (2 * eps)
+        fd = (numpy_loss(plus, dec, batch, allowed) - numpy_loss(minus, dec, batch, allowed)) / (2 * eps)
         an = float((g * d).sum())
         assert abs(an - fd) <= 3e-4 * float(np.abs(g * d).sum()) + 1e-6, (name, an, fd)
         if name != "b_merge":          # every parameter reaches the loss
@@ -142,7 +151,7 @@ def test_flat_row_equals_one_row_per_target():
     per_target = []
     for j in range(1, 5):
         ps, pm = prompt_tokens(codes[items[:j]], dec.level_offsets, "none", dec.pad_id)
-        per_target.append(_row(ps, pm, (codes[items[j]] + dec.level_offsets[:-1]).astype(np.int32), 1, dec.pad_id, 1.0))
+        per_target.append(_row(ps, pm, (codes[items[j]] + dec.level_offsets[:-1]).astype(np.int32), np.arange(3), 1, dec.pad_id, 1.0))
     a = float(loss(*batch_tensors(pack_rows(flat, 60, 4, 1, dec.pad_id)[0])).asnumpy())
     b = float(loss(*batch_tensors(pack_rows(per_target, 60, 4, 1, dec.pad_id)[0])).asnumpy())
     assert abs(a - b) <= 1e-5 * abs(b), (a, b)

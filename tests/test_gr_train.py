@@ -80,6 +80,37 @@ def test_eval_equals_plain_beam_search(gr_setup):
                                               data.num_items))
 
 
+def test_trie_softmax_run_trains_and_decodes_renormalised(gr_setup):
+    """model.trie_softmax: the run trains with the trie's groups (same init, data and dropout as the
+    fixture's run, so its first loss is strictly lower: each softmax runs over a subset of the same
+    logits), its loaded decoder carries the rule, and eval's lists equal the plain beam search
+    renormalised over the trie's children."""
+    from mindgr.ids.beam import beam_ranks, beam_search
+    from mindgr.models.generative import RecomputeScorer, max_prompt_tokens
+    from mindgr.train.data import RunData
+    from mindgr.train.generative import GenerativeTrainer, load_generative_run
+    from mindgr.train.gr_eval import generative_ranks
+    out = gr_setup["out"]
+    cfg = load_config(None, gr_overrides(out, "trie", gr_setup["codes"], "model.trie_softmax=true", "train.max_steps=3",
+                                         "eval.every_epochs=0"))
+    GenerativeTrainer(cfg, quiet=True).fit()
+    plain, trie = _losses(gr_setup["run"]), _losses(out / "trie")
+    assert sorted(trie) == [1, 2, 3] and all(np.isfinite(v) for v in trie.values())
+    assert trie[1] < plain[1] - 1e-3, (trie[1], plain[1])
+    run = load_generative_run(out / "trie", which="latest")
+    assert run.decoder.trie_softmax
+    data = RunData(run.cfg)
+    ev, rows = data.split.test, np.arange(12)
+    greater, _, _ = generative_ranks(run.decoder, run.trie, run.codes, ev, rows, run.max_history, 10, 12,
+                                     data.num_items)
+    hist = [np.asarray(ev.histories[r][-run.max_history:]) for r in rows]
+    p_cap = max_prompt_tokens(run.decoder.num_levels, run.decoder.token_merger, run.max_history)
+    scorer = RecomputeScorer(run.decoder, hist, run.codes, 10, p_cap)
+    items, _ = beam_search(run.trie, scorer, len(rows), 10, 10, renormalize=True)
+    assert np.array_equal(greater, beam_ranks(items, ev.targets[rows], [ev.histories[r] for r in rows],
+                                              data.num_items))
+
+
 def _losses(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r and "eval" not in r}
@@ -131,6 +162,8 @@ def test_compare_with_an_hstu_run(gr_setup, capsys):
     (["model.arch=hstu"], "loss.objective = ntp trains the generative decoder"),
     (["loss.objective=page_ntp"], "page_ntp needs pages"),
     (["ids.codes="], "needs a semantic-ID table"),
+    (["model.arch=hstu", "loss.objective=sampled_softmax", "model.trie_softmax=true"],
+     "model.trie_softmax is the generative decoder's scoring rule"),
 ])
 def test_bad_configs_are_one_line(gr_setup, capsys, extra, message):
     from mindgr.cli import main

@@ -41,6 +41,31 @@ def test_trie_matches_brute_force(seed):
     assert trie.item_of(np.full((2, len(sizes)), -1)).tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_item_nodes_and_node_masks_match_brute_force(seed):
+    """The softmax groups of the trie softmax: an item's code l belongs to the node of its first l codes,
+    whose row allows exactly the codes that follow that prefix in some item (in global code ids)."""
+    rng = np.random.default_rng([seed, 11])
+    sizes = [int(rng.integers(2, 6)) for _ in range(int(rng.integers(2, 5)))]
+    codes = random_codes(rng, int(rng.integers(2, min(30, int(np.prod(sizes))) + 1)), sizes)
+    trie = PrefixTrie(codes, sizes)
+    nodes, masks = trie.item_nodes(), trie.node_masks()
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    assert nodes.shape == codes.shape and masks.shape == (sum(trie.num_prefixes(l) for l in range(len(sizes))),
+                                                          offsets[-1])
+    tuples = [tuple(r) for r in codes[1:].tolist()]
+    for i, t in enumerate(tuples, start=1):
+        for level in range(len(sizes)):
+            want = {offsets[level] + u[level] for u in tuples if u[:level] == t[:level]}
+            assert set(np.nonzero(masks[nodes[i, level]])[0].tolist()) == want
+    # two items share a node exactly when they share the prefix
+    for level in range(len(sizes)):
+        for i in range(1, len(tuples) + 1):
+            for j in range(1, len(tuples) + 1):
+                same = tuples[i - 1][:level] == tuples[j - 1][:level]
+                assert (nodes[i, level] == nodes[j, level]) == same
+
+
 def test_trie_errors_are_one_line():
     codes = np.array([[0, 0], [1, 2], [1, 2]], np.int32)
     with pytest.raises(TrieError, match="items 1 and 2 share the code tuple"):

@@ -424,3 +424,21 @@ def test_concurrent_builds_are_safe(tmp_path):
     assert len(paths) == 1 and os.path.dirname(paths.pop()) == str(cache)
     assert not [n for n in os.listdir(cache) if n.startswith(".tmp_")]
     assert os.path.exists(cache / ".gitignore")
+
+
+def test_a_failing_source_is_a_build_error_naming_it(monkeypatch, tmp_path):
+    """The sources compile in parallel: the one that fails is named with the compiler's output, and no
+    library or temporary file is left behind."""
+    fake = tmp_path / "fake-g++"
+    fake.write_text('#!/bin/sh\ncase "$*" in *sampled_logits.cc*) echo "sampled_logits.cc:1: error: boom"; exit 1;; esac\n'
+                    'out=""\nwhile [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done\n: > "$out"\n')
+    fake.chmod(0o755)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("MINDGR_CPU_BUILD_DIR", str(cache))
+    with pytest.raises(cpu_build.BuildError) as err:
+        cpu_build.build()
+    text = str(err.value)
+    assert "compiling the C++ kernels failed" in text and "sampled_logits.cc:1: error: boom" in text
+    assert "ops.backend: reference" in text
+    assert [n for n in os.listdir(cache) if n != ".gitignore"] == []

@@ -4,7 +4,8 @@ beam_search(trie, scorer, num_users, beam, k) runs Lt = L+1 steps for a batch of
 [users, beam]. At step s every live beam holds a valid prefix of length s; the scorer gives the
 log-probabilities of the level-s codes after each beam's prefix; only codes the trie allows after that
 prefix are candidates (so only valid prefixes are ever scored or kept); a beam's score is the sum of its
-per-step log-probs. The best `beam` candidates over (beam x code) survive (a full stable sort here: the
+per-step log-probs (with `renormalize`, each step's log-probs are first renormalised over the allowed
+codes of their prefix: the scoring rule of a decoder trained with the trie softmax). The best `beam` candidates over (beam x code) survive (a full stable sort here: the
 reference), and after the last step the best `k` complete tuples become items. Tuples are unique per
 item, so the k items are distinct. Beams that cannot be filled (fewer valid prefixes than `beam`) stay
 dead (score -inf, item 0).
@@ -51,7 +52,7 @@ def select_full_sort(cand: np.ndarray, width: int):
 
 
 def beam_search(trie, scorer, num_users: int, beam: int, k: int, select=select_full_sort, rebuild_masks=False,
-                timings: dict | None = None):
+                timings: dict | None = None, renormalize: bool = False):
     """-> (items [U, k] int64, scores [U, k] float32), best first; dead slots are item 0, score -inf.
 
     rebuild_masks: recompute each step's valid-next masks from the code table instead of reusing the
@@ -73,6 +74,8 @@ def beam_search(trie, scorer, num_users: int, beam: int, k: int, select=select_f
         t1 = time.perf_counter()
         allowed = rebuilt_allowed(trie, level, prefixes) if rebuild_masks else trie.allowed(level, keys)
         t2 = time.perf_counter()
+        if renormalize:
+            logp = renormalized(logp, allowed)
         live = np.isfinite(score)
         cand = np.where(allowed & live[..., None], score[..., None] + logp, NEG_INF).astype(np.float32)
         width = k if level == lt - 1 else beam
@@ -89,6 +92,17 @@ def beam_search(trie, scorer, num_users: int, beam: int, k: int, select=select_f
             scorer.advance(parent, code, alive)
     items = np.where(np.isfinite(score), trie.item_of(prefixes), 0)
     return items, score
+
+
+def renormalized(logp: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """log-probs [..., K] renormalised over the allowed codes of each row (-inf elsewhere and in rows that
+    allow none)."""
+    z = np.where(allowed, logp.astype(np.float64), -np.inf)
+    m = z.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        lse = np.log(np.exp(z - m).sum(-1, keepdims=True)) + m
+    return np.where(allowed, z - lse, -np.inf).astype(np.float32)
 
 
 def rebuilt_allowed(trie, level: int, prefixes: np.ndarray) -> np.ndarray:

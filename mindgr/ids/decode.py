@@ -346,7 +346,8 @@ class DecodingEngine:
             self.timings["prefill"] += time.perf_counter() - t0
             scorer = _EngineScorer(self.backend, level0, len(histories), self.beam, self.dec.level_offsets)
         return beam_search(self.trie, scorer, len(histories), self.beam, k, select=select,
-                           rebuild_masks=self.masks == "rebuild", timings=self.timings)
+                           rebuild_masks=self.masks == "rebuild", timings=self.timings,
+                           renormalize=self.dec.trie_softmax)
 
     def share_graphs(self, other: "DecodingEngine"):
         """Call `other`'s cells (same decoder, shapes and options): one compile for two engines' states."""

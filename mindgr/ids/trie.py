@@ -105,5 +105,28 @@ class PrefixTrie:
         hit = inside & (self._full_keys[pos] == key)
         return np.where(hit, self._full_items[pos], 0).reshape(shape)
 
+    def item_nodes(self) -> np.ndarray:
+        """int32 [V+1, Lt]: the prefix node of each item's code l, i.e. of its first l codes, numbered over
+        all levels (level l's prefixes are nodes node_offsets[l] + row of masks[l]). Row 0 (padding) is 0s."""
+        out = np.zeros((self.num_items + 1, self.num_levels), np.int32)
+        base = 0
+        for level in range(self.num_levels):
+            rows, _ = self.mask_rows(level, prefix_keys(self.codes[1:], self.level_sizes, level))
+            out[1:, level] = base + rows
+            base += self.num_prefixes(level)
+        return out
+
+    def node_masks(self) -> np.ndarray:
+        """bool [nodes, sum K]: which global code ids (level offset + code) may follow each prefix node
+        (numbered as item_nodes): the groups of a softmax that runs over the trie's valid children only."""
+        offsets = np.concatenate([[0], np.cumsum(self.level_sizes)])
+        out = np.zeros((sum(self.num_prefixes(l) for l in range(self.num_levels)), int(offsets[-1])), bool)
+        base = 0
+        for level in range(self.num_levels):
+            n = self.num_prefixes(level)
+            out[base:base + n, offsets[level]:offsets[level + 1]] = self.masks[level]
+            base += n
+        return out
+
     def nbytes(self) -> int:
         return int(sum(k.nbytes + m.nbytes for k, m in zip(self.keys, self.masks)))

@@ -18,6 +18,10 @@ What was chosen, and why:
   W_merge [G*D, D] applied to the concatenation of its G slot embeddings (+ b_merge): an item's Lt codes
   (item) or two consecutive codes (pairs) become one token, so the prompt is Lt (or 2) times shorter.
   Decoded tokens are never merged: the decoder still emits every code.
+- Trie softmax (`trie_softmax`): the decoder's scoring rule, not a weight. When set, the model was trained
+  with each code's softmax over the codes the prefix trie allows after the item's earlier codes (NTPLoss
+  groups), so decoding must renormalise over those same codes (mindgr.ids.beam.beam_search); the logits
+  of codes the trie never allows there were never trained.
 
 construct(slots [T, G] int32, merged [T] float32 (1 = merged token), offsets [B+1] int32, drop=None)
     -> hidden [T, D]; logits(hidden) -> [T, sum K].
@@ -44,7 +48,7 @@ def group_width(token_merger: str, num_levels: int) -> int:
 
 class GRDecoder(nn.Cell):
     def __init__(self, level_sizes, dim: int, num_blocks: int, num_heads: int, dqk: int, dv: int, max_len: int,
-                 token_merger: str = "none", seed: int = 0):
+                 token_merger: str = "none", seed: int = 0, trie_softmax: bool = False):
         super().__init__()
         sizes = [int(s) for s in level_sizes]
         rng = np.random.default_rng([seed, 17])
@@ -56,6 +60,7 @@ class GRDecoder(nn.Cell):
         self.dim, self.max_len, self.num_blocks = dim, max_len, num_blocks
         self.num_heads, self.dqk, self.dv = num_heads, dqk, dv
         self.token_merger = token_merger
+        self.trie_softmax = bool(trie_softmax)
         self.group = group_width(token_merger, self.num_levels)
         level_of = np.concatenate([np.repeat(np.arange(self.num_levels), sizes), [0]]).astype(np.int32)
         self.slot_level = Tensor(level_of)                                   # [num_codes + 1]
@@ -250,7 +255,8 @@ def build_decoder(model_cfg, level_sizes, max_history: int, seed: int) -> GRDeco
     dqk = m.dqk or m.dim // m.num_heads
     dv = m.dv or m.dim // m.num_heads
     max_len = max_prompt_tokens(lt, m.token_merger, max_history) + lt - 1
-    return GRDecoder(level_sizes, m.dim, m.num_blocks, m.num_heads, dqk, dv, max_len, m.token_merger, seed)
+    return GRDecoder(level_sizes, m.dim, m.num_blocks, m.num_heads, dqk, dv, max_len, m.token_merger, seed,
+                     m.trie_softmax)
 
 
 def build(model_cfg, num_items, max_len, seed, item_init):

@@ -15,6 +15,12 @@ prompt's targets:
 With a token merger the prompt is merged (one token per item, or per pair of codes) and the target's
 codes are not, so every (prompt, target) is its own row: rows share no prefix.
 Rows are packed into batches of fixed capacities (T_cap tokens, B_cap rows): one compiled graph.
+
+Softmax groups: a target position's `group` names the row of the loss's allowed-code table its softmax
+runs over. By default that is the target code's level (every code of the level competes); with the trie
+softmax (model.trie_softmax) it is the target's prefix node in the trie (only the codes that may follow
+that prefix compete, as in trie-constrained decoding). `item_groups` [V+1, Lt] gives each item's code its
+group; None means the level.
 """
 from __future__ import annotations
 
@@ -58,32 +64,35 @@ def tokens_per_prompt_item(num_levels: int, token_merger: str) -> int:
     return {"none": num_levels, "item": 1, "pairs": (num_levels + 1) // 2}[token_merger]
 
 
-def _row(prompt_slots, prompt_merged, target_gids, group, pad_id, weight):
-    """One training row: prompt + the target's codes 0..Lt-2; targets on the last Lt positions."""
+def _row(prompt_slots, prompt_merged, target_gids, target_groups, group, pad_id, weight):
+    """One training row: prompt + the target's codes 0..Lt-2; targets (and their softmax groups) on the
+    last Lt positions."""
     lt = target_gids.shape[0]
     dec_slots, dec_merged = code_tokens(target_gids[:-1], group, pad_id)
     slots = np.concatenate([prompt_slots, dec_slots])
     n = slots.shape[0]
     target = np.zeros(n, np.int32)
-    level = np.zeros(n, np.int32)
+    groups = np.zeros(n, np.int32)
     w = np.zeros(n, np.float32)
     start = prompt_slots.shape[0] - 1
     target[start:] = target_gids
-    level[start:] = np.arange(lt)
+    groups[start:] = target_groups
     w[start:] = weight
-    return dict(slots=slots, merged=np.concatenate([prompt_merged, dec_merged]), target=target, level=level, weight=w)
+    return dict(slots=slots, merged=np.concatenate([prompt_merged, dec_merged]), target=target, group=groups,
+                weight=w)
 
 
-def _flat_row(item_codes, level_offsets, pad_id):
+def _flat_row(item_codes, item_groups, level_offsets, pad_id):
     """Point-wise and unmerged: one row of every code of the history but the last; items 1.. are targets."""
     gids = (item_codes + np.asarray(level_offsets[:-1])[None, :]).astype(np.int32).reshape(-1)
     lt = item_codes.shape[1]
     slots = gids[:-1].reshape(-1, 1)
     target = gids[1:].copy()
-    level = (np.arange(1, gids.shape[0]) % lt).astype(np.int32)
+    groups = np.asarray(item_groups, np.int32).reshape(-1)[1:].copy()
     w = (np.arange(1, gids.shape[0]) >= lt).astype(np.float32)   # the first item has no prompt
     target[w == 0] = 0
-    return dict(slots=slots, merged=np.zeros(slots.shape[0], np.float32), target=target, level=level, weight=w)
+    groups[w == 0] = 0
+    return dict(slots=slots, merged=np.zeros(slots.shape[0], np.float32), target=target, group=groups, weight=w)
 
 
 def page_groups(pages) -> list:
@@ -111,8 +120,9 @@ def check_row_options(objective: str, token_merger: str, pages):
 
 
 def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger: str = "none", pages=None,
-              pad_id: int | None = None) -> list:
-    """Training rows of one user's history `items` [n] (item ids into `codes` [V+1, Lt])."""
+              pad_id: int | None = None, item_groups=None) -> list:
+    """Training rows of one user's history `items` [n] (item ids into `codes` [V+1, Lt]; item_groups
+    [V+1, Lt] the softmax group of each item's codes, None = their level)."""
     check_row_options(objective, token_merger, pages)
     items = np.asarray(items, np.int64)
     codes = np.asarray(codes)
@@ -120,10 +130,14 @@ def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger:
     pad_id = int(level_offsets[-1]) if pad_id is None else pad_id
     group = {"none": 1, "item": lt, "pairs": 2}[token_merger]
     item_codes = codes[items].astype(np.int64)
+    if item_groups is None:
+        target_groups = np.broadcast_to(np.arange(lt, dtype=np.int32), item_codes.shape)
+    else:
+        target_groups = np.asarray(item_groups, np.int32)[items]
     if items.shape[0] < 2:
         return []
     if objective == "ntp" and token_merger == "none":
-        return [_flat_row(item_codes, level_offsets, pad_id)]
+        return [_flat_row(item_codes, target_groups, level_offsets, pad_id)]
     if objective == "ntp":
         groups = [(j, j + 1) for j in range(items.shape[0])]
     else:
@@ -135,7 +149,7 @@ def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger:
         p_slots, p_merged = prompt_tokens(item_codes[:start], level_offsets, token_merger, pad_id)
         for j in range(start, stop):
             tgt = (item_codes[j] + np.asarray(level_offsets[:-1])).astype(np.int32)
-            rows.append(_row(p_slots, p_merged, tgt, group, pad_id, 1.0 / (stop - start)))
+            rows.append(_row(p_slots, p_merged, tgt, target_groups[j], group, pad_id, 1.0 / (stop - start)))
     return rows
 
 
@@ -161,7 +175,7 @@ def _batch(rows, t_cap, b_cap, group, pad_id):
     offsets = np.full(b_cap + 1, sum(lengths), np.int32)
     offsets[: len(rows) + 1] = np.concatenate([[0], np.cumsum(lengths)])
     out = dict(slots=np.full((t_cap, group), pad_id, np.int32), merged=np.zeros(t_cap, np.float32),
-               target=np.zeros(t_cap, np.int32), level=np.zeros(t_cap, np.int32), weight=np.zeros(t_cap, np.float32))
+               target=np.zeros(t_cap, np.int32), group=np.zeros(t_cap, np.int32), weight=np.zeros(t_cap, np.float32))
     pos = 0
     for r, n in zip(rows, lengths):
         for key in out:
@@ -171,32 +185,47 @@ def _batch(rows, t_cap, b_cap, group, pad_id):
     return out
 
 
-BATCH_KEYS = ("slots", "merged", "offsets", "target", "level", "weight")
+BATCH_KEYS = ("slots", "merged", "offsets", "target", "group", "weight")
 
 
 def batch_tensors(batch: dict) -> tuple:
     return tuple(Tensor(batch[k]) for k in BATCH_KEYS)
 
 
+def level_groups(level_sizes) -> np.ndarray:
+    """bool [Lt, sum K]: the default softmax groups, row l = the level-l codes."""
+    sizes = [int(k) for k in level_sizes]
+    return np.repeat(np.eye(len(sizes), dtype=bool), sizes, axis=1)
+
+
 class NTPLoss(nn.Cell):
     """mean over prompts of mean over their targets of sum_l CE(code_l): Lt * sum(w * ce) / sum(w), where a
     target position's weight w is 1 / (targets of its prompt). Per position the softmax runs over the
-    codes of the target's level only."""
+    codes of its group: row `group` of `allowed` [groups, sum K] (default: its level's codes; with the
+    trie softmax, the codes the trie allows after the target's prefix, PrefixTrie.node_masks)."""
 
-    def __init__(self, decoder):
+    def __init__(self, decoder, allowed=None):
         super().__init__()
         self.decoder = decoder
         self.num_levels = float(decoder.num_levels)
-        self.col_level = Tensor(np.repeat(np.arange(decoder.num_levels), decoder.level_sizes).astype(np.int32))
+        self.restrict_to(level_groups(decoder.level_sizes) if allowed is None else allowed)
 
-    def token_losses(self, slots, merged, offsets, target, level, drop=None):
+    def restrict_to(self, allowed):
+        """Use other softmax groups, e.g. the trie's prefix nodes (PrefixTrie.node_masks): call before the
+        first step (the table is a constant of the compiled graph)."""
+        allowed = np.asarray(allowed, bool)
+        if allowed.ndim != 2 or allowed.shape[1] != self.decoder.num_codes:
+            raise ValueError(f"softmax groups must be [groups, {self.decoder.num_codes}], got {allowed.shape}")
+        self.allowed = Tensor(allowed)
+
+    def token_losses(self, slots, merged, offsets, target, group, drop=None):
         logits = self.decoder.logits(self.decoder(slots, merged, offsets, drop))      # [T, C]
-        same = ops.equal(self.col_level[None, :], level[:, None])
+        same = ops.gather(self.allowed, group, 0)
         masked = ops.where(same, logits, ops.full_like(logits, _MASKED))
         picked = ops.gather_elements(logits, 1, target[:, None])[:, 0]
         return ops.logsumexp(masked, 1) - picked
 
-    def construct(self, slots, merged, offsets, target, level, weight, drop=None):
-        ce = self.token_losses(slots, merged, offsets, target, level, drop)
+    def construct(self, slots, merged, offsets, target, group, weight, drop=None):
+        ce = self.token_losses(slots, merged, offsets, target, group, drop)
         total = weight.sum()
         return self.num_levels * (ce * weight).sum() / ops.maximum(total, ops.ones_like(total) * 1e-12)

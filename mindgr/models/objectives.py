@@ -74,6 +74,9 @@ def check_objective_arch(cfg):
     if spec.generative and not gr:
         raise ConfigError(f"config: loss.objective = {spec.name} trains the generative decoder: it needs "
                           f"model.arch = {GENERATIVE_ARCH} (got {cfg.model.arch})")
+    if cfg.model.trie_softmax and not gr:
+        raise ConfigError(f"config: model.trie_softmax is the generative decoder's scoring rule: it needs "
+                          f"model.arch = {GENERATIVE_ARCH} (got {cfg.model.arch})")
     if gr and not spec.generative:
         gen = ", ".join(n for n in objective_names() if _OBJECTIVES[n].generative)
         raise ConfigError(f"config: model.arch = {GENERATIVE_ARCH} is trained by next-token prediction: set "

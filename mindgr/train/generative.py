@@ -118,21 +118,24 @@ def check_codes_fingerprint(run_dir: Path):
 
 # ---- the cells ---------------------------------------------------------------------------------------
 class GRModel:
-    """GR decoder, NTP loss, optimizer and the compiled train step (the Trainer's `model`)."""
+    """GR decoder, NTP loss, optimizer and the compiled train step (the Trainer's `model`). The trie of the
+    code table gives the loss its softmax groups under model.trie_softmax."""
 
-    def __init__(self, cfg: Config, level_sizes, num_items: int):
+    def __init__(self, cfg: Config, trie, num_items: int):
         from mindgr.models.generative import build_decoder
         from mindgr.models.objectives import build_objective, check_objective_arch
         from mindgr.train.step import TrainStep, build_optimizer
         check_objective_arch(cfg)
-        self.decoder = build_decoder(cfg.model, level_sizes, cfg.data.max_len, cfg.run.seed)
+        self.decoder = build_decoder(cfg.model, [int(s) for s in trie.level_sizes], cfg.data.max_len, cfg.run.seed)
         self.encoder = self.decoder          # the Trainer's name for the trained network
         self.loss_net = build_objective(cfg, self.decoder, num_items)
+        if cfg.model.trie_softmax:
+            self.loss_net.restrict_to(trie.node_masks())
         self.optimizer = build_optimizer(self.decoder.trainable_params(), cfg.train)
         self.train_step = TrainStep(self.loss_net, self.optimizer)
 
 
-def gr_train_data(cfg: Config, data, table: CodeTable):
+def gr_train_data(cfg: Config, data, table: CodeTable, trie):
     """GRTrainData of a RunData: its training windows (and pages) as NTP rows over the code table."""
     from mindgr.models.ntp import RowError
     from mindgr.train.gr_data import GRTrainData, page_windows, training_windows
@@ -146,7 +149,8 @@ def gr_train_data(cfg: Config, data, table: CodeTable):
     try:
         return GRTrainData(windows, table.codes, offsets, int(offsets[-1]), cfg.loss.objective,
                            cfg.model.token_merger, cfg.train.batch_size, cfg.run.seed, cfg.data.token_capacity,
-                           pages if cfg.loss.objective == "page_ntp" else None)
+                           pages if cfg.loss.objective == "page_ntp" else None,
+                           trie.item_nodes() if cfg.model.trie_softmax else None)
     except RowError as e:
         raise ConfigError(f"config: {e}") from None
 
@@ -178,8 +182,8 @@ class GenerativeStrategy(RetrievalStrategy):
         else:
             self.codes = resolve_codes(self.cfg)
         check_codes_catalogue(self.codes, self.data.store)
-        self.train = gr_train_data(self.cfg, self.data, self.codes)
         self.trie = PrefixTrie(self.codes.codes, self.codes.level_sizes)
+        self.train = gr_train_data(self.cfg, self.data, self.codes, self.trie)
         self.plan = self.train.plan
         return self.plan
 
@@ -208,7 +212,7 @@ class GenerativeStrategy(RetrievalStrategy):
         self.run = run
         gd = self.train
         self.shape = StepShape.single(gd.token_capacity, gd.row_capacity)
-        self.model = GRModel(self.cfg, self.codes.level_sizes, self.data.num_items)
+        self.model = GRModel(self.cfg, self.trie, self.data.num_items)
         self.sampler = HostSampler(self.cfg, self.data.num_items, self.model.decoder, gd.token_capacity)
         run.log.info(f"GR: {self.cfg.loss.objective}, token merger {self.cfg.model.token_merger}, codes "
                      f"{'x'.join(str(s) for s in self.codes.level_sizes)} ({self.codes.source}); "
@@ -302,13 +306,14 @@ def load_generative_run(run_dir, which: str = "best", allow_data_change: bool = 
     data_note = data_change_note(run_dir, cfg, allow_data_change)
     table = _table_from_file(run_dir / CODES_FILE)
     setup_mindspore(cfg)
-    model = GRModel(cfg, table.level_sizes, table.codes.shape[0] - 1)
+    from mindgr.ids.trie import PrefixTrie
+    trie = PrefixTrie(table.codes, table.level_sizes)
+    model = GRModel(cfg, trie, table.codes.shape[0] - 1)
     tensors, meta = load_checkpoint(path)
     restore_parameters(model.train_step, tensors, str(path))
     model.decoder.set_train(False)
-    from mindgr.ids.trie import PrefixTrie
-    return LoadedGenerativeRun(cfg, run_dir, model.decoder, table.codes, table.level_sizes,
-                               PrefixTrie(table.codes, table.level_sizes), table.raw_ids, cfg.data.max_len,
+    return LoadedGenerativeRun(cfg, run_dir, model.decoder, table.codes, table.level_sizes, trie, table.raw_ids,
+                               cfg.data.max_len,
                                path.name, meta.get("step"), data_note)
 
 

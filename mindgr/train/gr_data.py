@@ -65,8 +65,10 @@ class GRTrainData:
     """Rows and batches of the GR objective over training windows (item ids into codes [V+1, Lt])."""
 
     def __init__(self, windows, codes, level_offsets, pad_id: int, objective: str, token_merger: str,
-                 batch_size: int, seed: int, token_capacity: int = 0, pages=None):
+                 batch_size: int, seed: int, token_capacity: int = 0, pages=None, item_groups=None):
+        """item_groups [V+1, Lt]: the softmax group of each item's codes (None = their level: ntp.user_rows)."""
         check_row_options(objective, token_merger, pages)
+        self.item_groups = item_groups
         self.codes = np.asarray(codes)
         self.level_offsets = np.asarray(level_offsets, np.int64)
         self.pad_id, self.objective, self.token_merger = pad_id, objective, token_merger
@@ -97,7 +99,7 @@ class GRTrainData:
 
     def rows(self, i: int) -> list:
         rows = user_rows(self.windows[i], self.codes, self.level_offsets, self.objective, self.token_merger,
-                         None if self.pages is None else self.pages[i], self.pad_id)
+                         None if self.pages is None else self.pages[i], self.pad_id, self.item_groups)
         if [r["slots"].shape[0] for r in rows] != self.row_counts[i]:
             raise AssertionError(f"example {i}: rows differ from their planned token counts")
         return rows
@@ -120,4 +122,4 @@ class GRTrainData:
 def _empty_row(group, pad_id):
     z = np.zeros(1, np.int32)
     return dict(slots=np.full((1, group), pad_id, np.int32), merged=np.zeros(1, np.float32), target=z,
-                level=z, weight=np.zeros(1, np.float32))
+                group=z, weight=np.zeros(1, np.float32))

@@ -1,7 +1,7 @@
 """Builds MindGR's C++ CPU kernels into one shared library, cached by a hash of sources and flags.
 
 `build()` returns the path of the library, compiling it first if no build for the current sources,
-compiler flags and machine exists yet. The cache directory is `mindgr/ops/cpu/_build/` when that is
+compiler flags and machine exists yet (one compiler per source, in parallel over the cores, then a link). The cache directory is `mindgr/ops/cpu/_build/` when that is
 writable, else `$MINDGR_CPU_BUILD_DIR`, else `$XDG_CACHE_HOME/mindgr/ops` (`~/.cache/mindgr/ops`).
 `MINDGR_CPU_BUILD_DIR` set explicitly takes precedence. Concurrent builds are safe: each process
 compiles to its own temporary file and renames it into place atomically.
@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ("hstu_attention.cc", "jagged.cc", "sampled_logits.cc", "shared_pool.cc", "bias_attention.cc",
@@ -170,21 +171,39 @@ def build(verbose: bool = False) -> str:
             pass
     fd, tmp = tempfile.mkstemp(prefix=".tmp_" + os.path.basename(out) + ".", suffix=".so", dir=directory)
     os.close(fd)
-    cmd = [cxx, *flags(cxx), *(os.path.join(SOURCE_DIR, s) for s in SOURCES), "-o", tmp]
-    if verbose:
-        print(" ".join(cmd), file=sys.stderr)
+    objects = tempfile.mkdtemp(prefix=".tmp_objects.", dir=directory)
+    compile_flags = [f for f in flags(cxx) if f != "-shared"]
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stdout.strip().splitlines()[-20:])
-            raise BuildError(f"compiling the C++ kernels failed ({' '.join(cmd)}):\n{tail}\n{WAY_OUT}")
+        # one compiler per source, as many at a time as there are cores, the largest sources first (they
+        # compile longest), then one link
+        by_size = sorted(SOURCES, key=lambda s: -os.path.getsize(os.path.join(SOURCE_DIR, s)))
+        jobs = [[cxx, *compile_flags, "-c", os.path.join(SOURCE_DIR, s), "-o", os.path.join(objects, s + ".o")]
+                for s in by_size]
+        _run_all(jobs, os.cpu_count() or 1, verbose)
+        _run_all([[cxx, *flags(cxx), *(j[-1] for j in jobs), "-o", tmp]], 1, verbose)
         os.chmod(tmp, 0o755)
         os.replace(tmp, out)  # atomic: a concurrent build of the same sources writes the same bytes
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        shutil.rmtree(objects, ignore_errors=True)
     _remove_stale(directory, keep=os.path.basename(out))
     return out
+
+
+def _run_all(cmds: list, parallel: int, verbose: bool) -> None:
+    """Run compiler commands, up to `parallel` at once; the first failure is a BuildError with its output."""
+    def one(cmd):
+        if verbose:
+            print(" ".join(cmd), file=sys.stderr)
+        return cmd, subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(cmds)))) as pool:
+        done = list(pool.map(one, cmds))
+    for cmd, proc in done:
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stdout.strip().splitlines()[-20:])
+            raise BuildError(f"compiling the C++ kernels failed ({' '.join(cmd)}):\n{tail}\n{WAY_OUT}")
 
 
 def _remove_stale(directory: str, keep: str, min_age_s: float = 86400.0) -> None:
