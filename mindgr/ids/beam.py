@@ -5,7 +5,8 @@ beam_search(trie, scorer, num_users, beam, k) runs Lt = L+1 steps for a batch of
 log-probabilities of the level-s codes after each beam's prefix; only codes the trie allows after that
 prefix are candidates (so only valid prefixes are ever scored or kept); a beam's score is the sum of its
 per-step log-probs (with `renormalize`, each step's log-probs are first renormalised over the allowed
-codes of their prefix: the scoring rule of a decoder trained with the trie softmax). The best `beam` candidates over (beam x code) survive (a full stable sort here: the
+codes of their prefix: the scoring rule of a decoder trained with the trie softmax). The best `beam`
+candidates over (beam x code) survive (a full stable sort here: the
 reference), and after the last step the best `k` complete tuples become items. Tuples are unique per
 item, so the k items are distinct. Beams that cannot be filled (fewer valid prefixes than `beam`) stay
 dead (score -inf, item 0).

@@ -1,7 +1,8 @@
 """Builds MindGR's C++ CPU kernels into one shared library, cached by a hash of sources and flags.
 
 `build()` returns the path of the library, compiling it first if no build for the current sources,
-compiler flags and machine exists yet (one compiler per source, in parallel over the cores, then a link). The cache directory is `mindgr/ops/cpu/_build/` when that is
+compiler flags and machine exists yet (one compiler per source, in parallel over the cores, then a
+link). The cache directory is `mindgr/ops/cpu/_build/` when that is
 writable, else `$MINDGR_CPU_BUILD_DIR`, else `$XDG_CACHE_HOME/mindgr/ops` (`~/.cache/mindgr/ops`).
 `MINDGR_CPU_BUILD_DIR` set explicitly takes precedence. Concurrent builds are safe: each process
 compiles to its own temporary file and renames it into place atomically.
