@@ -1,6 +1,7 @@
 """Generative retrieval end to end through `mindgr train` / `mindgr eval` / `mindgr compare`: a tiny GR
 decoder trained by next-token prediction on synthetic data, its decoded ranks, a bit-identical resume,
 a comparison with an HSTU run on the same users, and the one-line config errors."""
+import io
 import json
 
 import numpy as np
@@ -46,11 +47,21 @@ def test_train_eval_ranks_file_better_than_chance(gr_setup, capsys):
     assert (run / "ids" / "codes.parquet").is_file() and (run / "checkpoints" / "best.json").is_file()
     assert "codes" in json.loads((run / "data.json").read_text())
     assert result["checkpoint"]["name"] == "best" and result["valid"]["count"] == 40  # eval.max_users
+    # the final test decode wrote both ranks files of the best checkpoint: eval reuses them
+    saved = {name: (run / "ranks" / name).read_bytes() for name in ("test-best.npz", "test-best-unfiltered.npz")}
+    assert main(["eval", "--run", str(run)]) == 0
+    reused = json.loads(capsys.readouterr().out)
+    assert reused["decode"] == {"reused": str(run / "ranks" / "test-best.npz")}
+    for name in saved:                                  # an eval decoding afresh writes the same ranks
+        (run / "ranks" / name).unlink()
     assert main(["eval", "--run", str(run)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["count"] == result["test"]["count"] and out["filter_history"] is True
+    assert "reused" not in out["decode"] and out["count"] == result["test"]["count"] and out["filter_history"]
     assert all(np.isfinite(out[k]) for k in ("hr@10", "ndcg@10", "mrr"))
-    assert out["hr@10"] == pytest.approx(result["test"]["hr@10"])   # eval decodes what training's test did
+    assert out["hr@10"] == pytest.approx(result["test"]["hr@10"]) == reused["hr@10"]
+    for name, blob in saved.items():
+        with np.load(run / "ranks" / name) as now, np.load(io.BytesIO(blob)) as then:
+            assert all(np.array_equal(now[k], then[k]) for k in ("ranks", "ties", "targets", "checkpoint_sha256"))
     assert out["hr@10"] > 2 * 10 / gr_setup["num_items"]              # well above a random list of 10
     with np.load(out["ranks_file"]) as f:
         ranks, ties = f["ranks"], f["ties"]

@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from mindgr.models.generative import log_softmax
+
 NEG_INF = np.float32(-np.inf)
 
 
@@ -98,12 +100,7 @@ def beam_search(trie, scorer, num_users: int, beam: int, k: int, select=select_f
 def renormalized(logp: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """log-probs [..., K] renormalised over the allowed codes of each row (-inf elsewhere and in rows that
     allow none)."""
-    z = np.where(allowed, logp.astype(np.float64), -np.inf)
-    m = z.max(-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        lse = np.log(np.exp(z - m).sum(-1, keepdims=True)) + m
-    return np.where(allowed, z - lse, -np.inf).astype(np.float32)
+    return log_softmax(logp, allowed)
 
 
 def rebuilt_allowed(trie, level: int, prefixes: np.ndarray) -> np.ndarray:

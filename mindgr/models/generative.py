@@ -112,12 +112,23 @@ class GRDecoder(nn.Cell):
         return ops.matmul(hidden, self.w_head) + self.b_head
 
 
+def log_softmax(z: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:
+    """Host-side log-softmax over the last axis, in float64, returned as float32; with a boolean `allowed`
+    of z's shape, over the allowed entries only (-inf elsewhere, and in rows that allow none)."""
+    z = np.asarray(z, np.float64)
+    if allowed is not None:
+        z = np.where(allowed, z, -np.inf)
+    m = z.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        out = z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))
+    return (out if allowed is None else np.where(allowed, out, -np.inf)).astype(np.float32)
+
+
 def level_log_softmax(logits: np.ndarray, level_offsets, level: int) -> np.ndarray:
     """Host-side log-softmax of the level-`level` columns of logits [..., sum K] -> [..., K_level]."""
     a, b = int(level_offsets[level]), int(level_offsets[level + 1])
-    z = np.asarray(logits[..., a:b], np.float64)
-    m = z.max(-1, keepdims=True)
-    return (z - m - np.log(np.exp(z - m).sum(-1, keepdims=True))).astype(np.float32)
+    return log_softmax(logits[..., a:b])
 
 
 class TokenLogits(nn.Cell):

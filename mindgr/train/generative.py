@@ -162,6 +162,8 @@ class GenerativeStrategy(RetrievalStrategy):
     metrics, mindgr.train.gr_eval). The loop (run dir, checkpoints, resume, logging, `best`) is the one
     every strategy uses; on_run_dir keeps the run's own code table in RUN/ids/."""
 
+    _restored: Path | None = None    # the checkpoint the decoder's weights are exactly (None once a step ran)
+
     def check_config(self):
         from mindgr.models import model_spec
         from mindgr.models.objectives import check_objective_arch
@@ -231,6 +233,7 @@ class GenerativeStrategy(RetrievalStrategy):
         from mindspore import Tensor
         inputs, info = prepared
         tensors = [Tensor(x) for x in inputs]
+        self._restored = None                # the weights move on from any restored checkpoint
         t0 = time.perf_counter()
         loss = float(self.model.train_step(*tensors).asnumpy())
         return loss, time.perf_counter() - t0, info
@@ -243,14 +246,29 @@ class GenerativeStrategy(RetrievalStrategy):
                                                               self.model.decoder.num_codes)
         return 3.0 * fwd
 
+    def restore(self, tensors: dict, path):
+        super().restore(tensors, path)
+        self._restored = Path(path)
+
+    def _best_restored(self) -> Path | None:
+        """The best checkpoint when the decoder holds exactly its weights (the final evaluation), else None."""
+        best = CheckpointManager(self.run.run_dir, self.cfg.run.keep_last).best()
+        return best if best is not None and self._restored == best else None
+
     def split_metrics(self, split: str) -> dict:
         from mindgr.train.gr_eval import generative_metrics
         e = self.cfg.eval
         evalset = getattr(self.data.split, split)
         cap = e.max_users if split == "valid" else 0
+        best = self._best_restored() if split == "test" else None
         metrics = generative_metrics(self.model.decoder, self.trie, self.codes.codes, evalset, e.ks,
                                      self.cfg.data.max_len, beam_width_of(self.cfg), e.batch_size,
-                                     self.data.num_items, e.filter_history, cap, self.cfg.run.seed)
+                                     self.data.num_items, e.filter_history, cap, self.cfg.run.seed,
+                                     per_user=best is not None)
+        if best is not None:                 # the final test decode: its ranks, for `mindgr eval` / `compare`
+            metrics, both = metrics
+            ranks_dir, _ = _ranks_dir(self.run.run_dir)
+            save_decode_ranks(ranks_dir, split, "best", evalset.targets, both, best, cap)
         d = metrics["decode"]
         capped = f" (eval.max_users = {cap} of {len(evalset.targets)})" if cap and cap < len(evalset.targets) else ""
         self.run.log.info(f"decode {split}: {d['users']} users{capped}, beam {d['beam']}, history "
@@ -331,6 +349,24 @@ def _saved_ranks(path: Path, checkpoint_sha: str, users: int, max_users: int):
         return None
 
 
+def save_decode_ranks(ranks_dir: Path, split: str, which: str, targets, both: dict, ckpt_path: Path,
+                      max_users: int) -> dict:
+    """Both ranks files (history filtered and not) of one decode (generative_metrics(..., per_user=True)'s
+    second value), each recording the checkpoint's sha256 and the users decoded so that a later eval of the
+    same checkpoint reuses them; returns {filter_history: path}."""
+    sha = file_sha256(ckpt_path.with_suffix(".json"))   # the sidecar names the committed weights file
+    targets = np.asarray(targets, np.int64)
+    paths = {}
+    for f, (_, r, t, extra) in both.items():
+        per_user = {USER_METRIC_PREFIX + name: v for name, v in extra.items()}
+        paths[f] = ranks_dir / ranks_file_name(split, which, f)
+        atomic_write(paths[f], lambda tmp: np.savez(tmp, ranks=r, ties=t, targets=targets, checkpoint=ckpt_path.name,
+                                                    checkpoint_sha256=sha, max_users=max_users, filter_history=f,
+                                                    **per_user),
+                     tmp_suffix=".tmp.npz")
+    return paths
+
+
 def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", allow_data_change: bool = False,
                             filter_history: bool | None = None, max_users: int = 0) -> dict:
     """`mindgr eval` of a GR run: decode the split's users (all, or a fixed seeded sample of max_users) and
@@ -364,12 +400,7 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
         metrics, both = generative_metrics(run.decoder, run.trie, run.codes, evalset, cfg.eval.ks, run.max_history,
                                            beam, cfg.eval.batch_size, data.num_items, filter_history,
                                            max_users, cfg.run.seed, per_user=True)
-        for f, (_, r, t, extra) in both.items():
-            per_user = {USER_METRIC_PREFIX + name: v for name, v in extra.items()}
-            atomic_write(paths[f], lambda tmp: np.savez(tmp, ranks=r, ties=t, targets=targets, checkpoint=run.checkpoint,
-                                                        checkpoint_sha256=sha, max_users=max_users, filter_history=f,
-                                                        **per_user),
-                         tmp_suffix=".tmp.npz")
+        save_decode_ranks(ranks_dir, split, which, targets, both, ckpt_path, max_users)
     out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
            "filter_history": filter_history, **metrics, "ranks_file": str(paths[filter_history])}
     if max_users:
