@@ -5,14 +5,16 @@
 //     d_out[t]   = sum_r dlogits[t, r] * table[ids[t, r]]                    (r ascending)
 //     d_table[v] = sum_{(t, r): ids[t, r] == v} dlogits[t, r] * out[t]       ((t, r) ascending)
 //   MindgrSampledLse / MindgrSampledLseBwd: the sampled-softmax loss tail fused with the scoring
-//     (accidental-hit mask, log-sum-exp with the positive logit, their gradients; see below).
-// Never materialises [T, V1] or [T, R, D], and the loss tail no [T, R] tensor either.
+//     (accidental-hit mask, log-sum-exp with the positive logit, their gradients; see below). The
+//     forward also writes the negatives' softmax weights probs [T, R] for the backward, which so
+//     never rescores: it reads each gathered row once (for d_x) instead of twice.
+// Never materialises [T, V1] or [T, R, D]; the loss tail's only [T, R] tensor is probs.
 // Scoring (a gather-GEMM): per token, blocks of VL gathered table rows against the token's row held
 // in registers, one accumulator per row summed vertically over D, one transposed reduction per
 // block for its VL dots. Rows are read from a 64-byte aligned, zero-padded copy of the table when
 // D is not a whole number of vectors and the copy is small against the gathers (same result bits).
-// Backward: one pass over the tokens (parallel over fixed token blocks) rescoring where needed,
-// giving d_x from the rows just loaded and appending each (t, w, id) to its id partition's stream;
+// Backward: one pass over the tokens (parallel over fixed token blocks) giving d_x from the gathered
+// rows and appending each (t, w, id) to its id partition's stream;
 // then d_table per id partition (L1-sized) block by block. Every sum runs in an order fixed by the
 // shapes (d_table[v]: one chain in (t, r) order; d_x: r ascending, alternate rows in two chains
 // where NV <= 4): results are bitwise reproducible and independent of the thread count (no atomics,
@@ -277,11 +279,14 @@ void forward_nv(const Shape& s, const float* out, const float* table, const int3
 // The sampled-softmax loss tail fused with the scoring (never a [T, R] tensor outside the kernel):
 //   lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]]))  (targets[t] > 0)
 //          = 0                                                                                  (otherwise)
+//   probs[t, r] = exp(x[t] . table[ids[t, r]] - lse[t]) on kept pairs, 0 on accidental hits and on
+//          tokens without a target (the backward's weights before the upstream gradient).
 // Per token: blocks of VL logits (accidental hits and the partial block's spare lanes at -inf) into
-// an L1 buffer with a running vector max, then one vectorised exp-sum over the buffer.
+// an L1 buffer with a running vector max, then one vectorised exp-sum over the buffer, then probs
+// from the buffer (the same exp(l - lse) the backward used to recompute from a second scoring).
 template <int NV>
 void lse_forward_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const int32_t* targets,
-                    const float* pos, float* lse, bool* bad) {
+                    const float* pos, float* lse, float* probs, bool* bad) {
   const int64_t T = s.T, D = s.D, R = s.R;
   const int64_t Rp = (R + VL - 1) / VL * VL;
   const int nt = threads_for(T * R * D, T);
@@ -298,13 +303,16 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
     bool ok = true;
     for (int64_t t = t0; t < t1; ++t) {
       const int32_t* it = ids + t * R;
+      float* pt = probs + t * R;
       if (!ids_in_range(it, R, s.V1)) {
         ok = false;
+        std::fill(pt, pt + R, 0.0f);
         continue;
       }
       const int32_t tg = targets[t];
       if (tg <= 0) {
         lse[t] = 0.0f;
+        std::fill(pt, pt + R, 0.0f);
         continue;
       }
       load_row(x + t * D, nv, last, xv);
@@ -322,7 +330,15 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
         const vf v = vload(l.data() + r);
         acc += vselect(v > ninf, vexp(v - vm));
       }
-      lse[t] = m + std::log(vsum(acc) + std::exp(pos[t] - m));
+      const float lt = m + std::log(vsum(acc) + std::exp(pos[t] - m));
+      lse[t] = lt;
+      const vf vl = vbcast(lt);
+      for (int64_t r = 0; r < R; r += VL) {
+        const vf v = vload(l.data() + r);
+        const vf p = vselect(v > ninf, vexp(v - vl));
+        if (R - r >= VL) vstore(pt + r, p);
+        else vstore_tail(pt + r, p, static_cast<int>(R - r));
+      }
     }
     bad_t[size_t(tid)] = !ok;
   });
@@ -330,14 +346,14 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, shared by the scoring (w = dlogits) and the loss tail (w recomputed):
+// Backward, shared by the scoring (w = dlogits) and the loss tail (w = probs dlse):
 //   d_x[t]     = sum_r w[t, r] table[ids[t, r]]                 (r ascending; kChains chains: r even / odd)
 //   d_table[v] = sum_{(t, r): ids[t, r] == v} w[t, r] x[t]      ((t, r) ascending, one chain)
 // Ids fall into P partitions of 2^shift consecutive ids (a partition's d_table rows fit in L1);
 // tokens into nb blocks of Tb (a block's x rows fit in L2); both from the shapes only. Blocks are
 // processed in groups of a few (about 2 MB of entries, so that they stay in cache), group by group:
 // Pass 1 (parallel over the group's blocks): per block, its ids checked and counted per partition;
-// per token, the weights w (the loss tail rescoring its R rows), d_x from the rows just loaded,
+// per token, the weights w (the loss tail: the forward's probs times dlse), d_x from the gathered rows,
 // and every pair appended as (t, id, w) to its partition's segment of the block (P sequential
 // streams, in (t, r) order). Pass 2 (parallel over partitions): for each block of the group in
 // order, each partition's segment in order: d_table[id] += w x[t] (rows in L1, x rows of one
@@ -369,10 +385,11 @@ struct Layout {
 struct FromGrad {  // the scoring's backward: w = dlogits
   const float* g;
 };
-struct FromLse {  // the loss tail: w = dlse exp(l - lse) on kept pairs
+struct FromLse {  // the loss tail: w = probs dlse (probs = exp(l - lse) on kept pairs, from the forward)
   const int32_t* targets;
   const float* pos;
   const float* lse;
+  const float* probs;
   const float* dlse;
   float* d_pos;
 };
@@ -440,7 +457,6 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
       vf* acc = ab.data();
       std::vector<float> wl(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
       std::vector<int64_t> put(static_cast<size_t>(P));
-      const vf ninf = vbcast(-INFINITY);
       bool ok = true;
       for (int64_t b = g0 + ng * tid / nt1; b < g0 + ng * (tid + 1) / nt1 && ok; ++b) {
         const int64_t tb0 = lay.begin(b, T), tb1 = lay.begin(b + 1, T);
@@ -469,19 +485,18 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
             continue;
           }
           const float* w = wl.data();
-          if (padded || kLse) load_row(x + t * D, nv, last, xv);
+          if (padded) load_row(x + t * D, nv, last, xv);
           if (padded) {
             float* xp = xpad + (t - lay.begin(g0, T)) * Dp;
             for (int cc = 0; cc < nv; ++cc) vstore(xp + cc * VL, xv[cc]);
           }
           if constexpr (kLse) {
-            const int32_t tg = src.targets[t];
             const float lt = src.lse[t], gt = src.dlse[t];
-            const vf vl = vbcast(lt), vg = vbcast(gt);
+            const vf vg = vbcast(gt);
+            const float* pr = src.probs + t * R;
             for (int64_t r = 0; r < R; r += VL) {
               const int nr = static_cast<int>(std::min<int64_t>(VL, R - r));
-              const vf v = select_ninf(hit_lanes(it + r, nr, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, nr));
-              vstore(wl.data() + r, vselect(v > ninf, vexp(v - vl) * vg));
+              vstore(wl.data() + r, (nr == VL ? vload(pr + r) : vload_tail(pr + r, nr)) * vg);
             }
             src.d_pos[t] = gt * std::exp(src.pos[t] - lt);
           } else {
@@ -630,41 +645,44 @@ int check_lse(int nparam, int want, int* ndims, int64_t** shapes, const char** d
   return 0;
 }
 
-// lse = sampled_lse(x, table, ids, targets, pos)
+// (lse, probs) = sampled_lse(x, table, ids, targets, pos)
 int run_lse_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
-  if (int rc = check_lse(nparam, 6, ndims, shapes, dtypes, &s)) return rc;
+  if (int rc = check_lse(nparam, 7, ndims, shapes, dtypes, &s)) return rc;
   if (ndims[5] != 1 || !is_f32(dtypes[5]) || shapes[5][0] != s.T) return 13;
+  if (ndims[6] != 2 || !is_f32(dtypes[6]) || shapes[6][0] != s.T || shapes[6][1] != s.R) return 13;
   const float* x = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   const int32_t* tg = static_cast<const int32_t*>(params[3]);
   const float* pos = static_cast<const float*>(params[4]);
   float* lse = static_cast<float*>(params[5]);
+  float* probs = static_cast<float*>(params[6]);
   Ids32 ids;
   if (int rc = ids32(params[2], s, &ids)) return rc;
   bool bad = false;
-  with_nv(s.nv, [&](auto k) { lse_forward_nv<decltype(k)::value>(s, x, table, ids.p, tg, pos, lse, &bad); });
+  with_nv(s.nv, [&](auto k) { lse_forward_nv<decltype(k)::value>(s, x, table, ids.p, tg, pos, lse, probs, &bad); });
   return bad ? 17 : 0;
 } catch (...) {
   return 99;
 }
 
-// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, dlse)
+// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, probs, dlse)
 int run_lse_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
-  if (int rc = check_lse(nparam, 10, ndims, shapes, dtypes, &s)) return rc;
-  for (int i : {5, 6, 9})
+  if (int rc = check_lse(nparam, 11, ndims, shapes, dtypes, &s)) return rc;
+  for (int i : {5, 7, 10})
     if (ndims[i] != 1 || shapes[i][0] != s.T || !is_f32(dtypes[i])) return 13;
-  if (ndims[7] != 2 || shapes[7][0] != s.T || shapes[7][1] != s.D || ndims[8] != 2 || shapes[8][0] != s.V1 ||
-      shapes[8][1] != s.D || !is_f32(dtypes[7]) || !is_f32(dtypes[8]))
+  if (ndims[6] != 2 || shapes[6][0] != s.T || shapes[6][1] != s.R || !is_f32(dtypes[6])) return 13;
+  if (ndims[8] != 2 || shapes[8][0] != s.T || shapes[8][1] != s.D || ndims[9] != 2 || shapes[9][0] != s.V1 ||
+      shapes[9][1] != s.D || !is_f32(dtypes[8]) || !is_f32(dtypes[9]))
     return 13;
   const float* x = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   FromLse src{static_cast<const int32_t*>(params[3]), static_cast<const float*>(params[4]),
               static_cast<const float*>(params[5]), static_cast<const float*>(params[6]),
-              static_cast<float*>(params[9])};
-  float* d_x = static_cast<float*>(params[7]);
-  float* d_table = static_cast<float*>(params[8]);
+              static_cast<const float*>(params[7]), static_cast<float*>(params[10])};
+  float* d_x = static_cast<float*>(params[8]);
+  float* d_table = static_cast<float*>(params[9]);
   Ids32 ids;
   if (int rc = ids32(params[2], s, &ids)) return rc;
   int rc = 0;
@@ -718,8 +736,8 @@ MINDGR_AOT_OP(MindgrSampledLogits, mindgr::run_forward)
 // (d_out, d_table) from (out, table, ids, dlogits)
 MINDGR_AOT_OP(MindgrSampledLogitsBwd, mindgr::run_backward)
 
-// lse = sampled_lse(x, table, ids, targets, pos)
+// (lse, probs) = sampled_lse(x, table, ids, targets, pos)
 MINDGR_AOT_OP(MindgrSampledLse, mindgr::run_lse_forward)
 
-// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, dlse)
+// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, probs, dlse)
 MINDGR_AOT_OP(MindgrSampledLseBwd, mindgr::run_lse_backward)
