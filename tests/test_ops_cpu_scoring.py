@@ -276,8 +276,10 @@ def _probs_np(x, table, ids, tgt, pos):
     return np.where((ids != tgt[:, None]) & (tgt[:, None] > 0), p, 0.0)
 
 
+@pytest.mark.parametrize("dtable", ["owners", "entries"])
 @pytest.mark.parametrize("T,R", [(0, 5), (6, 0), (1, 1)], ids=["T0", "R0", "T1R1"])
-def test_sampled_kernels_empty_and_single(T, R):
+def test_sampled_kernels_empty_and_single(T, R, dtable, monkeypatch):
+    monkeypatch.setenv("MINDGR_CPU_DTABLE", dtable)
     rng = np.random.default_rng(2)
     D, V1 = 7, 5
     x = rng.standard_normal((T, D)).astype(np.float32)
@@ -355,3 +357,32 @@ def test_sampled_lse_backward_groups_and_threads(monkeypatch):
     want_dt = s.T @ x.astype(np.float64)
     assert_close(runs[0][2], want_dx, "d_x")
     assert_close(runs[0][3], want_dt, "d_table")
+
+
+@pytest.mark.parametrize("T,D,R,V1", [(700, 50, 64, 300), (333, 20, 37, 1200), (90, 3, 130, 7)])
+def test_sampled_backward_d_table_passes_agree_bitwise(T, D, R, V1, monkeypatch):
+    """The two d_table passes (owners: threads own id ranges and walk all pairs; entries: pairs bucketed
+    by id partition) sum each row in the same (t, r) order: the same bits, for 1, 2 and 3 threads, for
+    the loss tail and for the plain scoring's backward."""
+    x, table, ids, tgt, pos, cot = [a.asnumpy() for a in make_lse_inputs(9, T, D, R, V1)]
+    g = np.random.default_rng(3).standard_normal((T, R)).astype(np.float32)
+    lse, probs = np.empty(T, np.float32), np.empty((T, R), np.float32)
+    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse, probs]) == 0
+    np.testing.assert_allclose(probs, _probs_np(x, table, ids, tgt, pos), rtol=1e-5, atol=1e-7)
+    runs = {}
+    for dtable in ("owners", "entries"):
+        for threads in ("1", "2", "3"):
+            monkeypatch.setenv("MINDGR_CPU_DTABLE", dtable)
+            monkeypatch.setenv("MINDGR_CPU_THREADS", threads)
+            d = [np.full((T, D), np.nan, np.float32), np.full((V1, D), np.nan, np.float32), np.full(T, np.nan, np.float32)]
+            assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, probs, cot, *d]) == 0
+            e = [np.full((T, D), np.nan, np.float32), np.full((V1, D), np.nan, np.float32)]
+            assert _aot("MindgrSampledLogitsBwd", [x, table, ids, g, *e]) == 0
+            runs[(dtable, threads)] = d + e
+    first = runs[("owners", "1")]
+    for key, got in runs.items():
+        for a, b in zip(first, got):
+            np.testing.assert_array_equal(a, b, err_msg=str(key))
+    want = np.zeros((V1, D))
+    np.add.at(want, ids.ravel(), (g[..., None] * x[:, None, :]).reshape(-1, D))
+    assert_close(first[4], want, "logits d_table")

@@ -224,9 +224,13 @@ struct TableView {
   int64_t ld;
   Last last;
   std::unique_ptr<Scratch> buf;
+  // Whether the view of these shapes is a padded copy.
+  static bool pads(const Shape& s) {
+    return s.nv != 0 && s.last != VL && s.V1 * int64_t(s.nv) * VL * 4 <= s.T * s.R * s.D;
+  }
   TableView(const Shape& s, const float* table) : p(table), ld(s.D), last(s.last) {
     const int64_t Dp = int64_t(s.nv) * VL;
-    if (s.nv == 0 || s.last == VL || s.V1 * Dp * 4 > s.T * s.R * s.D) return;
+    if (!pads(s)) return;
     buf.reset(new Scratch(static_cast<size_t>(s.V1 * Dp + 16)));
     float* q = aligned64(buf->data());
     for (int64_t v = 0; v < s.V1; ++v) {
@@ -394,9 +398,187 @@ struct FromLse {  // the loss tail: w = probs dlse (probs = exp(l - lse) on kept
   float* d_pos;
 };
 
+// d_x[t] = sum_r w[r] table[it[r]] (r ascending; chain k takes the rows r = k mod kChains, the
+// chains added at the end); acc: kChains * nv vectors of scratch.
+template <int NV>
+inline void dx_row(const TableView& tv, const Last& last, int nv, const int32_t* it, const float* w, int64_t R,
+                   vf* acc, float* dt) {
+  constexpr int CH = kChains<NV>;
+  for (int i = 0; i < CH * nv; ++i) acc[i] = vzero();
+  int64_t r = 0;
+  for (; r + CH <= R; r += CH) {
+#pragma GCC unroll 2
+    for (int k = 0; k < CH; ++k) {
+      const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
+      vf* a = acc + k * nv;
+      const vf wr = vbcast(w[r + k]);
+      for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
+      if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+    }
+  }
+  for (; r < R; ++r) {
+    const float* p = tv.p + int64_t(it[r]) * tv.ld;
+    const vf wr = vbcast(w[r]);
+    for (int cc = 0; cc + 1 < nv; ++cc) acc[cc] += wr * vload(p + cc * VL);
+    if (nv > 0) acc[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+  }
+  for (int cc = 0; cc < nv; ++cc) {
+    vf v = acc[cc];
+    if (CH == 2) v += acc[nv + cc];
+    if (cc + 1 < nv) vstore(dt + cc * VL, v);
+    else last.store(dt + cc * VL, v);
+  }
+}
+
+// The loss tail's weights of token t: w[r] = probs[t, r] dlse[t] (r < R; wl has Rp floats).
+inline void lse_weights(const FromLse& src, int64_t t, int64_t R, float* wl) {
+  const vf vg = vbcast(src.dlse[t]);
+  const float* pr = src.probs + t * R;
+  for (int64_t r = 0; r < R; r += VL) {
+    const int nr = static_cast<int>(std::min<int64_t>(VL, R - r));
+    vstore(wl + r, (nr == VL ? vload(pr + r) : vload_tail(pr + r, nr)) * vg);
+  }
+}
+
+// Lane bits of an integer mask of -1/0 lanes (bit g = lane g).
+inline uint32_t lane_bits(vi m) {
+#if defined(MINDGR_ISA_AVX512)
+  return _mm512_cmplt_epi32_mask((__m512i)m, _mm512_setzero_si512());
+#elif defined(MINDGR_ISA_AVX2)
+  return static_cast<uint32_t>(_mm256_movemask_ps((__m256)m));
+#else
+  uint32_t b = 0;
+  for (int g = 0; g < VL; ++g) b |= uint32_t(m[g] != 0) << g;
+  return b;
+#endif
+}
+
+// Which d_table pass (below): MINDGR_CPU_DTABLE=owners|entries forces one (tests compare them; both give
+// the same bits), else owners when the table's gradient fits in L2 (about 2 MB).
+inline bool use_owners(int64_t V1, int64_t dld) {
+  const char* env = std::getenv("MINDGR_CPU_DTABLE");
+  if (env != nullptr && std::strcmp(env, "owners") == 0) return true;
+  if (env != nullptr && std::strcmp(env, "entries") == 0) return false;
+  return V1 * dld * int64_t(sizeof(float)) <= (int64_t(2) << 20);
+}
+
+// Backward for a table whose gradient fits in L2: pass 1 (parallel over token ranges) checks the ids,
+// gives d_x (and d_pos) per token; pass 2 (parallel over id ranges, thread k owning ids
+// [V1 k / n, V1 (k + 1) / n)): every thread walks all pairs in (t, r) order with the token's x row in
+// registers and adds w x[t] to the rows it owns. No entries to write and read back; each d_table row is
+// still one chain over its pairs in (t, r) order, so the result has the same bits as the entries pass
+// (and as for any thread count).
+template <int NV, class Src>
+int backward_owners_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const Src& src,
+                       float* d_x, float* d_table) {
+  constexpr bool kLse = std::is_same<Src, FromLse>::value;
+  const int64_t T = s.T, D = s.D, R = s.R, V1 = s.V1;
+  auto active = [&](int64_t t) -> bool {
+    if constexpr (kLse) return src.targets[t] > 0;
+    else return true;
+  };
+  const TableView tv(s, table);
+  const bool padded = tv.buf != nullptr;
+  const int64_t Dp = int64_t(s.nv) * VL;
+  const int64_t dld = padded ? Dp : D;
+  std::unique_ptr<Scratch> dpad_buf;
+  float* dacc = d_table;
+  if (padded) {
+    dpad_buf.reset(new Scratch(static_cast<size_t>(V1 * Dp + 16)));
+    dacc = aligned64(dpad_buf->data());
+  }
+  std::memset(dacc, 0, sizeof(float) * size_t(V1 * dld));
+  const int64_t Rp = (R + VL - 1) / VL * VL;
+  constexpr int CH = kChains<NV>;
+  const int nt = threads_for(T * R * D, T);
+  std::vector<char> bad_t(size_t(nt), 0);
+  // Pass 1: checks, d_x, d_pos.
+  parallel_run(nt, [&](int tid) {
+    const Last last(s.last);
+    const int nv = nvecs<NV>(s);
+    RowBuf<NV * CH> ab(CH * nv);
+    std::vector<float> wl(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
+    bool ok = true;
+    for (int64_t t = T * tid / nt; t < T * (tid + 1) / nt; ++t) {
+      const int32_t* it = ids + t * R;
+      float* dt = d_x + t * D;
+      if (!ids_in_range(it, R, V1)) {
+        ok = false;
+        continue;
+      }
+      if (!active(t)) {
+        std::fill(dt, dt + D, 0.0f);
+        if constexpr (kLse) src.d_pos[t] = 0.0f;
+        continue;
+      }
+      const float* w;
+      if constexpr (kLse) {
+        lse_weights(src, t, R, wl.data());
+        src.d_pos[t] = src.dlse[t] * std::exp(src.pos[t] - src.lse[t]);
+        w = wl.data();
+      } else {
+        w = src.g + t * R;
+      }
+      dx_row<NV>(tv, last, nv, it, w, R, ab.data(), dt);
+    }
+    bad_t[size_t(tid)] = !ok;
+  });
+  for (char b : bad_t)
+    if (b) return 17;
+  // Pass 2: d_table by id ranges.
+  const int nt2 = threads_for(T * R * D, V1);
+  parallel_run(nt2, [&](int tid) {
+    const int nv = nvecs<NV>(s);
+    if (nv == 0) return;
+    const Last xlast(s.last), dlast(padded ? VL : s.last);
+    RowBuf<NV> xb(nv);
+    vf* xv = xb.data();
+    const uint32_t v0 = static_cast<uint32_t>(V1 * tid / nt2);
+    const uint32_t span = static_cast<uint32_t>(V1 * (tid + 1) / nt2) - v0;
+    typedef uint32_t vu __attribute__((vector_size(VL * sizeof(uint32_t))));
+    const vu vv0 = (vu)vbcast_i(int32_t(v0)), vspan = (vu)vbcast_i(int32_t(span));
+    for (int64_t t = 0; t < T; ++t) {
+      if (!active(t)) continue;
+      const int32_t* it = ids + t * R;
+      load_row(x + t * D, nv, xlast, xv);
+      const float* wr = nullptr;
+      float gt = 0.0f;
+      if constexpr (kLse) {
+        wr = src.probs + t * R;
+        gt = src.dlse[t];
+      } else {
+        wr = src.g + t * R;
+      }
+      for (int64_t r = 0; r < R; r += VL) {
+        const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
+        vi idv = vbcast_i(-1);
+        if (n == VL) idv = vload_i(it + r);
+        else std::memcpy(&idv, it + r, sizeof(int32_t) * size_t(n));  // lanes past n: -1, never owned
+        uint32_t bits = lane_bits((vi)(((vu)idv - vv0) < vspan));
+        while (bits != 0) {
+          const int g = __builtin_ctz(bits);
+          bits &= bits - 1;
+          const int64_t q = r + g;
+          float w = wr[q];
+          if constexpr (kLse) w = w * gt;
+          const vf we = vbcast(w);
+          float* dv = dacc + int64_t(it[q]) * dld;
+          for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * xv[cc]);
+          dlast.store(dv + (nv - 1) * VL, dlast.load(dv + (nv - 1) * VL) + we * xv[nv - 1]);
+        }
+      }
+    }
+  });
+  if (padded)
+    for (int64_t v = 0; v < V1; ++v) std::memcpy(d_table + v * D, dacc + v * Dp, sizeof(float) * size_t(D));
+  return 0;
+}
+
 template <int NV, class Src>
 int backward_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const Src& src,
                 float* d_x, float* d_table) {
+  if (use_owners(s.V1, TableView::pads(s) ? int64_t(s.nv) * VL : s.D))
+    return backward_owners_nv<NV>(s, x, table, ids, src, d_x, d_table);
   constexpr bool kLse = std::is_same<Src, FromLse>::value;
   const int64_t T = s.T, D = s.D, R = s.R, V1 = s.V1;
   const Layout lay(T, D, V1);
@@ -442,7 +624,8 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
   const int64_t Rp = (R + VL - 1) / VL * VL;
   constexpr int CH = kChains<NV>;
   std::vector<char> bad_t(size_t(nt), 0);
-  std::vector<int64_t> pb(static_cast<size_t>(nt + 1)), tot(static_cast<size_t>(P));
+  // (pass 2 runs up to P threads, more than pass 1 when the blocks are fewer than the partitions)
+  std::vector<int64_t> pb(static_cast<size_t>(P + 1)), tot(static_cast<size_t>(P));
 
   for (int64_t g0 = 0; g0 < nb; g0 += gsize) {
     const int64_t g1 = std::min(nb, g0 + gsize), ng = g1 - g0, e0 = base[size_t(g0)];
@@ -491,42 +674,12 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
             for (int cc = 0; cc < nv; ++cc) vstore(xp + cc * VL, xv[cc]);
           }
           if constexpr (kLse) {
-            const float lt = src.lse[t], gt = src.dlse[t];
-            const vf vg = vbcast(gt);
-            const float* pr = src.probs + t * R;
-            for (int64_t r = 0; r < R; r += VL) {
-              const int nr = static_cast<int>(std::min<int64_t>(VL, R - r));
-              vstore(wl.data() + r, (nr == VL ? vload(pr + r) : vload_tail(pr + r, nr)) * vg);
-            }
-            src.d_pos[t] = gt * std::exp(src.pos[t] - lt);
+            lse_weights(src, t, R, wl.data());
+            src.d_pos[t] = src.dlse[t] * std::exp(src.pos[t] - src.lse[t]);
           } else {
             w = src.g + t * R;
           }
-          // d_x[t]: chain k takes the rows r = k mod CH
-          for (int i = 0; i < CH * nv; ++i) acc[i] = vzero();
-          int64_t r = 0;
-          for (; r + CH <= R; r += CH) {
-#pragma GCC unroll 2
-            for (int k = 0; k < CH; ++k) {
-              const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
-              vf* a = acc + k * nv;
-              const vf wr = vbcast(w[r + k]);
-              for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
-              if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
-            }
-          }
-          for (; r < R; ++r) {
-            const float* p = tv.p + int64_t(it[r]) * tv.ld;
-            const vf wr = vbcast(w[r]);
-            for (int cc = 0; cc + 1 < nv; ++cc) acc[cc] += wr * vload(p + cc * VL);
-            if (nv > 0) acc[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
-          }
-          for (int cc = 0; cc < nv; ++cc) {
-            vf v = acc[cc];
-            if (CH == 2) v += acc[nv + cc];
-            if (cc + 1 < nv) vstore(dt + cc * VL, v);
-            else last.store(dt + cc * VL, v);
-          }
+          dx_row<NV>(tv, last, nv, it, w, R, acc, dt);
           // entries in their partition's segment
           const uint32_t tl = static_cast<uint32_t>(t - tb0) << shift;
           for (int64_t q = 0; q < R; ++q) {
