@@ -211,9 +211,9 @@ def test_sampled_lse_thread_count_invariant(monkeypatch):
     runs = []
     for threads in ("1", "2"):
         monkeypatch.setenv("MINDGR_CPU_THREADS", threads)
-        lse, probs = cpu._P.sampled_lse(x, table, ids, tgt, pos)
-        runs.append([lse.asnumpy(), probs.asnumpy()] +
-                    [g.asnumpy() for g in cpu._P.sampled_lse_bwd(x, table, ids, tgt, pos, lse, probs, cot)])
+        lse, probs, u = cpu._P.sampled_lse(x, table, ids, tgt, pos)
+        runs.append([lse.asnumpy(), probs.asnumpy(), u.asnumpy()] +
+                    [g.asnumpy() for g in cpu._P.sampled_lse_bwd(x, table, ids, tgt, pos, lse, probs, u, cot)])
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
 
@@ -288,13 +288,15 @@ def test_sampled_kernels_empty_and_single(T, R, dtable, monkeypatch):
     tgt = (np.arange(T) % (V1 - 1) + 1).astype(np.int32)
     tgt[2::3] = 0                         # tokens without a target
     pos = rng.standard_normal(T).astype(np.float32)
-    lse, probs = np.full(T, np.nan, np.float32), np.full((T, R), np.nan, np.float32)
-    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse, probs]) == 0
+    lse, probs, u = np.full(T, np.nan, np.float32), np.full((T, R), np.nan, np.float32), np.full((T, D), np.nan, np.float32)
+    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse, probs, u]) == 0
     np.testing.assert_allclose(lse, _lse_np(x, table, ids, tgt, pos), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(probs, _probs_np(x, table, ids, tgt, pos), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(u, np.einsum("tr,trd->td", _probs_np(x, table, ids, tgt, pos), table[ids]),
+                               rtol=1e-5, atol=1e-6)
     dlse = rng.standard_normal(T).astype(np.float32)
     d_x, d_t, d_p = np.full((T, D), np.nan, np.float32), np.full((V1, D), np.nan, np.float32), np.full(T, np.nan, np.float32)
-    assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, probs, dlse, d_x, d_t, d_p]) == 0
+    assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, probs, u, dlse, d_x, d_t, d_p]) == 0
     assert not np.isnan(d_x).any() and not np.isnan(d_p).any()
     if R == 0:  # no negatives: lse = pos, all of the gradient goes to pos
         np.testing.assert_array_equal(d_x, 0)
@@ -317,11 +319,11 @@ def test_sampled_lse_int64_ids_bitwise_and_bad_ids():
     x, table, ids, tgt, pos, cot = [a.asnumpy() for a in make_lse_inputs(8, 70, 20, 19, 45)]
     outs = {}
     for dt in (np.int32, np.int64):
-        lse, probs = np.empty(70, np.float32), np.empty((70, 19), np.float32)
-        assert _aot("MindgrSampledLse", [x, table, ids.astype(dt), tgt, pos, lse, probs]) == 0
+        lse, probs, u = np.empty(70, np.float32), np.empty((70, 19), np.float32), np.empty((70, 20), np.float32)
+        assert _aot("MindgrSampledLse", [x, table, ids.astype(dt), tgt, pos, lse, probs, u]) == 0
         d = [np.empty((70, 20), np.float32), np.empty((45, 20), np.float32), np.empty(70, np.float32)]
-        assert _aot("MindgrSampledLseBwd", [x, table, ids.astype(dt), tgt, pos, lse, probs, cot, *d]) == 0
-        outs[dt] = [lse, probs] + d
+        assert _aot("MindgrSampledLseBwd", [x, table, ids.astype(dt), tgt, pos, lse, probs, u, cot, *d]) == 0
+        outs[dt] = [lse, probs, u] + d
     for a, b in zip(outs[np.int32], outs[np.int64]):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(outs[np.int32][0], _lse_np(x, table, ids, tgt, pos), rtol=1e-5, atol=1e-5)
@@ -329,10 +331,10 @@ def test_sampled_lse_int64_ids_bitwise_and_bad_ids():
         bad = ids.copy()
         bad[t, -1] = value
         for dt in (np.int32, np.int64):
-            lse, probs = np.empty(70, np.float32), np.zeros((70, 19), np.float32)
-            assert _aot("MindgrSampledLse", [x, table, bad.astype(dt), tgt, pos, lse, probs]) == 17
+            lse, probs, u = np.empty(70, np.float32), np.zeros((70, 19), np.float32), np.zeros((70, 20), np.float32)
+            assert _aot("MindgrSampledLse", [x, table, bad.astype(dt), tgt, pos, lse, probs, u]) == 17
             d = [np.empty((70, 20), np.float32), np.empty((45, 20), np.float32), np.empty(70, np.float32)]
-            assert _aot("MindgrSampledLseBwd", [x, table, bad.astype(dt), tgt, pos, lse, probs, cot, *d]) == 17
+            assert _aot("MindgrSampledLseBwd", [x, table, bad.astype(dt), tgt, pos, lse, probs, u, cot, *d]) == 17
 
 
 def test_sampled_lse_backward_groups_and_threads(monkeypatch):
@@ -342,11 +344,11 @@ def test_sampled_lse_backward_groups_and_threads(monkeypatch):
     runs = []
     for threads in ("1", "2"):
         monkeypatch.setenv("MINDGR_CPU_THREADS", threads)
-        lse, probs = np.empty(1400, np.float32), np.empty((1400, 420), np.float32)
-        assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse, probs]) == 0
+        lse, probs, u = np.empty(1400, np.float32), np.empty((1400, 420), np.float32), np.empty((1400, 50), np.float32)
+        assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse, probs, u]) == 0
         d = [np.empty((1400, 50), np.float32), np.empty((300, 50), np.float32), np.empty(1400, np.float32)]
-        assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, probs, cot, *d]) == 0
-        runs.append([lse, probs] + d)
+        assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, probs, u, cot, *d]) == 0
+        runs.append([lse, probs, u] + d)
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
     l = np.einsum("td,trd->tr", x.astype(np.float64), table.astype(np.float64)[ids])
@@ -355,8 +357,8 @@ def test_sampled_lse_backward_groups_and_threads(monkeypatch):
     s = np.zeros((1400, 300))
     np.add.at(s, (np.repeat(np.arange(1400), 420), ids.ravel()), w.ravel())
     want_dt = s.T @ x.astype(np.float64)
-    assert_close(runs[0][2], want_dx, "d_x")
-    assert_close(runs[0][3], want_dt, "d_table")
+    assert_close(runs[0][3], want_dx, "d_x")
+    assert_close(runs[0][4], want_dt, "d_table")
 
 
 @pytest.mark.parametrize("T,D,R,V1", [(700, 50, 64, 300), (333, 20, 37, 1200), (90, 3, 130, 7)])
@@ -366,8 +368,8 @@ def test_sampled_backward_d_table_passes_agree_bitwise(T, D, R, V1, monkeypatch)
     the loss tail and for the plain scoring's backward."""
     x, table, ids, tgt, pos, cot = [a.asnumpy() for a in make_lse_inputs(9, T, D, R, V1)]
     g = np.random.default_rng(3).standard_normal((T, R)).astype(np.float32)
-    lse, probs = np.empty(T, np.float32), np.empty((T, R), np.float32)
-    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse, probs]) == 0
+    lse, probs, u = np.empty(T, np.float32), np.empty((T, R), np.float32), np.empty((T, D), np.float32)
+    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse, probs, u]) == 0
     np.testing.assert_allclose(probs, _probs_np(x, table, ids, tgt, pos), rtol=1e-5, atol=1e-7)
     runs = {}
     for dtable in ("owners", "entries"):
@@ -375,7 +377,7 @@ def test_sampled_backward_d_table_passes_agree_bitwise(T, D, R, V1, monkeypatch)
             monkeypatch.setenv("MINDGR_CPU_DTABLE", dtable)
             monkeypatch.setenv("MINDGR_CPU_THREADS", threads)
             d = [np.full((T, D), np.nan, np.float32), np.full((V1, D), np.nan, np.float32), np.full(T, np.nan, np.float32)]
-            assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, probs, cot, *d]) == 0
+            assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, probs, u, cot, *d]) == 0
             e = [np.full((T, D), np.nan, np.float32), np.full((V1, D), np.nan, np.float32)]
             assert _aot("MindgrSampledLogitsBwd", [x, table, ids, g, *e]) == 0
             runs[(dtable, threads)] = d + e

@@ -32,8 +32,8 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
     MindgrSampledLogits(out, table, ids) -> logits                  (gradient: MindgrSampledLogitsBwd)
     MindgrSampledLogitsBwd(out, table, ids, dlogits) -> d_out, d_table
-    MindgrSampledLse(x, table, ids, targets, pos) -> lse, probs        (gradient: MindgrSampledLseBwd)
-    MindgrSampledLseBwd(x, table, ids, targets, pos, lse, probs, dlse) -> d_x, d_table, d_pos
+    MindgrSampledLse(x, table, ids, targets, pos) -> lse, probs, u     (gradient: MindgrSampledLseBwd)
+    MindgrSampledLseBwd(x, table, ids, targets, pos, lse, probs, u, dlse) -> d_x, d_table, d_pos
     MindgrPoolLse(x, cand, logq, cand_ids, targets, pos) -> lse      (gradient: MindgrPoolLseBwd)
     MindgrPoolLseBwd(x, cand, logq, cand_ids, targets, pos, lse, dlse) -> d_x, d_cand, d_logq, d_pos
     MindgrLayerNorm(x, eps[1]) -> y                                  (gradient: MindgrLayerNormBwd)
@@ -369,13 +369,14 @@ class _Primitives:
         return self._get("sampled_logits", make)
 
     # Sampled-softmax tail fused with the scoring: lse[t] over pos[t] and the kept negatives -----
-    # (the forward's second output, probs [T, R], carries the backward's weights: no rescoring)
+    # (the forward's other outputs, probs [T, R] and u = d lse / d x [T, D], carry the backward's
+    # weights and d_x: no rescoring, no gathers)
     @property
     def sampled_lse_bwd(self):
         return self._get("sampled_lse_bwd", lambda: _aot(
             "MindgrSampledLseBwd",
-            lambda x, t, i, g, p, l, w, d: (x, t, p),
-            lambda x, t, i, g, p, l, w, d: (x, x, p)))
+            lambda x, t, i, g, p, l, w, u, d: (x, t, p),
+            lambda x, t, i, g, p, l, w, u, d: (x, x, p)))
 
     @property
     def sampled_lse(self):
@@ -383,12 +384,12 @@ class _Primitives:
             bwd = self.sampled_lse_bwd
 
             def bprop(x, table, ids, tgt, pos, out, dout):
-                d_x, d_table, d_pos = bwd(x, table, ids, tgt, pos, out[0], out[1], dout[0])
+                d_x, d_table, d_pos = bwd(x, table, ids, tgt, pos, out[0], out[1], out[2], dout[0])
                 return d_x, d_table, ops.zeros_like(ids), ops.zeros_like(tgt), d_pos
 
             return _aot("MindgrSampledLse",
-                        lambda x, t, i, g, p: (p, i),
-                        lambda x, t, i, g, p: (p, p), bprop)
+                        lambda x, t, i, g, p: (p, i, x),
+                        lambda x, t, i, g, p: (p, p, p), bprop)
         return self._get("sampled_lse", make)
 
     # Shared-pool log-sum-exp (streamed over the candidates, never [T, K]) --------------------------
@@ -584,8 +585,8 @@ def sampled_lse(x, table, ids, targets, pos, score_all: bool = False):
     """lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]])) for
     targets[t] > 0, else 0: x [T, D], table [V+1, D], ids [T, R], targets [T], pos [T] -> [T] float32.
     The sampled-softmax loss tail (accidental-hit mask, log-sum-exp with the positive) fused with the
-    scoring: the one [T, R] tensor it leaves is the negatives' softmax weights, kept for the backward (so that
-    it does not score again). Gradients flow to x, table and pos (deterministic,
+    scoring: the one [T, R] tensor it leaves is the negatives' softmax weights, kept with d lse / d x [T, D] for
+    the backward (so that it neither scores nor gathers again). Gradients flow to x, table and pos (deterministic,
     independent of the thread count); the reference is sampled_logits + mask + logsumexp (score_all, the
     reference's choice of how to score, does not apply)."""
     if ids.dtype != ms.int64:

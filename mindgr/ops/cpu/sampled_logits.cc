@@ -6,15 +6,16 @@
 //     d_table[v] = sum_{(t, r): ids[t, r] == v} dlogits[t, r] * out[t]       ((t, r) ascending)
 //   MindgrSampledLse / MindgrSampledLseBwd: the sampled-softmax loss tail fused with the scoring
 //     (accidental-hit mask, log-sum-exp with the positive logit, their gradients; see below). The
-//     forward also writes the negatives' softmax weights probs [T, R] for the backward, which so
-//     never rescores: it reads each gathered row once (for d_x) instead of twice.
+//     forward also writes, for the backward, the negatives' softmax weights probs [T, R] and
+//     u = d lse / d x [T, D] (summed over the rows the scoring has just loaded): so the backward
+//     neither rescores nor gathers a table row; it only forms d_table.
 // Never materialises [T, V1] or [T, R, D]; the loss tail's only [T, R] tensor is probs.
 // Scoring (a gather-GEMM): per token, blocks of VL gathered table rows against the token's row held
 // in registers, one accumulator per row summed vertically over D, one transposed reduction per
 // block for its VL dots. Rows are read from a 64-byte aligned, zero-padded copy of the table when
 // D is not a whole number of vectors and the copy is small against the gathers (same result bits).
-// Backward: one pass over the tokens (parallel over fixed token blocks) giving d_x from the gathered
-// rows and appending each (t, w, id) to its id partition's stream;
+// Backward: one pass over the tokens (parallel over fixed token blocks) giving d_x (the loss tail:
+// from u; the scoring: from the gathered rows) and appending each (t, w, id) to its id partition's stream;
 // then d_table per id partition (L1-sized) block by block. Every sum runs in an order fixed by the
 // shapes (d_table[v]: one chain in (t, r) order; d_x: r ascending, alternate rows in two chains
 // where NV <= 4): results are bitwise reproducible and independent of the thread count (no atomics,
@@ -279,18 +280,53 @@ void forward_nv(const Shape& s, const float* out, const float* table, const int3
   for (char b : bad_t) *bad |= b != 0;
 }
 
+// d_x[t] = sum_r w[r] table[it[r]] (r ascending; chain k takes the rows r = k mod kChains, the
+// chains added at the end); acc: kChains * nv vectors of scratch.
+template <int NV>
+inline void dx_row(const TableView& tv, const Last& last, int nv, const int32_t* it, const float* w, int64_t R,
+                   vf* acc, float* dt) {
+  constexpr int CH = kChains<NV>;
+  for (int i = 0; i < CH * nv; ++i) acc[i] = vzero();
+  int64_t r = 0;
+  for (; r + CH <= R; r += CH) {
+#pragma GCC unroll 2
+    for (int k = 0; k < CH; ++k) {
+      const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
+      vf* a = acc + k * nv;
+      const vf wr = vbcast(w[r + k]);
+      for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
+      if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+    }
+  }
+  for (; r < R; ++r) {
+    const float* p = tv.p + int64_t(it[r]) * tv.ld;
+    const vf wr = vbcast(w[r]);
+    for (int cc = 0; cc + 1 < nv; ++cc) acc[cc] += wr * vload(p + cc * VL);
+    if (nv > 0) acc[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+  }
+  for (int cc = 0; cc < nv; ++cc) {
+    vf v = acc[cc];
+    if (CH == 2) v += acc[nv + cc];
+    if (cc + 1 < nv) vstore(dt + cc * VL, v);
+    else last.store(dt + cc * VL, v);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The sampled-softmax loss tail fused with the scoring (never a [T, R] tensor outside the kernel):
 //   lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]]))  (targets[t] > 0)
 //          = 0                                                                                  (otherwise)
 //   probs[t, r] = exp(x[t] . table[ids[t, r]] - lse[t]) on kept pairs, 0 on accidental hits and on
-//          tokens without a target (the backward's weights before the upstream gradient).
+//          tokens without a target (the backward's weights before the upstream gradient);
+//   u[t] = sum_r probs[t, r] table[ids[t, r]] (d lse[t] / d x[t]: the backward's d_x is dlse[t] u[t]).
 // Per token: blocks of VL logits (accidental hits and the partial block's spare lanes at -inf) into
 // an L1 buffer with a running vector max, then one vectorised exp-sum over the buffer, then probs
-// from the buffer (the same exp(l - lse) the backward used to recompute from a second scoring).
+// from the buffer (the same exp(l - lse) the backward used to recompute from a second scoring), then
+// u over the same R rows, which the scoring has just brought into L1 (the backward used to gather
+// them again from L2 or memory).
 template <int NV>
 void lse_forward_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const int32_t* targets,
-                    const float* pos, float* lse, float* probs, bool* bad) {
+                    const float* pos, float* lse, float* probs, float* u, bool* bad) {
   const int64_t T = s.T, D = s.D, R = s.R;
   const int64_t Rp = (R + VL - 1) / VL * VL;
   const int nt = threads_for(T * R * D, T);
@@ -302,21 +338,25 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
     const int nv = nvecs<NV>(s);
     RowBuf<NV> xb(nv);
     vf* xv = xb.data();
+    RowBuf<NV * kChains<NV>> ab(kChains<NV> * nv);
     std::vector<float> l(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
     const vf ninf = vbcast(-INFINITY);
     bool ok = true;
     for (int64_t t = t0; t < t1; ++t) {
       const int32_t* it = ids + t * R;
       float* pt = probs + t * R;
+      float* ut = u + t * D;
       if (!ids_in_range(it, R, s.V1)) {
         ok = false;
         std::fill(pt, pt + R, 0.0f);
+        std::fill(ut, ut + D, 0.0f);
         continue;
       }
       const int32_t tg = targets[t];
       if (tg <= 0) {
         lse[t] = 0.0f;
         std::fill(pt, pt + R, 0.0f);
+        std::fill(ut, ut + D, 0.0f);
         continue;
       }
       load_row(x + t * D, nv, last, xv);
@@ -343,6 +383,7 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
         if (R - r >= VL) vstore(pt + r, p);
         else vstore_tail(pt + r, p, static_cast<int>(R - r));
       }
+      dx_row<NV>(tv, last, nv, it, pt, R, ab.data(), ut);
     }
     bad_t[size_t(tid)] = !ok;
   });
@@ -389,46 +430,15 @@ struct Layout {
 struct FromGrad {  // the scoring's backward: w = dlogits
   const float* g;
 };
-struct FromLse {  // the loss tail: w = probs dlse (probs = exp(l - lse) on kept pairs, from the forward)
+struct FromLse {  // the loss tail: w = probs dlse, d_x = u dlse (probs, u from the forward)
   const int32_t* targets;
   const float* pos;
   const float* lse;
   const float* probs;
+  const float* u;
   const float* dlse;
   float* d_pos;
 };
-
-// d_x[t] = sum_r w[r] table[it[r]] (r ascending; chain k takes the rows r = k mod kChains, the
-// chains added at the end); acc: kChains * nv vectors of scratch.
-template <int NV>
-inline void dx_row(const TableView& tv, const Last& last, int nv, const int32_t* it, const float* w, int64_t R,
-                   vf* acc, float* dt) {
-  constexpr int CH = kChains<NV>;
-  for (int i = 0; i < CH * nv; ++i) acc[i] = vzero();
-  int64_t r = 0;
-  for (; r + CH <= R; r += CH) {
-#pragma GCC unroll 2
-    for (int k = 0; k < CH; ++k) {
-      const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
-      vf* a = acc + k * nv;
-      const vf wr = vbcast(w[r + k]);
-      for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
-      if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
-    }
-  }
-  for (; r < R; ++r) {
-    const float* p = tv.p + int64_t(it[r]) * tv.ld;
-    const vf wr = vbcast(w[r]);
-    for (int cc = 0; cc + 1 < nv; ++cc) acc[cc] += wr * vload(p + cc * VL);
-    if (nv > 0) acc[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
-  }
-  for (int cc = 0; cc < nv; ++cc) {
-    vf v = acc[cc];
-    if (CH == 2) v += acc[nv + cc];
-    if (cc + 1 < nv) vstore(dt + cc * VL, v);
-    else last.store(dt + cc * VL, v);
-  }
-}
 
 // The loss tail's weights of token t: w[r] = probs[t, r] dlse[t] (r < R; wl has Rp floats).
 inline void lse_weights(const FromLse& src, int64_t t, int64_t R, float* wl) {
@@ -438,6 +448,14 @@ inline void lse_weights(const FromLse& src, int64_t t, int64_t R, float* wl) {
     const int nr = static_cast<int>(std::min<int64_t>(VL, R - r));
     vstore(wl + r, (nr == VL ? vload(pr + r) : vload_tail(pr + r, nr)) * vg);
   }
+}
+
+// The loss tail's d_x[t] = dlse[t] u[t] and d_pos[t] = dlse[t] exp(pos[t] - lse[t]).
+inline void lse_dx(const FromLse& src, int64_t t, int64_t D, float* dt) {
+  const float gt = src.dlse[t];
+  const float* ut = src.u + t * D;
+  for (int64_t d = 0; d < D; ++d) dt[d] = gt * ut[d];
+  src.d_pos[t] = gt * std::exp(src.pos[t] - src.lse[t]);
 }
 
 // Lane bits of an integer mask of -1/0 lanes (bit g = lane g).
@@ -497,7 +515,6 @@ int backward_owners_nv(const Shape& s, const float* x, const float* table, const
     const Last last(s.last);
     const int nv = nvecs<NV>(s);
     RowBuf<NV * CH> ab(CH * nv);
-    std::vector<float> wl(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
     bool ok = true;
     for (int64_t t = T * tid / nt; t < T * (tid + 1) / nt; ++t) {
       const int32_t* it = ids + t * R;
@@ -511,15 +528,11 @@ int backward_owners_nv(const Shape& s, const float* x, const float* table, const
         if constexpr (kLse) src.d_pos[t] = 0.0f;
         continue;
       }
-      const float* w;
       if constexpr (kLse) {
-        lse_weights(src, t, R, wl.data());
-        src.d_pos[t] = src.dlse[t] * std::exp(src.pos[t] - src.lse[t]);
-        w = wl.data();
+        lse_dx(src, t, D, dt);
       } else {
-        w = src.g + t * R;
+        dx_row<NV>(tv, last, nv, it, src.g + t * R, R, ab.data(), dt);
       }
-      dx_row<NV>(tv, last, nv, it, w, R, ab.data(), dt);
     }
     bad_t[size_t(tid)] = !ok;
   });
@@ -675,11 +688,11 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
           }
           if constexpr (kLse) {
             lse_weights(src, t, R, wl.data());
-            src.d_pos[t] = src.dlse[t] * std::exp(src.pos[t] - src.lse[t]);
+            lse_dx(src, t, D, dt);
           } else {
             w = src.g + t * R;
+            dx_row<NV>(tv, last, nv, it, w, R, acc, dt);
           }
-          dx_row<NV>(tv, last, nv, it, w, R, acc, dt);
           // entries in their partition's segment
           const uint32_t tl = static_cast<uint32_t>(t - tb0) << shift;
           for (int64_t q = 0; q < R; ++q) {
@@ -798,44 +811,47 @@ int check_lse(int nparam, int want, int* ndims, int64_t** shapes, const char** d
   return 0;
 }
 
-// (lse, probs) = sampled_lse(x, table, ids, targets, pos)
+// (lse, probs, u) = sampled_lse(x, table, ids, targets, pos)
 int run_lse_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
-  if (int rc = check_lse(nparam, 7, ndims, shapes, dtypes, &s)) return rc;
+  if (int rc = check_lse(nparam, 8, ndims, shapes, dtypes, &s)) return rc;
   if (ndims[5] != 1 || !is_f32(dtypes[5]) || shapes[5][0] != s.T) return 13;
   if (ndims[6] != 2 || !is_f32(dtypes[6]) || shapes[6][0] != s.T || shapes[6][1] != s.R) return 13;
+  if (ndims[7] != 2 || !is_f32(dtypes[7]) || shapes[7][0] != s.T || shapes[7][1] != s.D) return 13;
   const float* x = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   const int32_t* tg = static_cast<const int32_t*>(params[3]);
   const float* pos = static_cast<const float*>(params[4]);
   float* lse = static_cast<float*>(params[5]);
   float* probs = static_cast<float*>(params[6]);
+  float* u = static_cast<float*>(params[7]);
   Ids32 ids;
   if (int rc = ids32(params[2], s, &ids)) return rc;
   bool bad = false;
-  with_nv(s.nv, [&](auto k) { lse_forward_nv<decltype(k)::value>(s, x, table, ids.p, tg, pos, lse, probs, &bad); });
+  with_nv(s.nv, [&](auto k) { lse_forward_nv<decltype(k)::value>(s, x, table, ids.p, tg, pos, lse, probs, u, &bad); });
   return bad ? 17 : 0;
 } catch (...) {
   return 99;
 }
 
-// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, probs, dlse)
+// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, probs, u, dlse)
 int run_lse_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
-  if (int rc = check_lse(nparam, 11, ndims, shapes, dtypes, &s)) return rc;
-  for (int i : {5, 7, 10})
+  if (int rc = check_lse(nparam, 12, ndims, shapes, dtypes, &s)) return rc;
+  for (int i : {5, 8, 11})
     if (ndims[i] != 1 || shapes[i][0] != s.T || !is_f32(dtypes[i])) return 13;
   if (ndims[6] != 2 || shapes[6][0] != s.T || shapes[6][1] != s.R || !is_f32(dtypes[6])) return 13;
-  if (ndims[8] != 2 || shapes[8][0] != s.T || shapes[8][1] != s.D || ndims[9] != 2 || shapes[9][0] != s.V1 ||
-      shapes[9][1] != s.D || !is_f32(dtypes[8]) || !is_f32(dtypes[9]))
-    return 13;
+  for (int i : {7, 9})
+    if (ndims[i] != 2 || shapes[i][0] != s.T || shapes[i][1] != s.D || !is_f32(dtypes[i])) return 13;
+  if (ndims[10] != 2 || shapes[10][0] != s.V1 || shapes[10][1] != s.D || !is_f32(dtypes[10])) return 13;
   const float* x = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   FromLse src{static_cast<const int32_t*>(params[3]), static_cast<const float*>(params[4]),
               static_cast<const float*>(params[5]), static_cast<const float*>(params[6]),
-              static_cast<const float*>(params[7]), static_cast<float*>(params[10])};
-  float* d_x = static_cast<float*>(params[8]);
-  float* d_table = static_cast<float*>(params[9]);
+              static_cast<const float*>(params[7]), static_cast<const float*>(params[8]),
+              static_cast<float*>(params[11])};
+  float* d_x = static_cast<float*>(params[9]);
+  float* d_table = static_cast<float*>(params[10]);
   Ids32 ids;
   if (int rc = ids32(params[2], s, &ids)) return rc;
   int rc = 0;
@@ -889,8 +905,8 @@ MINDGR_AOT_OP(MindgrSampledLogits, mindgr::run_forward)
 // (d_out, d_table) from (out, table, ids, dlogits)
 MINDGR_AOT_OP(MindgrSampledLogitsBwd, mindgr::run_backward)
 
-// (lse, probs) = sampled_lse(x, table, ids, targets, pos)
+// (lse, probs, u) = sampled_lse(x, table, ids, targets, pos)
 MINDGR_AOT_OP(MindgrSampledLse, mindgr::run_lse_forward)
 
-// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, probs, dlse)
+// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, probs, u, dlse)
 MINDGR_AOT_OP(MindgrSampledLseBwd, mindgr::run_lse_backward)
