@@ -472,12 +472,13 @@ inline uint32_t lane_bits(vi m) {
 }
 
 // Which d_table pass (below): MINDGR_CPU_DTABLE=owners|entries forces one (tests compare them; both give
-// the same bits), else owners when the table's gradient fits in L2 (about 2 MB).
-inline bool use_owners(int64_t V1, int64_t dld) {
+// the same bits), else owners when the table's gradient fits in L2 (about 2 MB) and at most 4 threads
+// would share it (every owner reads all the pairs, so the owners pass reads them once per thread).
+inline bool use_owners(int64_t V1, int64_t dld, int threads) {
   const char* env = std::getenv("MINDGR_CPU_DTABLE");
   if (env != nullptr && std::strcmp(env, "owners") == 0) return true;
   if (env != nullptr && std::strcmp(env, "entries") == 0) return false;
-  return V1 * dld * int64_t(sizeof(float)) <= (int64_t(2) << 20);
+  return V1 * dld * int64_t(sizeof(float)) <= (int64_t(2) << 20) && threads <= 4;
 }
 
 // Backward for a table whose gradient fits in L2: pass 1 (parallel over token ranges) checks the ids,
@@ -590,7 +591,7 @@ int backward_owners_nv(const Shape& s, const float* x, const float* table, const
 template <int NV, class Src>
 int backward_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const Src& src,
                 float* d_x, float* d_table) {
-  if (use_owners(s.V1, TableView::pads(s) ? int64_t(s.nv) * VL : s.D))
+  if (use_owners(s.V1, TableView::pads(s) ? int64_t(s.nv) * VL : s.D, threads_for(s.T * s.R * s.D, s.V1)))
     return backward_owners_nv<NV>(s, x, table, ids, src, d_x, d_table);
   constexpr bool kLse = std::is_same<Src, FromLse>::value;
   const int64_t T = s.T, D = s.D, R = s.R, V1 = s.V1;

@@ -12,7 +12,8 @@
 // Exceptions: the first one thrown by any fn(tid) is rethrown on the caller after every worker has
 // finished (a worker that could not start is a std::system_error from the caller, as before).
 // Process exit stops and joins the workers; a forked child drops its parent's pools (their threads
-// do not exist there) and starts new ones.
+// do not exist there) and starts new ones. Workers are named "mindgr-worker" (profiles tell them
+// from the MindSpore thread that called the kernel).
 #include <pthread.h>
 #include <unistd.h>
 
@@ -129,6 +130,7 @@ class Pool {
   }
 
   void loop(Worker* k, int tid) {
+    pthread_setname_np(pthread_self(), "mindgr-worker");  // (15 characters at most) for profiles
     uint64_t seen = 0;
     for (;;) {
       if (!spin_until([&] { return k->ticket.load(std::memory_order_acquire) != seen; })) {
