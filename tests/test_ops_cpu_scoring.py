@@ -208,11 +208,12 @@ def test_sampled_lse_matches_reference_graph(config):
 
 def test_sampled_lse_thread_count_invariant(monkeypatch):
     x, table, ids, tgt, pos, cot = make_lse_inputs(4, 1400, 50, 64, 300)  # 3 token blocks, 5 id partitions
-    lse = cpu._P.sampled_lse(x, table, ids, tgt, pos)
     runs = []
     for threads in ("1", "2"):
         monkeypatch.setenv("MINDGR_CPU_THREADS", threads)
-        runs.append([lse.asnumpy()] + [g.asnumpy() for g in cpu._P.sampled_lse_bwd(x, table, ids, tgt, pos, lse, cot)])
+        lse, probs, u = cpu._P.sampled_lse(x, table, ids, tgt, pos)
+        runs.append([lse.asnumpy(), probs.asnumpy(), u.asnumpy()] +
+                    [g.asnumpy() for g in cpu._P.sampled_lse_bwd(x, table, ids, tgt, pos, lse, probs, u, cot)])
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
 
@@ -268,8 +269,17 @@ def _lse_np(x, table, ids, tgt, pos):
     return np.where(tgt > 0, lse, 0.0)
 
 
+def _probs_np(x, table, ids, tgt, pos):
+    """The forward's second output: exp(l - lse) on kept pairs, 0 on hits and tokens without a target."""
+    l = np.einsum("td,trd->tr", x.astype(np.float64), table.astype(np.float64)[ids])
+    p = np.exp(l - _lse_np(x, table, ids, tgt, pos)[:, None])
+    return np.where((ids != tgt[:, None]) & (tgt[:, None] > 0), p, 0.0)
+
+
+@pytest.mark.parametrize("dtable", ["owners", "entries"])
 @pytest.mark.parametrize("T,R", [(0, 5), (6, 0), (1, 1)], ids=["T0", "R0", "T1R1"])
-def test_sampled_kernels_empty_and_single(T, R):
+def test_sampled_kernels_empty_and_single(T, R, dtable, monkeypatch):
+    monkeypatch.setenv("MINDGR_CPU_DTABLE", dtable)
     rng = np.random.default_rng(2)
     D, V1 = 7, 5
     x = rng.standard_normal((T, D)).astype(np.float32)
@@ -278,12 +288,15 @@ def test_sampled_kernels_empty_and_single(T, R):
     tgt = (np.arange(T) % (V1 - 1) + 1).astype(np.int32)
     tgt[2::3] = 0                         # tokens without a target
     pos = rng.standard_normal(T).astype(np.float32)
-    lse = np.full(T, np.nan, np.float32)
-    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse]) == 0
+    lse, probs, u = np.full(T, np.nan, np.float32), np.full((T, R), np.nan, np.float32), np.full((T, D), np.nan, np.float32)
+    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse, probs, u]) == 0
     np.testing.assert_allclose(lse, _lse_np(x, table, ids, tgt, pos), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(probs, _probs_np(x, table, ids, tgt, pos), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(u, np.einsum("tr,trd->td", _probs_np(x, table, ids, tgt, pos), table[ids]),
+                               rtol=1e-5, atol=1e-6)
     dlse = rng.standard_normal(T).astype(np.float32)
     d_x, d_t, d_p = np.full((T, D), np.nan, np.float32), np.full((V1, D), np.nan, np.float32), np.full(T, np.nan, np.float32)
-    assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, dlse, d_x, d_t, d_p]) == 0
+    assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, probs, u, dlse, d_x, d_t, d_p]) == 0
     assert not np.isnan(d_x).any() and not np.isnan(d_p).any()
     if R == 0:  # no negatives: lse = pos, all of the gradient goes to pos
         np.testing.assert_array_equal(d_x, 0)
@@ -306,11 +319,11 @@ def test_sampled_lse_int64_ids_bitwise_and_bad_ids():
     x, table, ids, tgt, pos, cot = [a.asnumpy() for a in make_lse_inputs(8, 70, 20, 19, 45)]
     outs = {}
     for dt in (np.int32, np.int64):
-        lse = np.empty(70, np.float32)
-        assert _aot("MindgrSampledLse", [x, table, ids.astype(dt), tgt, pos, lse]) == 0
+        lse, probs, u = np.empty(70, np.float32), np.empty((70, 19), np.float32), np.empty((70, 20), np.float32)
+        assert _aot("MindgrSampledLse", [x, table, ids.astype(dt), tgt, pos, lse, probs, u]) == 0
         d = [np.empty((70, 20), np.float32), np.empty((45, 20), np.float32), np.empty(70, np.float32)]
-        assert _aot("MindgrSampledLseBwd", [x, table, ids.astype(dt), tgt, pos, lse, cot, *d]) == 0
-        outs[dt] = [lse] + d
+        assert _aot("MindgrSampledLseBwd", [x, table, ids.astype(dt), tgt, pos, lse, probs, u, cot, *d]) == 0
+        outs[dt] = [lse, probs, u] + d
     for a, b in zip(outs[np.int32], outs[np.int64]):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(outs[np.int32][0], _lse_np(x, table, ids, tgt, pos), rtol=1e-5, atol=1e-5)
@@ -318,24 +331,24 @@ def test_sampled_lse_int64_ids_bitwise_and_bad_ids():
         bad = ids.copy()
         bad[t, -1] = value
         for dt in (np.int32, np.int64):
-            lse = np.empty(70, np.float32)
-            assert _aot("MindgrSampledLse", [x, table, bad.astype(dt), tgt, pos, lse]) == 17
+            lse, probs, u = np.empty(70, np.float32), np.zeros((70, 19), np.float32), np.zeros((70, 20), np.float32)
+            assert _aot("MindgrSampledLse", [x, table, bad.astype(dt), tgt, pos, lse, probs, u]) == 17
             d = [np.empty((70, 20), np.float32), np.empty((45, 20), np.float32), np.empty(70, np.float32)]
-            assert _aot("MindgrSampledLseBwd", [x, table, bad.astype(dt), tgt, pos, lse, cot, *d]) == 17
+            assert _aot("MindgrSampledLseBwd", [x, table, bad.astype(dt), tgt, pos, lse, probs, u, cot, *d]) == 17
 
 
 def test_sampled_lse_backward_groups_and_threads(monkeypatch):
     """R large enough that the backward's groups of token blocks follow the thread count (one block
     per group on 1 thread, two on 2): same bits either way, and d_x / d_table against float64."""
     x, table, ids, tgt, pos, cot = [a.asnumpy() for a in make_lse_inputs(6, 1400, 50, 420, 300)]
-    lse = np.empty(1400, np.float32)
-    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse]) == 0
     runs = []
     for threads in ("1", "2"):
         monkeypatch.setenv("MINDGR_CPU_THREADS", threads)
+        lse, probs, u = np.empty(1400, np.float32), np.empty((1400, 420), np.float32), np.empty((1400, 50), np.float32)
+        assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse, probs, u]) == 0
         d = [np.empty((1400, 50), np.float32), np.empty((300, 50), np.float32), np.empty(1400, np.float32)]
-        assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, cot, *d]) == 0
-        runs.append(d)
+        assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, probs, u, cot, *d]) == 0
+        runs.append([lse, probs, u] + d)
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
     l = np.einsum("td,trd->tr", x.astype(np.float64), table.astype(np.float64)[ids])
@@ -344,5 +357,34 @@ def test_sampled_lse_backward_groups_and_threads(monkeypatch):
     s = np.zeros((1400, 300))
     np.add.at(s, (np.repeat(np.arange(1400), 420), ids.ravel()), w.ravel())
     want_dt = s.T @ x.astype(np.float64)
-    assert_close(runs[0][0], want_dx, "d_x")
-    assert_close(runs[0][1], want_dt, "d_table")
+    assert_close(runs[0][3], want_dx, "d_x")
+    assert_close(runs[0][4], want_dt, "d_table")
+
+
+@pytest.mark.parametrize("T,D,R,V1", [(700, 50, 64, 300), (333, 20, 37, 1200), (90, 3, 130, 7)])
+def test_sampled_backward_d_table_passes_agree_bitwise(T, D, R, V1, monkeypatch):
+    """The two d_table passes (owners: threads own id ranges and walk all pairs; entries: pairs bucketed
+    by id partition) sum each row in the same (t, r) order: the same bits, for 1, 2 and 3 threads, for
+    the loss tail and for the plain scoring's backward."""
+    x, table, ids, tgt, pos, cot = [a.asnumpy() for a in make_lse_inputs(9, T, D, R, V1)]
+    g = np.random.default_rng(3).standard_normal((T, R)).astype(np.float32)
+    lse, probs, u = np.empty(T, np.float32), np.empty((T, R), np.float32), np.empty((T, D), np.float32)
+    assert _aot("MindgrSampledLse", [x, table, ids, tgt, pos, lse, probs, u]) == 0
+    np.testing.assert_allclose(probs, _probs_np(x, table, ids, tgt, pos), rtol=1e-5, atol=1e-7)
+    runs = {}
+    for dtable in ("owners", "entries"):
+        for threads in ("1", "2", "3"):
+            monkeypatch.setenv("MINDGR_CPU_DTABLE", dtable)
+            monkeypatch.setenv("MINDGR_CPU_THREADS", threads)
+            d = [np.full((T, D), np.nan, np.float32), np.full((V1, D), np.nan, np.float32), np.full(T, np.nan, np.float32)]
+            assert _aot("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, probs, u, cot, *d]) == 0
+            e = [np.full((T, D), np.nan, np.float32), np.full((V1, D), np.nan, np.float32)]
+            assert _aot("MindgrSampledLogitsBwd", [x, table, ids, g, *e]) == 0
+            runs[(dtable, threads)] = d + e
+    first = runs[("owners", "1")]
+    for key, got in runs.items():
+        for a, b in zip(first, got):
+            np.testing.assert_array_equal(a, b, err_msg=str(key))
+    want = np.zeros((V1, D))
+    np.add.at(want, ids.ravel(), (g[..., None] * x[:, None, :]).reshape(-1, D))
+    assert_close(first[4], want, "logits d_table")

@@ -11,7 +11,9 @@ waiting), base/new ratio of the wall medians, and max |base - new| of the output
 
 Ops (fused sampled-softmax tail `MindgrSampledLse(/Bwd)`, what SampledSoftmaxLoss runs on the cpu
 backend, and plain `MindgrSampledLogits(/Bwd)`). Useful FLOPs counted: forward 2*T*R*D (the dots);
-lse backward 6*T*R*D (recomputed dots + d_x + d_table); logits backward 4*T*R*D.
+lse backward 6*T*R*D (recomputed dots + d_x + d_table; also for trees whose backward reads the
+forward's probs (and u) instead, so that the GFLOP/s compare; compare fwd + bwd there); logits
+backward 4*T*R*D.
 
 Inputs: uniform negatives in [1, V] (the trainer's draws), targets uniform with 8 % zeros (tokens
 without a target), so accidental hits occur at rate ~R/V as in training.
@@ -68,7 +70,7 @@ class Lib:
         self.path = path
         self.cdll = ctypes.CDLL(path)
 
-    def call(self, name: str, arrays):
+    def call(self, name: str, arrays, ok=(0,)):
         n = len(arrays)
         params = (ctypes.c_void_p * n)(*[a.ctypes.data for a in arrays])
         ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
@@ -78,8 +80,9 @@ class Lib:
         fn = getattr(self.cdll, name)
         fn.restype = ctypes.c_int
         rc = fn(n, params, ndims, shapes, dtypes, None, None)
-        if rc != 0:
+        if rc not in ok:
             raise RuntimeError(f"{name} returned {rc}")
+        return rc
 
 
 def make_inputs(T, D, R, V1, seed=0):
@@ -107,15 +110,31 @@ def ops_for(T, D, R, V1, inp):
             bufs[(id(lib), key)] = make()
         return bufs[(id(lib), key)]
 
+    # The forward's extra outputs, which the backward then reads, by library version: none (6 / 10
+    # arguments: the backward rescores), probs [T, R] (7 / 11), probs and u [T, D] (8 / 12); told
+    # apart by the argument-count error (10) on empty tensors.
+    def extras(lib):
+        def probe():
+            base = [np.empty((0, D), f32), np.empty((1, D), f32), np.empty((0, R), np.int32), np.empty(0, np.int32),
+                    np.empty(0, f32), np.empty(0, f32)]
+            for more in ([("probs", (T, R)), ("u", (T, D))], [("probs", (T, R))], []):
+                a = base + [np.empty((0,) + shape[1:], f32) for _, shape in more]
+                if lib.call("MindgrSampledLse", a, ok=(0, 10)) == 0:
+                    return more
+            raise RuntimeError("MindgrSampledLse takes none of the known argument lists")
+        return buf(lib, "extras", probe)
+
     def lse_fwd(lib):
         lse = buf(lib, "lse", lambda: np.empty(T, f32))
-        lib.call("MindgrSampledLse", [x, table, ids, tgt, pos, lse])
+        more = [buf(lib, name, lambda: np.empty(shape, f32)) for name, shape in extras(lib)]
+        lib.call("MindgrSampledLse", [x, table, ids, tgt, pos, lse, *more])
         return [lse]
 
     def lse_bwd(lib):
         lse = buf(lib, "lse_ref", lambda: lse_fwd(lib)[0].copy())
+        more = [buf(lib, name + "_ref", lambda: buf(lib, name, lambda: None).copy()) for name, _ in extras(lib)]
         d_x, d_t, d_p = buf(lib, "lse_bwd", lambda: (np.empty((T, D), f32), np.empty((V1, D), f32), np.empty(T, f32)))
-        lib.call("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, dlse, d_x, d_t, d_p])
+        lib.call("MindgrSampledLseBwd", [x, table, ids, tgt, pos, lse, *more, dlse, d_x, d_t, d_p])
         return [d_x, d_t, d_p]
 
     def logits_fwd(lib):

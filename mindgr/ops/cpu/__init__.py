@@ -32,8 +32,8 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
     MindgrSampledLogits(out, table, ids) -> logits                  (gradient: MindgrSampledLogitsBwd)
     MindgrSampledLogitsBwd(out, table, ids, dlogits) -> d_out, d_table
-    MindgrSampledLse(x, table, ids, targets, pos) -> lse               (gradient: MindgrSampledLseBwd)
-    MindgrSampledLseBwd(x, table, ids, targets, pos, lse, dlse) -> d_x, d_table, d_pos
+    MindgrSampledLse(x, table, ids, targets, pos) -> lse, probs, u     (gradient: MindgrSampledLseBwd)
+    MindgrSampledLseBwd(x, table, ids, targets, pos, lse, probs, u, dlse) -> d_x, d_table, d_pos
     MindgrPoolLse(x, cand, logq, cand_ids, targets, pos) -> lse      (gradient: MindgrPoolLseBwd)
     MindgrPoolLseBwd(x, cand, logq, cand_ids, targets, pos, lse, dlse) -> d_x, d_cand, d_logq, d_pos
     MindgrLayerNorm(x, eps[1]) -> y                                  (gradient: MindgrLayerNormBwd)
@@ -79,7 +79,7 @@ _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBw
             "MindgrLayerNorm", "MindgrLayerNormBwd", "MindgrGatedLayerNorm", "MindgrGatedLayerNormBwd",
             "MindgrSiluSplit", "MindgrSiluSplitBwd", "MindgrL2Normalize", "MindgrL2NormalizeBwd",
             "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
-            "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe")
+            "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe", "mindgr_parallel_probe")
 
 _lock = threading.Lock()
 _loaded: dict = {}  # "path" -> built library path, "cdll" -> ctypes handle, "error" -> reason
@@ -122,6 +122,8 @@ def _library() -> str:
         cdll.mindgr_vector_lanes.restype = ctypes.c_int
         cdll.mindgr_recip_probe.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
         cdll.mindgr_recip_probe.restype = None
+        cdll.mindgr_parallel_probe.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+        cdll.mindgr_parallel_probe.restype = ctypes.c_int
         _loaded["cdll"] = cdll
         _loaded["path"] = path
         return path
@@ -162,6 +164,17 @@ def recip_probe(x):
     y, z = np.empty_like(x), np.empty_like(x)
     _loaded["cdll"].mindgr_recip_probe(x.ctypes.data, y.ctypes.data, z.ctypes.data, x.size)
     return y, z
+
+
+def parallel_probe(n: int, rounds: int, throw_tid: int = -1):
+    """For tests: `rounds` calls of the kernels' parallel_run over n tids (workers.cc), each counting
+    its tid, tid `throw_tid` throwing. Returns (counts per tid, True if every call's exception reached
+    the caller and no other did)."""
+    import numpy as np
+    _library()
+    counts = np.zeros(max(n, 1), dtype=np.int32)
+    bad = _loaded["cdll"].mindgr_parallel_probe(int(n), int(rounds), int(throw_tid), counts.ctypes.data)
+    return counts[:n], bad == 0
 
 
 def time_bucket(dt: int, num_buckets: int, formula: bool = False) -> int:
@@ -356,25 +369,27 @@ class _Primitives:
         return self._get("sampled_logits", make)
 
     # Sampled-softmax tail fused with the scoring: lse[t] over pos[t] and the kept negatives -----
+    # (the forward's other outputs, probs [T, R] and u = d lse / d x [T, D], carry the backward's
+    # weights and d_x: no rescoring, no gathers)
     @property
     def sampled_lse_bwd(self):
         return self._get("sampled_lse_bwd", lambda: _aot(
             "MindgrSampledLseBwd",
-            lambda x, t, i, g, p, l, d: (x, t, p),
-            lambda x, t, i, g, p, l, d: (x, x, p)))
+            lambda x, t, i, g, p, l, w, u, d: (x, t, p),
+            lambda x, t, i, g, p, l, w, u, d: (x, x, p)))
 
     @property
     def sampled_lse(self):
         def make():
             bwd = self.sampled_lse_bwd
 
-            def bprop(x, table, ids, tgt, pos, lse, dlse):
-                d_x, d_table, d_pos = bwd(x, table, ids, tgt, pos, lse, dlse)
+            def bprop(x, table, ids, tgt, pos, out, dout):
+                d_x, d_table, d_pos = bwd(x, table, ids, tgt, pos, out[0], out[1], out[2], dout[0])
                 return d_x, d_table, ops.zeros_like(ids), ops.zeros_like(tgt), d_pos
 
             return _aot("MindgrSampledLse",
-                        lambda x, t, i, g, p: p,
-                        lambda x, t, i, g, p: p, bprop)
+                        lambda x, t, i, g, p: (p, i, x),
+                        lambda x, t, i, g, p: (p, p, p), bprop)
         return self._get("sampled_lse", make)
 
     # Shared-pool log-sum-exp (streamed over the candidates, never [T, K]) --------------------------
@@ -570,13 +585,14 @@ def sampled_lse(x, table, ids, targets, pos, score_all: bool = False):
     """lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]])) for
     targets[t] > 0, else 0: x [T, D], table [V+1, D], ids [T, R], targets [T], pos [T] -> [T] float32.
     The sampled-softmax loss tail (accidental-hit mask, log-sum-exp with the positive) fused with the
-    scoring: no [T, R] tensor leaves the kernel. Gradients flow to x, table and pos (deterministic,
+    scoring: the one [T, R] tensor it leaves is the negatives' softmax weights, kept with d lse / d x [T, D] for
+    the backward (so that it neither scores nor gathers again). Gradients flow to x, table and pos (deterministic,
     independent of the thread count); the reference is sampled_logits + mask + logsumexp (score_all, the
     reference's choice of how to score, does not apply)."""
     if ids.dtype != ms.int64:
         ids = _as(ids, ms.int32)
     return _P.sampled_lse(_as(x, ms.float32), _as(table, ms.float32), ids, _as(targets, ms.int32),
-                          _as(pos, ms.float32))
+                          _as(pos, ms.float32))[0]
 
 
 def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):

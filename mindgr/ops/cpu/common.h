@@ -42,6 +42,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace mindgr {
@@ -63,18 +64,22 @@ inline int num_threads() {
   return n >= 1 ? static_cast<int>(std::min(n, 256u)) : 1;
 }
 
-// Runs fn(tid) for tid in [0, n): tid 0 on the calling thread, the others on fresh threads.
+// Runs fn(tid) for tid in [0, n): tid 0 on the calling thread, the others on persistent worker
+// threads (workers.cc), and returns when all have finished. The first exception thrown by any
+// fn(tid) is rethrown here after all have finished; so is a std::system_error when a worker thread
+// cannot start. Safe to call from several threads at once and from inside fn.
+typedef void (*RunFn)(void* ctx, int tid);
+void parallel_run_impl(int n, RunFn call, void* ctx);
+
 template <class Fn>
 void parallel_run(int n, Fn&& fn) {
   if (n <= 1) {
     fn(0);
     return;
   }
-  std::vector<std::thread> pool;
-  pool.reserve(n - 1);
-  for (int t = 1; t < n; ++t) pool.emplace_back([&fn, t] { fn(t); });
-  fn(0);
-  for (auto& th : pool) th.join();
+  using F = typename std::remove_reference<Fn>::type;
+  parallel_run_impl(n, [](void* ctx, int tid) { (*static_cast<F*>(ctx))(tid); },
+                    const_cast<void*>(static_cast<const void*>(&fn)));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,14 +5,17 @@
 //     d_out[t]   = sum_r dlogits[t, r] * table[ids[t, r]]                    (r ascending)
 //     d_table[v] = sum_{(t, r): ids[t, r] == v} dlogits[t, r] * out[t]       ((t, r) ascending)
 //   MindgrSampledLse / MindgrSampledLseBwd: the sampled-softmax loss tail fused with the scoring
-//     (accidental-hit mask, log-sum-exp with the positive logit, their gradients; see below).
-// Never materialises [T, V1] or [T, R, D], and the loss tail no [T, R] tensor either.
+//     (accidental-hit mask, log-sum-exp with the positive logit, their gradients; see below). The
+//     forward also writes, for the backward, the negatives' softmax weights probs [T, R] and
+//     u = d lse / d x [T, D] (summed over the rows the scoring has just loaded): so the backward
+//     neither rescores nor gathers a table row; it only forms d_table.
+// Never materialises [T, V1] or [T, R, D]; the loss tail's only [T, R] tensor is probs.
 // Scoring (a gather-GEMM): per token, blocks of VL gathered table rows against the token's row held
 // in registers, one accumulator per row summed vertically over D, one transposed reduction per
 // block for its VL dots. Rows are read from a 64-byte aligned, zero-padded copy of the table when
 // D is not a whole number of vectors and the copy is small against the gathers (same result bits).
-// Backward: one pass over the tokens (parallel over fixed token blocks) rescoring where needed,
-// giving d_x from the rows just loaded and appending each (t, w, id) to its id partition's stream;
+// Backward: one pass over the tokens (parallel over fixed token blocks) giving d_x (the loss tail:
+// from u; the scoring: from the gathered rows) and appending each (t, w, id) to its id partition's stream;
 // then d_table per id partition (L1-sized) block by block. Every sum runs in an order fixed by the
 // shapes (d_table[v]: one chain in (t, r) order; d_x: r ascending, alternate rows in two chains
 // where NV <= 4): results are bitwise reproducible and independent of the thread count (no atomics,
@@ -222,9 +225,13 @@ struct TableView {
   int64_t ld;
   Last last;
   std::unique_ptr<Scratch> buf;
+  // Whether the view of these shapes is a padded copy.
+  static bool pads(const Shape& s) {
+    return s.nv != 0 && s.last != VL && s.V1 * int64_t(s.nv) * VL * 4 <= s.T * s.R * s.D;
+  }
   TableView(const Shape& s, const float* table) : p(table), ld(s.D), last(s.last) {
     const int64_t Dp = int64_t(s.nv) * VL;
-    if (s.nv == 0 || s.last == VL || s.V1 * Dp * 4 > s.T * s.R * s.D) return;
+    if (!pads(s)) return;
     buf.reset(new Scratch(static_cast<size_t>(s.V1 * Dp + 16)));
     float* q = aligned64(buf->data());
     for (int64_t v = 0; v < s.V1; ++v) {
@@ -273,15 +280,53 @@ void forward_nv(const Shape& s, const float* out, const float* table, const int3
   for (char b : bad_t) *bad |= b != 0;
 }
 
+// d_x[t] = sum_r w[r] table[it[r]] (r ascending; chain k takes the rows r = k mod kChains, the
+// chains added at the end); acc: kChains * nv vectors of scratch.
+template <int NV>
+inline void dx_row(const TableView& tv, const Last& last, int nv, const int32_t* it, const float* w, int64_t R,
+                   vf* acc, float* dt) {
+  constexpr int CH = kChains<NV>;
+  for (int i = 0; i < CH * nv; ++i) acc[i] = vzero();
+  int64_t r = 0;
+  for (; r + CH <= R; r += CH) {
+#pragma GCC unroll 2
+    for (int k = 0; k < CH; ++k) {
+      const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
+      vf* a = acc + k * nv;
+      const vf wr = vbcast(w[r + k]);
+      for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
+      if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+    }
+  }
+  for (; r < R; ++r) {
+    const float* p = tv.p + int64_t(it[r]) * tv.ld;
+    const vf wr = vbcast(w[r]);
+    for (int cc = 0; cc + 1 < nv; ++cc) acc[cc] += wr * vload(p + cc * VL);
+    if (nv > 0) acc[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+  }
+  for (int cc = 0; cc < nv; ++cc) {
+    vf v = acc[cc];
+    if (CH == 2) v += acc[nv + cc];
+    if (cc + 1 < nv) vstore(dt + cc * VL, v);
+    else last.store(dt + cc * VL, v);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The sampled-softmax loss tail fused with the scoring (never a [T, R] tensor outside the kernel):
 //   lse[t] = log(exp(pos[t]) + sum_{r: ids[t, r] != targets[t]} exp(x[t] . table[ids[t, r]]))  (targets[t] > 0)
 //          = 0                                                                                  (otherwise)
+//   probs[t, r] = exp(x[t] . table[ids[t, r]] - lse[t]) on kept pairs, 0 on accidental hits and on
+//          tokens without a target (the backward's weights before the upstream gradient);
+//   u[t] = sum_r probs[t, r] table[ids[t, r]] (d lse[t] / d x[t]: the backward's d_x is dlse[t] u[t]).
 // Per token: blocks of VL logits (accidental hits and the partial block's spare lanes at -inf) into
-// an L1 buffer with a running vector max, then one vectorised exp-sum over the buffer.
+// an L1 buffer with a running vector max, then one vectorised exp-sum over the buffer, then probs
+// from the buffer (the same exp(l - lse) the backward used to recompute from a second scoring), then
+// u over the same R rows, which the scoring has just brought into L1 (the backward used to gather
+// them again from L2 or memory).
 template <int NV>
 void lse_forward_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const int32_t* targets,
-                    const float* pos, float* lse, bool* bad) {
+                    const float* pos, float* lse, float* probs, float* u, bool* bad) {
   const int64_t T = s.T, D = s.D, R = s.R;
   const int64_t Rp = (R + VL - 1) / VL * VL;
   const int nt = threads_for(T * R * D, T);
@@ -293,18 +338,25 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
     const int nv = nvecs<NV>(s);
     RowBuf<NV> xb(nv);
     vf* xv = xb.data();
+    RowBuf<NV * kChains<NV>> ab(kChains<NV> * nv);
     std::vector<float> l(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
     const vf ninf = vbcast(-INFINITY);
     bool ok = true;
     for (int64_t t = t0; t < t1; ++t) {
       const int32_t* it = ids + t * R;
+      float* pt = probs + t * R;
+      float* ut = u + t * D;
       if (!ids_in_range(it, R, s.V1)) {
         ok = false;
+        std::fill(pt, pt + R, 0.0f);
+        std::fill(ut, ut + D, 0.0f);
         continue;
       }
       const int32_t tg = targets[t];
       if (tg <= 0) {
         lse[t] = 0.0f;
+        std::fill(pt, pt + R, 0.0f);
+        std::fill(ut, ut + D, 0.0f);
         continue;
       }
       load_row(x + t * D, nv, last, xv);
@@ -322,7 +374,16 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
         const vf v = vload(l.data() + r);
         acc += vselect(v > ninf, vexp(v - vm));
       }
-      lse[t] = m + std::log(vsum(acc) + std::exp(pos[t] - m));
+      const float lt = m + std::log(vsum(acc) + std::exp(pos[t] - m));
+      lse[t] = lt;
+      const vf vl = vbcast(lt);
+      for (int64_t r = 0; r < R; r += VL) {
+        const vf v = vload(l.data() + r);
+        const vf p = vselect(v > ninf, vexp(v - vl));
+        if (R - r >= VL) vstore(pt + r, p);
+        else vstore_tail(pt + r, p, static_cast<int>(R - r));
+      }
+      dx_row<NV>(tv, last, nv, it, pt, R, ab.data(), ut);
     }
     bad_t[size_t(tid)] = !ok;
   });
@@ -330,14 +391,14 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, shared by the scoring (w = dlogits) and the loss tail (w recomputed):
+// Backward, shared by the scoring (w = dlogits) and the loss tail (w = probs dlse):
 //   d_x[t]     = sum_r w[t, r] table[ids[t, r]]                 (r ascending; kChains chains: r even / odd)
 //   d_table[v] = sum_{(t, r): ids[t, r] == v} w[t, r] x[t]      ((t, r) ascending, one chain)
 // Ids fall into P partitions of 2^shift consecutive ids (a partition's d_table rows fit in L1);
 // tokens into nb blocks of Tb (a block's x rows fit in L2); both from the shapes only. Blocks are
 // processed in groups of a few (about 2 MB of entries, so that they stay in cache), group by group:
 // Pass 1 (parallel over the group's blocks): per block, its ids checked and counted per partition;
-// per token, the weights w (the loss tail rescoring its R rows), d_x from the rows just loaded,
+// per token, the weights w (the loss tail: the forward's probs times dlse), d_x from the gathered rows,
 // and every pair appended as (t, id, w) to its partition's segment of the block (P sequential
 // streams, in (t, r) order). Pass 2 (parallel over partitions): for each block of the group in
 // order, each partition's segment in order: d_table[id] += w x[t] (rows in L1, x rows of one
@@ -369,17 +430,169 @@ struct Layout {
 struct FromGrad {  // the scoring's backward: w = dlogits
   const float* g;
 };
-struct FromLse {  // the loss tail: w = dlse exp(l - lse) on kept pairs
+struct FromLse {  // the loss tail: w = probs dlse, d_x = u dlse (probs, u from the forward)
   const int32_t* targets;
   const float* pos;
   const float* lse;
+  const float* probs;
+  const float* u;
   const float* dlse;
   float* d_pos;
 };
 
+// The loss tail's weights of token t: w[r] = probs[t, r] dlse[t] (r < R; wl has Rp floats).
+inline void lse_weights(const FromLse& src, int64_t t, int64_t R, float* wl) {
+  const vf vg = vbcast(src.dlse[t]);
+  const float* pr = src.probs + t * R;
+  for (int64_t r = 0; r < R; r += VL) {
+    const int nr = static_cast<int>(std::min<int64_t>(VL, R - r));
+    vstore(wl + r, (nr == VL ? vload(pr + r) : vload_tail(pr + r, nr)) * vg);
+  }
+}
+
+// The loss tail's d_x[t] = dlse[t] u[t] and d_pos[t] = dlse[t] exp(pos[t] - lse[t]).
+inline void lse_dx(const FromLse& src, int64_t t, int64_t D, float* dt) {
+  const float gt = src.dlse[t];
+  const float* ut = src.u + t * D;
+  for (int64_t d = 0; d < D; ++d) dt[d] = gt * ut[d];
+  src.d_pos[t] = gt * std::exp(src.pos[t] - src.lse[t]);
+}
+
+// Lane bits of an integer mask of -1/0 lanes (bit g = lane g).
+inline uint32_t lane_bits(vi m) {
+#if defined(MINDGR_ISA_AVX512)
+  return _mm512_cmplt_epi32_mask((__m512i)m, _mm512_setzero_si512());
+#elif defined(MINDGR_ISA_AVX2)
+  return static_cast<uint32_t>(_mm256_movemask_ps((__m256)m));
+#else
+  uint32_t b = 0;
+  for (int g = 0; g < VL; ++g) b |= uint32_t(m[g] != 0) << g;
+  return b;
+#endif
+}
+
+// Which d_table pass (below): MINDGR_CPU_DTABLE=owners|entries forces one (tests compare them; both give
+// the same bits), else owners when the table's gradient fits in L2 (about 2 MB) and at most 4 threads
+// would share it (every owner reads all the pairs, so the owners pass reads them once per thread).
+inline bool use_owners(int64_t V1, int64_t dld, int threads) {
+  const char* env = std::getenv("MINDGR_CPU_DTABLE");
+  if (env != nullptr && std::strcmp(env, "owners") == 0) return true;
+  if (env != nullptr && std::strcmp(env, "entries") == 0) return false;
+  return V1 * dld * int64_t(sizeof(float)) <= (int64_t(2) << 20) && threads <= 4;
+}
+
+// Backward for a table whose gradient fits in L2: pass 1 (parallel over token ranges) checks the ids,
+// gives d_x (and d_pos) per token; pass 2 (parallel over id ranges, thread k owning ids
+// [V1 k / n, V1 (k + 1) / n)): every thread walks all pairs in (t, r) order with the token's x row in
+// registers and adds w x[t] to the rows it owns. No entries to write and read back; each d_table row is
+// still one chain over its pairs in (t, r) order, so the result has the same bits as the entries pass
+// (and as for any thread count).
+template <int NV, class Src>
+int backward_owners_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const Src& src,
+                       float* d_x, float* d_table) {
+  constexpr bool kLse = std::is_same<Src, FromLse>::value;
+  const int64_t T = s.T, D = s.D, R = s.R, V1 = s.V1;
+  auto active = [&](int64_t t) -> bool {
+    if constexpr (kLse) return src.targets[t] > 0;
+    else return true;
+  };
+  const TableView tv(s, table);
+  const bool padded = tv.buf != nullptr;
+  const int64_t Dp = int64_t(s.nv) * VL;
+  const int64_t dld = padded ? Dp : D;
+  std::unique_ptr<Scratch> dpad_buf;
+  float* dacc = d_table;
+  if (padded) {
+    dpad_buf.reset(new Scratch(static_cast<size_t>(V1 * Dp + 16)));
+    dacc = aligned64(dpad_buf->data());
+  }
+  std::memset(dacc, 0, sizeof(float) * size_t(V1 * dld));
+  const int64_t Rp = (R + VL - 1) / VL * VL;
+  constexpr int CH = kChains<NV>;
+  const int nt = threads_for(T * R * D, T);
+  std::vector<char> bad_t(size_t(nt), 0);
+  // Pass 1: checks, d_x, d_pos.
+  parallel_run(nt, [&](int tid) {
+    const Last last(s.last);
+    const int nv = nvecs<NV>(s);
+    RowBuf<NV * CH> ab(CH * nv);
+    bool ok = true;
+    for (int64_t t = T * tid / nt; t < T * (tid + 1) / nt; ++t) {
+      const int32_t* it = ids + t * R;
+      float* dt = d_x + t * D;
+      if (!ids_in_range(it, R, V1)) {
+        ok = false;
+        continue;
+      }
+      if (!active(t)) {
+        std::fill(dt, dt + D, 0.0f);
+        if constexpr (kLse) src.d_pos[t] = 0.0f;
+        continue;
+      }
+      if constexpr (kLse) {
+        lse_dx(src, t, D, dt);
+      } else {
+        dx_row<NV>(tv, last, nv, it, src.g + t * R, R, ab.data(), dt);
+      }
+    }
+    bad_t[size_t(tid)] = !ok;
+  });
+  for (char b : bad_t)
+    if (b) return 17;
+  // Pass 2: d_table by id ranges.
+  const int nt2 = threads_for(T * R * D, V1);
+  parallel_run(nt2, [&](int tid) {
+    const int nv = nvecs<NV>(s);
+    if (nv == 0) return;
+    const Last xlast(s.last), dlast(padded ? VL : s.last);
+    RowBuf<NV> xb(nv);
+    vf* xv = xb.data();
+    const uint32_t v0 = static_cast<uint32_t>(V1 * tid / nt2);
+    const uint32_t span = static_cast<uint32_t>(V1 * (tid + 1) / nt2) - v0;
+    typedef uint32_t vu __attribute__((vector_size(VL * sizeof(uint32_t))));
+    const vu vv0 = (vu)vbcast_i(int32_t(v0)), vspan = (vu)vbcast_i(int32_t(span));
+    for (int64_t t = 0; t < T; ++t) {
+      if (!active(t)) continue;
+      const int32_t* it = ids + t * R;
+      load_row(x + t * D, nv, xlast, xv);
+      const float* wr = nullptr;
+      float gt = 0.0f;
+      if constexpr (kLse) {
+        wr = src.probs + t * R;
+        gt = src.dlse[t];
+      } else {
+        wr = src.g + t * R;
+      }
+      for (int64_t r = 0; r < R; r += VL) {
+        const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
+        vi idv = vbcast_i(-1);
+        if (n == VL) idv = vload_i(it + r);
+        else std::memcpy(&idv, it + r, sizeof(int32_t) * size_t(n));  // lanes past n: -1, never owned
+        uint32_t bits = lane_bits((vi)(((vu)idv - vv0) < vspan));
+        while (bits != 0) {
+          const int g = __builtin_ctz(bits);
+          bits &= bits - 1;
+          const int64_t q = r + g;
+          float w = wr[q];
+          if constexpr (kLse) w = w * gt;
+          const vf we = vbcast(w);
+          float* dv = dacc + int64_t(it[q]) * dld;
+          for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * xv[cc]);
+          dlast.store(dv + (nv - 1) * VL, dlast.load(dv + (nv - 1) * VL) + we * xv[nv - 1]);
+        }
+      }
+    }
+  });
+  if (padded)
+    for (int64_t v = 0; v < V1; ++v) std::memcpy(d_table + v * D, dacc + v * Dp, sizeof(float) * size_t(D));
+  return 0;
+}
+
 template <int NV, class Src>
 int backward_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const Src& src,
                 float* d_x, float* d_table) {
+  if (use_owners(s.V1, TableView::pads(s) ? int64_t(s.nv) * VL : s.D, threads_for(s.T * s.R * s.D, s.V1)))
+    return backward_owners_nv<NV>(s, x, table, ids, src, d_x, d_table);
   constexpr bool kLse = std::is_same<Src, FromLse>::value;
   const int64_t T = s.T, D = s.D, R = s.R, V1 = s.V1;
   const Layout lay(T, D, V1);
@@ -425,7 +638,8 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
   const int64_t Rp = (R + VL - 1) / VL * VL;
   constexpr int CH = kChains<NV>;
   std::vector<char> bad_t(size_t(nt), 0);
-  std::vector<int64_t> pb(static_cast<size_t>(nt + 1)), tot(static_cast<size_t>(P));
+  // (pass 2 runs up to P threads, more than pass 1 when the blocks are fewer than the partitions)
+  std::vector<int64_t> pb(static_cast<size_t>(P + 1)), tot(static_cast<size_t>(P));
 
   for (int64_t g0 = 0; g0 < nb; g0 += gsize) {
     const int64_t g1 = std::min(nb, g0 + gsize), ng = g1 - g0, e0 = base[size_t(g0)];
@@ -440,7 +654,6 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
       vf* acc = ab.data();
       std::vector<float> wl(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
       std::vector<int64_t> put(static_cast<size_t>(P));
-      const vf ninf = vbcast(-INFINITY);
       bool ok = true;
       for (int64_t b = g0 + ng * tid / nt1; b < g0 + ng * (tid + 1) / nt1 && ok; ++b) {
         const int64_t tb0 = lay.begin(b, T), tb1 = lay.begin(b + 1, T);
@@ -469,48 +682,17 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
             continue;
           }
           const float* w = wl.data();
-          if (padded || kLse) load_row(x + t * D, nv, last, xv);
+          if (padded) load_row(x + t * D, nv, last, xv);
           if (padded) {
             float* xp = xpad + (t - lay.begin(g0, T)) * Dp;
             for (int cc = 0; cc < nv; ++cc) vstore(xp + cc * VL, xv[cc]);
           }
           if constexpr (kLse) {
-            const int32_t tg = src.targets[t];
-            const float lt = src.lse[t], gt = src.dlse[t];
-            const vf vl = vbcast(lt), vg = vbcast(gt);
-            for (int64_t r = 0; r < R; r += VL) {
-              const int nr = static_cast<int>(std::min<int64_t>(VL, R - r));
-              const vf v = select_ninf(hit_lanes(it + r, nr, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, nr));
-              vstore(wl.data() + r, vselect(v > ninf, vexp(v - vl) * vg));
-            }
-            src.d_pos[t] = gt * std::exp(src.pos[t] - lt);
+            lse_weights(src, t, R, wl.data());
+            lse_dx(src, t, D, dt);
           } else {
             w = src.g + t * R;
-          }
-          // d_x[t]: chain k takes the rows r = k mod CH
-          for (int i = 0; i < CH * nv; ++i) acc[i] = vzero();
-          int64_t r = 0;
-          for (; r + CH <= R; r += CH) {
-#pragma GCC unroll 2
-            for (int k = 0; k < CH; ++k) {
-              const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
-              vf* a = acc + k * nv;
-              const vf wr = vbcast(w[r + k]);
-              for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
-              if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
-            }
-          }
-          for (; r < R; ++r) {
-            const float* p = tv.p + int64_t(it[r]) * tv.ld;
-            const vf wr = vbcast(w[r]);
-            for (int cc = 0; cc + 1 < nv; ++cc) acc[cc] += wr * vload(p + cc * VL);
-            if (nv > 0) acc[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
-          }
-          for (int cc = 0; cc < nv; ++cc) {
-            vf v = acc[cc];
-            if (CH == 2) v += acc[nv + cc];
-            if (cc + 1 < nv) vstore(dt + cc * VL, v);
-            else last.store(dt + cc * VL, v);
+            dx_row<NV>(tv, last, nv, it, w, R, acc, dt);
           }
           // entries in their partition's segment
           const uint32_t tl = static_cast<uint32_t>(t - tb0) << shift;
@@ -630,41 +812,47 @@ int check_lse(int nparam, int want, int* ndims, int64_t** shapes, const char** d
   return 0;
 }
 
-// lse = sampled_lse(x, table, ids, targets, pos)
+// (lse, probs, u) = sampled_lse(x, table, ids, targets, pos)
 int run_lse_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
-  if (int rc = check_lse(nparam, 6, ndims, shapes, dtypes, &s)) return rc;
+  if (int rc = check_lse(nparam, 8, ndims, shapes, dtypes, &s)) return rc;
   if (ndims[5] != 1 || !is_f32(dtypes[5]) || shapes[5][0] != s.T) return 13;
+  if (ndims[6] != 2 || !is_f32(dtypes[6]) || shapes[6][0] != s.T || shapes[6][1] != s.R) return 13;
+  if (ndims[7] != 2 || !is_f32(dtypes[7]) || shapes[7][0] != s.T || shapes[7][1] != s.D) return 13;
   const float* x = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   const int32_t* tg = static_cast<const int32_t*>(params[3]);
   const float* pos = static_cast<const float*>(params[4]);
   float* lse = static_cast<float*>(params[5]);
+  float* probs = static_cast<float*>(params[6]);
+  float* u = static_cast<float*>(params[7]);
   Ids32 ids;
   if (int rc = ids32(params[2], s, &ids)) return rc;
   bool bad = false;
-  with_nv(s.nv, [&](auto k) { lse_forward_nv<decltype(k)::value>(s, x, table, ids.p, tg, pos, lse, &bad); });
+  with_nv(s.nv, [&](auto k) { lse_forward_nv<decltype(k)::value>(s, x, table, ids.p, tg, pos, lse, probs, u, &bad); });
   return bad ? 17 : 0;
 } catch (...) {
   return 99;
 }
 
-// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, dlse)
+// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, probs, u, dlse)
 int run_lse_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
-  if (int rc = check_lse(nparam, 10, ndims, shapes, dtypes, &s)) return rc;
-  for (int i : {5, 6, 9})
+  if (int rc = check_lse(nparam, 12, ndims, shapes, dtypes, &s)) return rc;
+  for (int i : {5, 8, 11})
     if (ndims[i] != 1 || shapes[i][0] != s.T || !is_f32(dtypes[i])) return 13;
-  if (ndims[7] != 2 || shapes[7][0] != s.T || shapes[7][1] != s.D || ndims[8] != 2 || shapes[8][0] != s.V1 ||
-      shapes[8][1] != s.D || !is_f32(dtypes[7]) || !is_f32(dtypes[8]))
-    return 13;
+  if (ndims[6] != 2 || shapes[6][0] != s.T || shapes[6][1] != s.R || !is_f32(dtypes[6])) return 13;
+  for (int i : {7, 9})
+    if (ndims[i] != 2 || shapes[i][0] != s.T || shapes[i][1] != s.D || !is_f32(dtypes[i])) return 13;
+  if (ndims[10] != 2 || shapes[10][0] != s.V1 || shapes[10][1] != s.D || !is_f32(dtypes[10])) return 13;
   const float* x = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   FromLse src{static_cast<const int32_t*>(params[3]), static_cast<const float*>(params[4]),
               static_cast<const float*>(params[5]), static_cast<const float*>(params[6]),
-              static_cast<float*>(params[9])};
-  float* d_x = static_cast<float*>(params[7]);
-  float* d_table = static_cast<float*>(params[8]);
+              static_cast<const float*>(params[7]), static_cast<const float*>(params[8]),
+              static_cast<float*>(params[11])};
+  float* d_x = static_cast<float*>(params[9]);
+  float* d_table = static_cast<float*>(params[10]);
   Ids32 ids;
   if (int rc = ids32(params[2], s, &ids)) return rc;
   int rc = 0;
@@ -718,8 +906,8 @@ MINDGR_AOT_OP(MindgrSampledLogits, mindgr::run_forward)
 // (d_out, d_table) from (out, table, ids, dlogits)
 MINDGR_AOT_OP(MindgrSampledLogitsBwd, mindgr::run_backward)
 
-// lse = sampled_lse(x, table, ids, targets, pos)
+// (lse, probs, u) = sampled_lse(x, table, ids, targets, pos)
 MINDGR_AOT_OP(MindgrSampledLse, mindgr::run_lse_forward)
 
-// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, dlse)
+// (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, probs, u, dlse)
 MINDGR_AOT_OP(MindgrSampledLseBwd, mindgr::run_lse_backward)

@@ -6,11 +6,14 @@
 //   MindgrSiluSplitBwd(x, d_0 .. d_{K-1}, dx):   dx[.., o_k + j] = d_k[.., j] * s(a) * (1 + a * (1 - s(a)))
 // with s = sigmoid = 1 / (1 + exp(-a)) (common.h: vexp about 1 ulp, vrecip within 4e-7 relative, so SiLU
 // within ~5e-7 of max(|SiLU|, 1)). One pass over x forward, one over (x, d) backward, each element
-// alone: bitwise reproducible and independent of the thread count. This replaces, per projection, the
-// generic Sigmoid + Mul forward and Mul, Mul, SigmoidGrad, Add backward, and the split's gradient
-// (zero-filled [.., W] buffers summed) by one write of dx.
+// alone: bitwise reproducible and independent of the thread count. Widths that are not whole vectors
+// (ML-1M: 4 x 50) go through a row buffer, so that a row costs one partial vector, not one per
+// segment. This replaces, per projection, the generic Sigmoid + Mul forward and Mul, Mul,
+// SigmoidGrad, Add backward, and the split's gradient (zero-filled [.., W] buffers summed) by one
+// write of dx.
 // Return codes: 10 wrong argument count, 11 wrong ranks, 12 wrong dtypes, 13 inconsistent shapes,
 // 99 threads unavailable.
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -67,6 +70,15 @@ inline vf silu_grad(vf a, vf d) {
   return d * (s * (1.0f + a * (1.0f - s)));
 }
 
+// Whether some width is not a whole number of vectors: then each row is computed in one pass over its
+// W floats (one partial vector per row instead of one per segment), through a row buffer that the
+// segments are copied from (forward) or into (backward). The same per-element formula either way.
+inline bool ragged(const Split& s) {
+  for (int64_t w : s.width)
+    if (w % VL != 0) return true;
+  return false;
+}
+
 // fn(src_offset_in_row, k, j, n): segment k, lanes j .. j+n of its width (n = VL or the tail).
 template <class Fn>
 inline void segments(const Split& s, Fn&& fn) {
@@ -87,9 +99,22 @@ int silu_split_fwd(int nparam, void** params, int* ndims, int64_t** shapes, cons
   const float* x = static_cast<const float*>(params[0]);
   std::vector<float*> out;
   for (int i = 1 + K; i < nparam; ++i) out.push_back(static_cast<float*>(params[i]));
+  const int64_t W = s.W, full = W / VL * VL;
+  const bool flat = ragged(s);
   for_chunks(s, [&](int64_t r0, int64_t r1) {
+    std::vector<float> yb(static_cast<size_t>(flat ? full + VL : 0));
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * s.W;
+      const float* xr = x + r * W;
+      if (flat) {
+        for (int64_t j = 0; j < full; j += VL) vstore(yb.data() + j, silu(vload(xr + j)));
+        if (full < W) vstore(yb.data() + full, silu(vload_tail(xr + full, static_cast<int>(W - full))));
+        int64_t o = 0;
+        for (size_t k = 0; k < s.width.size(); ++k) {
+          std::memcpy(out[k] + r * s.width[k], yb.data() + o, sizeof(float) * size_t(s.width[k]));
+          o += s.width[k];
+        }
+        continue;
+      }
       segments(s, [&](int64_t o, size_t k, int64_t j, int n) {
         float* dst = out[k] + r * s.width[k] + j;
         if (n == VL) vstore(dst, silu(vload(xr + o)));
@@ -109,10 +134,26 @@ int silu_split_bwd(int nparam, void** params, int* ndims, int64_t** shapes, cons
   std::vector<const float*> d;
   for (int i = 1; i + 1 < nparam; ++i) d.push_back(static_cast<const float*>(params[i]));
   float* dx = static_cast<float*>(params[nparam - 1]);
+  const int64_t W = s.W, full = W / VL * VL;
+  const bool flat = ragged(s);
   for_chunks(s, [&](int64_t r0, int64_t r1) {
+    std::vector<float> gb(static_cast<size_t>(flat ? full + VL : 0), 0.0f);
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * s.W;
-      float* dr = dx + r * s.W;
+      const float* xr = x + r * W;
+      float* dr = dx + r * W;
+      if (flat) {
+        int64_t o = 0;
+        for (size_t k = 0; k < s.width.size(); ++k) {
+          std::memcpy(gb.data() + o, d[k] + r * s.width[k], sizeof(float) * size_t(s.width[k]));
+          o += s.width[k];
+        }
+        for (int64_t j = 0; j < full; j += VL) vstore(dr + j, silu_grad(vload(xr + j), vload(gb.data() + j)));
+        if (full < W) {
+          const int n = static_cast<int>(W - full);
+          vstore_tail(dr + full, silu_grad(vload_tail(xr + full, n), vload(gb.data() + full)), n);
+        }
+        continue;
+      }
       segments(s, [&](int64_t o, size_t k, int64_t j, int n) {
         const float* g = d[k] + r * s.width[k] + j;
         if (n == VL) vstore(dr + o, silu_grad(vload(xr + o), vload(g)));
