@@ -76,6 +76,9 @@ class DataConfig:
     # item: leave one item out (test = last item); page: leave one page out (test = last page, valid = the
     # page before, training stops before the held-out pages; targets: the page's first item + all its items)
     holdout_unit: str = field(default="item", metadata=_rng(choices=["item", "page"]))
+    # arch gr, training batches: rows (every target its own row, the prompt copied into each: the layout
+    # every run before this key used) or tree (each prompt once, every target a short segment on it)
+    gr_layout: str = field(default="rows", metadata=_rng(choices=["rows", "tree"]))
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     csv: CsvConfig = field(default_factory=CsvConfig)
 

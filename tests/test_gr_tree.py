@@ -71,6 +71,38 @@ def test_tree_loss_and_gradients_equal_copied_rows(merger, objective):
         assert np.abs(w - g).max() <= 2e-4 * np.abs(w).max() + 1e-6
 
 
+@pytest.mark.parametrize("merger", ["none", "item"])
+def test_tree_trie_softmax_equals_copied_rows(merger):
+    """With the trie's softmax groups (model.trie_softmax) the tree loss still equals the copied rows'."""
+    from mindgr.ids.trie import PrefixTrie
+    rng = np.random.default_rng([9, len(merger)])
+    codes = random_codes(rng, 15, SIZES)
+    trie = PrefixTrie(codes, SIZES)
+    groups, allowed = trie.item_nodes(), trie.node_masks()
+    dec = GRDecoder(SIZES, D, NBLK, H, DQK, DV, max_len=MAX_LEN, token_merger=merger, seed=4, trie_softmax=True)
+    randomize(dec, rng)
+    rows, users, hist = [], [], _histories(rng, 15, "ntp")
+    for items, _ in hist:
+        rows += user_rows(items, codes, dec.level_offsets, "page_ntp", merger, pages=np.arange(len(items)),
+                          item_groups=groups)
+        users.append(tree_user(items, codes, dec.level_offsets, "ntp", merger, item_groups=groups))
+    (flat,) = pack_rows(rows, 400, len(rows) + 1, dec.group, dec.pad_id)
+    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, p_cap=MAX_LEN - 3, q_cap=18, max_len=MAX_LEN)
+    (tree,) = pack_tree(users, caps, dec.num_levels, dec.group, dec.pad_id)
+    assert (tree["group"][tree["weight"] > 0] >= dec.num_levels).any()     # real prefix nodes, not levels
+    want_v, want_g = LossGrad(NTPLoss(dec, allowed))(*batch_tensors(flat))
+    got_v, got_g = LossGrad(TreeNTPLoss(dec, caps, allowed))(*tree_tensors(tree))
+    by_level = [tree_user(items, codes, dec.level_offsets, "ntp", merger) for items, _ in hist]
+    level_v = float(LossGrad(TreeNTPLoss(dec, caps))(*tree_tensors(
+        pack_tree(by_level, caps, dec.num_levels, dec.group, dec.pad_id)[0]))[0].asnumpy())
+    want_v, got_v = float(want_v.asnumpy()), float(got_v.asnumpy())
+    assert abs(got_v - want_v) <= 1e-5 * (1 + abs(want_v))
+    assert got_v < level_v - 1e-3          # fewer competitors per code: the groups were applied
+    for w, g in zip(want_g, got_g):
+        w, g = w.asnumpy(), g.asnumpy()
+        assert np.abs(w - g).max() <= 2e-4 * np.abs(w).max() + 1e-6
+
+
 @pytest.mark.parametrize("backend", ["reference", "fast"])
 def test_prefix_attention_equals_a_loop(backend):
     """Two users (a third, empty, in the capacity), unused tails in both regions; on the padded reference
@@ -115,14 +147,14 @@ def test_tree_layout_shares_the_prompt():
     items = rng.integers(1, 31, 20)
     u = tree_user(items, codes, lo, "ntp", "item")
     assert u["prompt_slots"].shape == (19, 4)                    # one merged token per item but the last
-    assert [b for b, _, _ in u["targets"]] == list(range(1, 20))
+    assert [b for b, _, _, _ in u["targets"]] == list(range(1, 20))
     assert tree_tokens(u) == 19 + 19 * 3
     copied = sum(r["slots"].shape[0] for r in user_rows(items, codes, lo, "ntp", "item"))
     assert copied == sum(j + 3 for j in range(1, 20))
     pages = np.array([0, 0, 1, 1, 1, 2] + [3] * 14)
     u = tree_user(items, codes, lo, "page_ntp", "none", pages=pages)
     assert u["prompt_slots"].shape[0] == 6 * 4                   # items of pages < the last page
-    assert [(b, w) for b, _, w in u["targets"][:4]] == [(8, 1 / 3)] * 3 + [(20, 1.0)]
+    assert [(b, w) for b, _, _, w in u["targets"][:4]] == [(8, 1 / 3)] * 3 + [(20, 1.0)]
     assert tree_user(items[:1], codes, lo) is None
     assert tree_user(items[:4], codes, lo, "page_ntp", pages=np.zeros(4)) is None
 
@@ -159,7 +191,7 @@ def test_dropout_equals_copied_rows_with_the_same_masks():
     (flat,) = pack_rows(rows, 400, len(rows) + 1, dec.group, dec.pad_id)
     source, seg = [], 0                       # tree token of every copied-row token, row by row
     for ui, u in enumerate(users):
-        for boundary, _, _ in u["targets"]:
+        for boundary, _, _, _ in u["targets"]:
             source += list(tree["p_offsets"][ui] + np.arange(boundary))
             source += list(caps.tp_cap + tree["s_offsets"][seg] + np.arange(dec.num_levels - 1))
             seg += 1

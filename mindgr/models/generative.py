@@ -281,3 +281,11 @@ def encoder_flops(model_cfg, lengths) -> float:
     """Forward FLOPs of the decoder's HSTU blocks for rows of these token lengths (same count as HSTU's)."""
     from mindgr.models import hstu
     return hstu.encoder_flops(model_cfg, lengths)
+
+
+def prefix_attention_flops(model_cfg, pairs: int) -> float:
+    """Forward FLOPs of the tree layout's segment-over-prompt attention for this many (segment token, prompt
+    key) pairs: per block and head 2*dqk (score) + 2*dv (weighted v), as hstu.encoder_flops counts a pair."""
+    from mindgr.models import hstu
+    dqk, dv = hstu.head_widths(model_cfg)
+    return model_cfg.num_blocks * model_cfg.num_heads * (2 * dqk + 2 * dv) * float(pairs)

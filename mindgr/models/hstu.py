@@ -82,14 +82,14 @@ class HSTU(ItemSequenceEncoder):
         return l2_normalize(x)
 
 
-def _head_widths(m):
+def head_widths(m):
     return m.dqk or m.dim // m.num_heads, m.dv or m.dim // m.num_heads
 
 
 def build(model_cfg, num_items: int, max_len: int, seed: int, item_init=None):
     """The registry's builder (mindgr.models.registry): HSTU from config `model`."""
     m = model_cfg
-    dqk, dv = _head_widths(m)
+    dqk, dv = head_widths(m)
     extra = {} if item_init is None else {"item_init": item_init}
     return HSTU(num_items, m.dim, m.num_blocks, m.num_heads, dqk, dv, max_len, m.dropout,
                 m.time_bias, m.num_time_buckets, seed, request_time=m.request_time, **extra)
@@ -102,7 +102,7 @@ def encoder_flops(model_cfg, lengths) -> float:
     m = model_cfg
     lengths = np.asarray(lengths, dtype=np.float64)
     d, h = m.dim, m.num_heads
-    dqk, dv = _head_widths(m)
+    dqk, dv = head_widths(m)
     per_token = 2 * d * h * (2 * dv + 2 * dqk) + 2 * h * dv * d
     attn = h * (2 * dqk + 2 * dv) * float((lengths * (lengths + 1) / 2).sum())
     return m.num_blocks * (per_token * float(lengths.sum()) + attn)

@@ -218,14 +218,21 @@ class NTPLoss(nn.Cell):
             raise ValueError(f"softmax groups must be [groups, {self.decoder.num_codes}], got {allowed.shape}")
         self.allowed = Tensor(allowed)
 
-    def token_losses(self, slots, merged, offsets, target, group, drop=None):
-        logits = self.decoder.logits(self.decoder(slots, merged, offsets, drop))      # [T, C]
+    def grouped_ce(self, logits, target, group):
+        """Per position: the log-sum-exp of its logits over its group's codes minus its target's logit."""
         same = ops.gather(self.allowed, group, 0)
         masked = ops.where(same, logits, ops.full_like(logits, _MASKED))
         picked = ops.gather_elements(logits, 1, target[:, None])[:, 0]
         return ops.logsumexp(masked, 1) - picked
 
-    def construct(self, slots, merged, offsets, target, group, weight, drop=None):
-        ce = self.token_losses(slots, merged, offsets, target, group, drop)
+    def weighted_mean(self, ce, weight):
+        """Lt * sum(w * ce) / sum(w): the mean over prompts of the mean over their targets' item losses."""
         total = weight.sum()
         return self.num_levels * (ce * weight).sum() / ops.maximum(total, ops.ones_like(total) * 1e-12)
+
+    def token_losses(self, slots, merged, offsets, target, group, drop=None):
+        logits = self.decoder.logits(self.decoder(slots, merged, offsets, drop))      # [T, C]
+        return self.grouped_ce(logits, target, group)
+
+    def construct(self, slots, merged, offsets, target, group, weight, drop=None):
+        return self.weighted_mean(self.token_losses(slots, merged, offsets, target, group, drop), weight)

@@ -16,7 +16,7 @@ Loss, weights and objectives are those of NTPLoss (mean over prompts of the mean
 Batch layout (fixed capacities, one compiled graph): tokens [tp_cap prompt region | ts_cap segment region],
 p_offsets [u_cap+1] (prompt rows), s_offsets [s_cap+1] (segment rows, relative to the segment region),
 q_offsets [u_cap+1] (each user's segment tokens), key_len / q_pos [u_cap, q_cap] (per user and segment
-token: prompt keys seen, position in its row) and per loss entry (s_cap * Lt) pos / target / level / weight.
+token: prompt keys seen, position in its row) and per loss entry (s_cap * Lt) pos / target / group (softmax group) / weight.
 """
 from __future__ import annotations
 
@@ -25,19 +25,20 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgr.models.layers import apply_dropout, layer_norm
-from mindgr.models.ntp import (_MASKED, RowError, check_row_options, code_tokens, page_groups, prompt_tokens,
+from mindgr.models.ntp import (NTPLoss, RowError, check_row_options, code_tokens, page_groups, prompt_tokens,
                                tokens_per_prompt_item)
 from mindgr.ops.attention import jagged_hstu_attention
 from mindgr.ops.segment import jagged_prefix_attention
 
 TREE_KEYS = ("slots", "merged", "p_offsets", "s_offsets", "q_offsets", "key_len", "q_pos",
-             "pos", "target", "level", "weight")
+             "pos", "target", "group", "weight")
 
 
 def tree_user(items, codes, level_offsets, objective: str = "ntp", token_merger: str = "none", pages=None,
-              pad_id: int | None = None):
+              pad_id: int | None = None, item_groups=None):
     """One user's tree layout: dict(prompt_slots [P, G], prompt_merged [P], targets [(boundary, gids [Lt],
-    weight)]) with the targets and weights of ntp.user_rows; None when the user has no target."""
+    groups [Lt], weight)]) with the targets, softmax groups and weights of ntp.user_rows (item_groups
+    [V+1, Lt] as there; None = each code's level); None when the user has no target."""
     check_row_options(objective, token_merger, pages)
     items = np.asarray(items, np.int64)
     codes = np.asarray(codes)
@@ -54,19 +55,23 @@ def tree_user(items, codes, level_offsets, objective: str = "ntp", token_merger:
     if len(groups) < 2:
         return None
     item_codes = codes[items].astype(np.int64)
+    if item_groups is None:
+        target_groups = np.broadcast_to(np.arange(lt, dtype=np.int32), item_codes.shape)
+    else:
+        target_groups = np.asarray(item_groups, np.int32)[items]
     per_item = tokens_per_prompt_item(lt, token_merger)
     slots, merged = prompt_tokens(item_codes[:groups[-1][0]], level_offsets, token_merger, pad_id)
     targets = []
     for start, stop in groups[1:]:
         for j in range(start, stop):
             gids = (item_codes[j] + np.asarray(level_offsets[:-1])).astype(np.int32)
-            targets.append((start * per_item, gids, 1.0 / (stop - start)))
+            targets.append((start * per_item, gids, target_groups[j], 1.0 / (stop - start)))
     return dict(prompt_slots=slots, prompt_merged=merged, targets=targets)
 
 
 def tree_tokens(user: dict) -> int:
     """Tokens of a user's tree layout: its prompt plus Lt-1 per target."""
-    return user["prompt_slots"].shape[0] + sum(g.shape[0] - 1 for _, g, _ in user["targets"])
+    return user["prompt_slots"].shape[0] + sum(g.shape[0] - 1 for _, g, _, _ in user["targets"])
 
 
 class TreeCaps:
@@ -93,7 +98,7 @@ def pack_tree(users: list, caps: TreeCaps, num_levels: int, group: int, pad_id: 
             raise RowError(f"a user with a {p}-token prompt and {n_t} targets exceeds the tree capacities "
                            f"(per user: prompt {caps.p_cap}, segment tokens {caps.q_cap}; per batch: prompt "
                            f"tokens {caps.tp_cap}, segment tokens {caps.ts_cap}, targets {caps.s_cap})")
-        longest = max(b for b, _, _ in u["targets"]) + lseg
+        longest = max(b for b, _, _, _ in u["targets"]) + lseg
         if longest > caps.max_len:
             raise RowError(f"a target's row has {longest} tokens (prompt prefix + {lseg} codes), "
                            f"more than the decoder's max_len {caps.max_len}")
@@ -119,14 +124,14 @@ def _tree_batch(users, caps, lt, group, pad_id):
     key_len, q_pos = np.zeros((caps.u_cap, caps.q_cap), np.int32), np.zeros((caps.u_cap, caps.q_cap), np.int32)
     e_cap = caps.s_cap * lt
     pos = np.zeros(e_cap, np.int32)
-    target, level = np.zeros(e_cap, np.int32), np.zeros(e_cap, np.int32)
+    target, group_of = np.zeros(e_cap, np.int32), np.zeros(e_cap, np.int32)
     weight = np.zeros(e_cap, np.float32)
     pp, sp, seg = 0, 0, 0                                  # next prompt token, segment token, segment
     for ui, u in enumerate(users):
         p = u["prompt_slots"].shape[0]
         slots[pp:pp + p], merged[pp:pp + p] = u["prompt_slots"], u["prompt_merged"]
         sp_user = sp
-        for boundary, gids, w in u["targets"]:
+        for boundary, gids, groups, w in u["targets"]:
             cs, cm = code_tokens(gids[:-1], group, pad_id)
             g0 = caps.tp_cap + sp
             slots[g0:g0 + lseg], merged[g0:g0 + lseg] = cs, cm
@@ -136,7 +141,7 @@ def _tree_batch(users, caps, lt, group, pad_id):
             e = seg * lt
             pos[e] = pp + boundary - 1                      # the prompt token that predicts code 0
             pos[e + 1:e + lt] = g0 + np.arange(lseg)
-            target[e:e + lt], level[e:e + lt], weight[e:e + lt] = gids, np.arange(lt), w
+            target[e:e + lt], group_of[e:e + lt], weight[e:e + lt] = gids, groups, w
             sp += lseg
             seg += 1
             s_offsets[seg] = sp
@@ -147,7 +152,7 @@ def _tree_batch(users, caps, lt, group, pad_id):
     q_offsets[len(users) + 1:] = sp
     s_offsets[seg + 1:] = sp
     return dict(slots=slots, merged=merged, p_offsets=p_offsets, s_offsets=s_offsets, q_offsets=q_offsets,
-                key_len=key_len, q_pos=q_pos, pos=pos, target=target, level=level, weight=weight)
+                key_len=key_len, q_pos=q_pos, pos=pos, target=target, group=group_of, weight=weight)
 
 
 def tree_tensors(batch: dict) -> tuple:
@@ -197,24 +202,17 @@ class TreeDecoder(nn.Cell):
         return layer_norm(x)
 
 
-class TreeNTPLoss(nn.Cell):
+class TreeNTPLoss(NTPLoss):
     """NTPLoss over a tree batch: Lt * sum(w * ce) / sum(w) over the loss entries (Lt per target), the
-    softmax of an entry over its level's codes. Equal to NTPLoss over the copied rows of the same users."""
+    softmax of an entry over its group's codes (its level, or with restrict_to its trie prefix node).
+    Equal to NTPLoss over the copied rows of the same users."""
 
-    def __init__(self, decoder, caps: TreeCaps):
-        super().__init__()
-        self.decoder = decoder
+    def __init__(self, decoder, caps: TreeCaps, allowed=None):
+        super().__init__(decoder, allowed)
         self.tree = TreeDecoder(decoder, caps)
-        self.num_levels = float(decoder.num_levels)
-        self.col_level = Tensor(np.repeat(np.arange(decoder.num_levels), decoder.level_sizes).astype(np.int32))
 
-    def construct(self, slots, merged, p_offsets, s_offsets, q_offsets, key_len, q_pos, pos, target, level,
+    def construct(self, slots, merged, p_offsets, s_offsets, q_offsets, key_len, q_pos, pos, target, group,
                   weight, drop=None):
         hidden = self.tree(slots, merged, p_offsets, s_offsets, q_offsets, key_len, q_pos, drop)
         logits = self.decoder.logits(ops.gather(hidden, pos, 0))                     # [E, C]
-        same = ops.equal(self.col_level[None, :], level[:, None])
-        masked = ops.where(same, logits, ops.full_like(logits, _MASKED))
-        picked = ops.gather_elements(logits, 1, target[:, None])[:, 0]
-        ce = ops.logsumexp(masked, 1) - picked
-        total = weight.sum()
-        return self.num_levels * (ce * weight).sum() / ops.maximum(total, ops.ones_like(total) * 1e-12)
+        return self.weighted_mean(self.grouped_ce(logits, target, group), weight)

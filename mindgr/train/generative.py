@@ -121,14 +121,18 @@ class GRModel:
     """GR decoder, NTP loss, optimizer and the compiled train step (the Trainer's `model`). The trie of the
     code table gives the loss its softmax groups under model.trie_softmax."""
 
-    def __init__(self, cfg: Config, trie, num_items: int):
+    def __init__(self, cfg: Config, trie, num_items: int, tree_caps=None):
         from mindgr.models.generative import build_decoder
         from mindgr.models.objectives import build_objective, check_objective_arch
         from mindgr.train.step import TrainStep, build_optimizer
         check_objective_arch(cfg)
         self.decoder = build_decoder(cfg.model, [int(s) for s in trie.level_sizes], cfg.data.max_len, cfg.run.seed)
         self.encoder = self.decoder          # the Trainer's name for the trained network
-        self.loss_net = build_objective(cfg, self.decoder, num_items)
+        if tree_caps is not None:            # data.gr_layout = tree: the same objective over tree batches
+            from mindgr.models.tree import TreeNTPLoss
+            self.loss_net = TreeNTPLoss(self.decoder, tree_caps)
+        else:
+            self.loss_net = build_objective(cfg, self.decoder, num_items)
         if cfg.model.trie_softmax:
             self.loss_net.restrict_to(trie.node_masks())
         self.optimizer = build_optimizer(self.decoder.trainable_params(), cfg.train)
@@ -137,8 +141,9 @@ class GRModel:
 
 def gr_train_data(cfg: Config, data, table: CodeTable, trie):
     """GRTrainData of a RunData: its training windows (and pages) as NTP rows over the code table."""
+    from mindgr.models.generative import max_prompt_tokens
     from mindgr.models.ntp import RowError
-    from mindgr.train.gr_data import GRTrainData, page_windows, training_windows
+    from mindgr.train.gr_data import GRTrainData, GRTreeData, page_windows, training_windows
     windows = training_windows(data.train.inputs, data.train.targets)
     pages = page_windows(data.store, data.split, windows)
     if cfg.loss.objective == "page_ntp" and pages is None:
@@ -146,11 +151,16 @@ def gr_train_data(cfg: Config, data, table: CodeTable, trie):
                           "(a csv page_column, data.pages=timestamps or data.synthetic.page_size; or use "
                           "loss.objective=ntp)")
     offsets = np.concatenate([[0], np.cumsum(table.level_sizes)]).astype(np.int64)
+    pages = pages if cfg.loss.objective == "page_ntp" else None
+    groups = trie.item_nodes() if cfg.model.trie_softmax else None
+    common = (windows, table.codes, offsets, int(offsets[-1]), cfg.loss.objective, cfg.model.token_merger,
+              cfg.train.batch_size, cfg.run.seed)
     try:
-        return GRTrainData(windows, table.codes, offsets, int(offsets[-1]), cfg.loss.objective,
-                           cfg.model.token_merger, cfg.train.batch_size, cfg.run.seed, cfg.data.token_capacity,
-                           pages if cfg.loss.objective == "page_ntp" else None,
-                           trie.item_nodes() if cfg.model.trie_softmax else None)
+        if cfg.data.gr_layout == "tree":
+            lt = len(table.level_sizes)             # the decoder's max_len (build_decoder): a virtual row fits it
+            max_len = max_prompt_tokens(lt, cfg.model.token_merger, cfg.data.max_len) + lt - 1
+            return GRTreeData(*common, max_len, cfg.data.token_capacity, pages, groups)
+        return GRTrainData(*common, cfg.data.token_capacity, pages, groups)
     except RowError as e:
         raise ConfigError(f"config: {e}") from None
 
@@ -214,7 +224,7 @@ class GenerativeStrategy(RetrievalStrategy):
         self.run = run
         gd = self.train
         self.shape = StepShape.single(gd.token_capacity, gd.row_capacity)
-        self.model = GRModel(self.cfg, self.trie, self.data.num_items)
+        self.model = GRModel(self.cfg, self.trie, self.data.num_items, getattr(gd, "caps", None))
         self.sampler = HostSampler(self.cfg, self.data.num_items, self.model.decoder, gd.token_capacity)
         run.log.info(f"GR: {self.cfg.loss.objective}, token merger {self.cfg.model.token_merger}, codes "
                      f"{'x'.join(str(s) for s in self.codes.level_sizes)} ({self.codes.source}); "
@@ -223,10 +233,9 @@ class GenerativeStrategy(RetrievalStrategy):
                      f"decoder max_len {self.model.decoder.max_len}")
 
     def prepare(self, epoch: int, b: int, indices):
-        from mindgr.models.ntp import BATCH_KEYS
         batch, info = self.train.batch(indices)
         drop = self.sampler.masks.batch(epoch, b)
-        return tuple(batch[k] for k in BATCH_KEYS) + (drop,), info
+        return tuple(batch[k] for k in self.train.keys) + (drop,), info
 
     def execute(self, prepared, step: int):
         import time
@@ -241,8 +250,10 @@ class GenerativeStrategy(RetrievalStrategy):
     def batch_flops(self, info: dict) -> float:
         from mindgr.models import model_spec
         from mindgr.models.objectives import objective_spec
+        from mindgr.models.generative import prefix_attention_flops
         fwd = model_spec(self.cfg.model.arch).encoder_flops(self.cfg.model, info["lengths"])
-        fwd += objective_spec(self.cfg.loss.objective).flops(self.cfg.model, info["tokens"],
+        fwd += prefix_attention_flops(self.cfg.model, info.get("prefix_pairs", 0))        # tree layout
+        fwd += objective_spec(self.cfg.loss.objective).flops(self.cfg.model, info.get("head_tokens", info["tokens"]),
                                                               self.model.decoder.num_codes)
         return 3.0 * fwd
 

@@ -20,7 +20,9 @@ import math
 import numpy as np
 
 from mindgr.datasets import EpochPlan
-from mindgr.models.ntp import RowError, check_row_options, page_groups, pack_rows, tokens_per_prompt_item, user_rows
+from mindgr.models.ntp import (BATCH_KEYS, RowError, check_row_options, page_groups, pack_rows, tokens_per_prompt_item,
+                               user_rows)
+from mindgr.models.tree import TREE_KEYS, TreeCaps, pack_tree, tree_user
 
 
 def row_token_counts(n: int, lt: int, objective: str, token_merger: str, pages=None) -> list:
@@ -63,6 +65,8 @@ def _round_up(x, multiple):
 
 class GRTrainData:
     """Rows and batches of the GR objective over training windows (item ids into codes [V+1, Lt])."""
+
+    keys = BATCH_KEYS            # the step's array inputs, in order (before the dropout masks)
 
     def __init__(self, windows, codes, level_offsets, pad_id: int, objective: str, token_merger: str,
                  batch_size: int, seed: int, token_capacity: int = 0, pages=None, item_groups=None):
@@ -117,6 +121,90 @@ class GRTrainData:
         info = {"tokens": n, "fill": n / self.token_capacity, "lengths": lengths,
                 "targets": int((batch["weight"] > 0).sum())}
         return batch, info
+
+
+def tree_token_counts(n: int, lt: int, objective: str, token_merger: str, pages=None) -> tuple:
+    """(prompt tokens, segment tokens) of a history of n items in the tree layout, as tree_user builds it."""
+    per = tokens_per_prompt_item(lt, token_merger)
+    if n < 2:
+        return 0, 0
+    if objective == "ntp":
+        return (n - 1) * per, (n - 1) * (lt - 1)
+    groups = page_groups(pages)
+    if len(groups) < 2:
+        return 0, 0
+    return groups[-1][0] * per, (n - groups[1][0]) * (lt - 1)
+
+
+class GRTreeData:
+    """The shared-prompt (tree) layout's batches (mindgr.models.tree, data.gr_layout = tree): each example's
+    prompt once plus Lt-1 teacher-forced tokens per target, instead of a copied row per target.
+
+    A batch has two regions of fixed capacity, prompt tokens (tp_cap) and segment tokens (ts_cap), split in
+    the data's own proportion of the two. The epoch plan packs examples by one cost,
+    cost = max(ceil(p * UNIT / tp_cap), ceil(s * UNIT / ts_cap)) <= UNIT per batch, which bounds both regions
+    at once (sum p * UNIT / tp_cap <= sum cost <= UNIT), so every planned batch fits one compiled shape."""
+
+    keys = TREE_KEYS
+    UNIT = 1 << 20
+
+    def __init__(self, windows, codes, level_offsets, pad_id: int, objective: str, token_merger: str,
+                 batch_size: int, seed: int, max_len: int, token_capacity: int = 0, pages=None, item_groups=None):
+        check_row_options(objective, token_merger, pages)
+        self.codes = np.asarray(codes)
+        self.level_offsets = np.asarray(level_offsets, np.int64)
+        self.pad_id, self.objective, self.token_merger = pad_id, objective, token_merger
+        self.item_groups = item_groups
+        lt = self.codes.shape[1]
+        if lt < 2:
+            raise RowError(f"data.gr_layout = tree needs at least 2 codes per item, the code table has {lt}")
+        self.num_levels, self.group = lt, {"none": 1, "item": lt, "pairs": 2}[token_merger]
+        counts = [tree_token_counts(len(w), lt, objective, token_merger, None if pages is None else pages[i])
+                  for i, w in enumerate(windows)]
+        keep = [i for i, (_, seg) in enumerate(counts) if seg]
+        if not keep:
+            raise RowError(f"no training example gives a {objective} target (every window has one item or one page)")
+        self.windows = [windows[i] for i in keep]
+        self.pages = None if pages is None else [pages[i] for i in keep]
+        prompt = np.array([counts[i][0] for i in keep], np.int64)
+        seg = np.array([counts[i][1] for i in keep], np.int64)
+        self.tokens = prompt + seg
+        total = token_capacity or _round_up(max(batch_size * self.tokens.mean(), self.tokens.max(), 1), 64)
+        if self.tokens.max() > total:
+            raise RowError(f"data.token_capacity = {total}: a training example has {int(self.tokens.max())} GR "
+                           f"tokens in the tree layout; use at least that (or 0 = auto)")
+        tp_cap = max(_round_up(total * prompt.sum() / self.tokens.sum(), 8), int(prompt.max()))
+        ts_cap = max(total - tp_cap, int(seg.max()))
+        cost = np.maximum(-(-prompt * self.UNIT // tp_cap), -(-seg * self.UNIT // ts_cap))
+        u_cap = _round_up(math.ceil(self.UNIT / cost.min()), 8)
+        self.caps = TreeCaps(tp_cap, ts_cap, u_cap, ts_cap // (lt - 1), int(prompt.max()), int(seg.max()), max_len)
+        self.token_capacity, self.row_capacity = tp_cap + ts_cap, u_cap
+        self.plan = EpochPlan(cost, self.UNIT, u_cap, seed=seed)
+
+    @property
+    def inputs(self) -> list:
+        return self.windows
+
+    def user(self, i: int) -> dict:
+        return tree_user(self.windows[i], self.codes, self.level_offsets, self.objective, self.token_merger,
+                         None if self.pages is None else self.pages[i], self.pad_id, self.item_groups)
+
+    def batch(self, indices) -> tuple[dict, dict]:
+        """(arrays of one batch at the fixed capacities, info: real tokens, fill, rows, prefix pairs, targets)."""
+        users = [self.user(int(i)) for i in indices]
+        packed = pack_tree(users, self.caps, self.num_levels, self.group, self.pad_id)
+        if len(packed) != 1:
+            raise AssertionError("a planned batch does not fit its capacities")
+        lseg = self.num_levels - 1
+        prompts = [u["prompt_slots"].shape[0] for u in users]
+        boundaries = np.array([b for u in users for b, _, _, _ in u["targets"]], np.int64)
+        n = int(sum(prompts) + lseg * boundaries.shape[0])
+        info = {"tokens": n, "fill": n / self.token_capacity,
+                "lengths": np.array(prompts + [lseg] * boundaries.shape[0], np.int64),   # causal rows
+                "prefix_pairs": int(lseg * boundaries.sum()),      # (segment token, prompt key) pairs
+                "head_tokens": int(self.num_levels * boundaries.shape[0]),     # logits only at the loss entries
+                "targets": int(self.num_levels * boundaries.shape[0])}
+        return packed[0], info
 
 
 def _empty_row(group, pad_id):
