@@ -204,7 +204,7 @@ def test_row_counts_match_rows():
 
 def test_tree_counts_match_users():
     """The tree plan's closed-form (prompt, segment) token counts equal the layouts tree_user builds."""
-    from mindgr.models.tree import tree_user
+    from mindgr.models.tree import tree_user, virtual_tokens
     from mindgr.train.gr_data import tree_token_counts
     rng = np.random.default_rng(1)
     codes = random_codes(rng, 40, [5, 5, 3])
@@ -216,7 +216,8 @@ def test_tree_counts_match_users():
         for objective in ("ntp", "page_ntp"):
             for merger in ("none", "item", "pairs"):
                 u = tree_user(items, codes, offsets, objective, merger, pages if objective == "page_ntp" else None)
-                want = (0, 0) if u is None else (u["prompt_slots"].shape[0], 2 * len(u["targets"]))
+                want = (0, 0, 0) if u is None else (u["prompt_slots"].shape[0], 2 * len(u["targets"]),
+                                                    virtual_tokens(u))
                 assert tree_token_counts(n, 3, objective, merger, pages) == want
 
 

@@ -1,6 +1,7 @@
 """Shared-prompt (tree) training layout: its loss and gradients equal NTPLoss over the copied rows of the
-same users (random models, merger none | item | pairs, ntp and page_ntp), the prefix op equals a
-per-token loop, fewer tokens than copied rows, and one-line errors for capacities and max_len.
+same users (random models, merger none | item | pairs, ntp and page_ntp; level and trie softmax groups),
+its virtual rows are the copied rows, fewer tokens than copied rows, and one-line errors for capacities
+and max_len.
 
 Tolerances: both sides are float32 MindSpore over the same weights; loss |d| <= 1e-5 (1 + |ref|),
 gradients |d| <= 2e-4 max|g| + 1e-6 per parameter."""
@@ -13,7 +14,6 @@ from mindgr.models.generative import GRDecoder
 from mindgr.models.ntp import NTPLoss, RowError, batch_tensors, pack_rows, user_rows
 from mindgr.models.tree import TreeCaps, TreeNTPLoss, pack_tree, tree_tensors, tree_tokens, tree_user
 from mindgr.ops import set_backend
-from mindgr.ops.segment import jagged_prefix_attention
 from test_gr_decoder import LossGrad, randomize
 from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
 
@@ -57,7 +57,7 @@ def test_tree_loss_and_gradients_equal_copied_rows(merger, objective):
         users.append(tree_user(items, codes, dec.level_offsets, objective, merger, pages=pages))
     flat = pack_rows(rows, 400, len(rows) + 1, dec.group, dec.pad_id)
     assert len(flat) == 1
-    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, p_cap=MAX_LEN - 3, q_cap=18, max_len=MAX_LEN)
+    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, vt_cap=400, max_len=MAX_LEN)
     tree = pack_tree(users, caps, dec.num_levels, dec.group, dec.pad_id)
     assert len(tree) == 1
     assert sum(tree_tokens(u) for u in users if u is not None) < sum(r["slots"].shape[0] for r in rows)
@@ -87,7 +87,7 @@ def test_tree_trie_softmax_equals_copied_rows(merger):
                           item_groups=groups)
         users.append(tree_user(items, codes, dec.level_offsets, "ntp", merger, item_groups=groups))
     (flat,) = pack_rows(rows, 400, len(rows) + 1, dec.group, dec.pad_id)
-    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, p_cap=MAX_LEN - 3, q_cap=18, max_len=MAX_LEN)
+    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, vt_cap=400, max_len=MAX_LEN)
     (tree,) = pack_tree(users, caps, dec.num_levels, dec.group, dec.pad_id)
     assert (tree["group"][tree["weight"] > 0] >= dec.num_levels).any()     # real prefix nodes, not levels
     want_v, want_g = LossGrad(NTPLoss(dec, allowed))(*batch_tensors(flat))
@@ -101,43 +101,6 @@ def test_tree_trie_softmax_equals_copied_rows(merger):
     for w, g in zip(want_g, got_g):
         w, g = w.asnumpy(), g.asnumpy()
         assert np.abs(w - g).max() <= 2e-4 * np.abs(w).max() + 1e-6
-
-
-@pytest.mark.parametrize("backend", ["reference", "fast"])
-def test_prefix_attention_equals_a_loop(backend):
-    """Two users (a third, empty, in the capacity), unused tails in both regions; on the padded reference
-    conversions and on the backend's own."""
-    if backend == "reference":
-        set_backend("reference")
-    try:
-        _prefix_attention_equals_a_loop()
-    finally:
-        fast_backend()
-
-
-def _prefix_attention_equals_a_loop():
-    rng = np.random.default_rng(3)
-    n, q_cap, p_cap = 10, 4, 6
-    k = rng.standard_normal((12, H, DQK)).astype(np.float32)
-    v = rng.standard_normal((12, H, DV)).astype(np.float32)
-    q = rng.standard_normal((8, H, DQK)).astype(np.float32)
-    w_pos = rng.standard_normal(2 * n - 1).astype(np.float32)
-    q_off = np.array([0, 3, 6, 6], np.int32)            # user 0: tokens 0-2, user 1: 3-5, tail 6-7
-    k_off = np.array([0, 5, 11, 11], np.int32)          # prompts of 5 and 6 keys, tail 11
-    key_len = np.zeros((3, q_cap), np.int32)
-    key_len[0, :3] = [2, 2, 5]
-    key_len[1, :3] = [6, 0, 3]
-    q_pos = key_len + np.array([0, 1, 0, 0], np.int32)
-    got = jagged_prefix_attention(Tensor(q), Tensor(k), Tensor(v), Tensor(q_off), Tensor(k_off),
-                                  Tensor(key_len), Tensor(q_pos), Tensor(w_pos), n, q_cap, p_cap).asnumpy()
-    want = np.zeros((8, H, DV))
-    for u in range(2):
-        for i in range(q_off[u + 1] - q_off[u]):
-            s = q_off[u] + i
-            for j in range(key_len[u, i]):
-                z = (q[s] * k[k_off[u] + j]).sum(-1) + w_pos[n - 1 + j - q_pos[u, i]]
-                want[s] += (z / (1 + np.exp(-z)))[:, None] / n * v[k_off[u] + j]
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_tree_layout_shares_the_prompt():
@@ -159,16 +122,44 @@ def test_tree_layout_shares_the_prompt():
     assert tree_user(items[:4], codes, lo, "page_ntp", pages=np.zeros(4)) is None
 
 
+def test_virtual_rows_are_the_copied_rows():
+    """Gathering a tree batch's tokens by virt_src gives, row after row, the copied layout's rows (after each
+    user's prompt row), and every token keeps the virtual token that copies it."""
+    rng = np.random.default_rng(6)
+    codes = random_codes(rng, 15, SIZES)
+    lo = np.concatenate([[0], np.cumsum(SIZES)])
+    for merger, objective in (("item", "ntp"), ("pairs", "page_ntp"), ("none", "page_ntp")):
+        hist = _histories(rng, 15, objective)
+        users = [tree_user(items, codes, lo, objective, merger, pages=pages) for items, pages in hist]
+        group = {"none": 1, "item": 4, "pairs": 2}[merger]
+        caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, vt_cap=400, max_len=MAX_LEN)
+        (tree,) = pack_tree(users, caps, len(SIZES), group, int(lo[-1]))
+        virt = tree["slots"][tree["virt_src"]]
+        vo, k = tree["virt_offsets"], 0
+        for (items, pages), u in zip(hist, users):
+            if u is None:
+                continue
+            p = u["prompt_slots"].shape[0]
+            assert np.array_equal(virt[vo[k]:vo[k + 1]], u["prompt_slots"])
+            k += 1
+            pg = pages if objective == "page_ntp" else np.arange(len(items))
+            for r in user_rows(items, codes, lo, "page_ntp", merger, pages=pg):
+                assert np.array_equal(virt[vo[k]:vo[k + 1]], r["slots"])
+                k += 1
+        real = np.concatenate([np.arange(tree["p_offsets"][-1]), caps.tp_cap + np.arange(tree["s_offsets"][-1])])
+        assert np.array_equal(tree["virt_src"][tree["take"][real]], real)
+
+
 def test_tree_errors_are_one_line():
     rng = np.random.default_rng(5)
     codes = random_codes(rng, 10, SIZES)
     lo = np.concatenate([[0], np.cumsum(SIZES)])
     u = tree_user(rng.integers(1, 11, 6), codes, lo, "ntp", "none")
     with pytest.raises(RowError, match="exceeds the tree capacities") as e:
-        pack_tree([u], TreeCaps(10, 60, 2, 10, 30, 30, 40), 4, 1, int(lo[-1]))
+        pack_tree([u], TreeCaps(10, 60, 2, 10, 400, 40), 4, 1, int(lo[-1]))
     assert "\n" not in str(e.value)
     with pytest.raises(RowError, match="more than the decoder's max_len 16"):
-        pack_tree([u], TreeCaps(40, 60, 2, 10, 30, 30, 16), 4, 1, int(lo[-1]))
+        pack_tree([u], TreeCaps(40, 60, 2, 10, 400, 16), 4, 1, int(lo[-1]))
     with pytest.raises(RowError, match="page_ntp needs pages"):
         tree_user([1, 2], codes, lo, "page_ntp")
     with pytest.raises(RowError, match="token_merger"):
@@ -186,7 +177,7 @@ def test_dropout_equals_copied_rows_with_the_same_masks():
         rows += _copied_rows(items, pages, codes, dec, "page_ntp")
         users.append(tree_user(items, codes, dec.level_offsets, "page_ntp", "pairs", pages=pages))
     users = [u for u in users if u is not None]
-    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, p_cap=MAX_LEN - 3, q_cap=18, max_len=MAX_LEN)
+    caps = TreeCaps(tp_cap=64, ts_cap=60, u_cap=4, s_cap=20, vt_cap=400, max_len=MAX_LEN)
     (tree,) = pack_tree(users, caps, dec.num_levels, dec.group, dec.pad_id)
     (flat,) = pack_rows(rows, 400, len(rows) + 1, dec.group, dec.pad_id)
     source, seg = [], 0                       # tree token of every copied-row token, row by row

@@ -43,7 +43,8 @@ def _steps(objective, merger, histories, codes, args):
 
     from mindgr.models.generative import GRDecoder
     from mindgr.models.ntp import NTPLoss, batch_tensors, pack_rows, user_rows
-    from mindgr.models.tree import TreeCaps, TreeNTPLoss, pack_tree, tree_tensors, tree_tokens, tree_user
+    from mindgr.models.tree import (TreeCaps, TreeNTPLoss, pack_tree, tree_tensors, tree_tokens, tree_user,
+                                    virtual_tokens)
     from mindgr.train.step import TrainStep
 
     lt = len(SIZES)
@@ -64,8 +65,7 @@ def _steps(objective, merger, histories, codes, args):
             tokens = sum(tree_tokens(u) for u in users)
             tp = sum(u["prompt_slots"].shape[0] for u in users)
             caps = TreeCaps(tp, tokens - tp, len(users), sum(len(u["targets"]) for u in users),
-                            max(u["prompt_slots"].shape[0] for u in users),
-                            max(len(u["targets"]) for u in users) * (lt - 1), max_len)
+                            sum(virtual_tokens(u) for u in users), max_len)
             (batch,) = pack_tree(users, caps, lt, group, pad)
             loss, inputs = TreeNTPLoss(dec, caps), tree_tensors(batch)
         opt = nn.AdamWeightDecay(dec.trainable_params(), learning_rate=1e-3)

@@ -124,26 +124,28 @@ class GRTrainData:
 
 
 def tree_token_counts(n: int, lt: int, objective: str, token_merger: str, pages=None) -> tuple:
-    """(prompt tokens, segment tokens) of a history of n items in the tree layout, as tree_user builds it."""
-    per = tokens_per_prompt_item(lt, token_merger)
+    """(prompt, segment, virtual) tokens of a history of n items in the tree layout, as tree_user builds it
+    (virtual: the attention's rows, the prompt once plus every target's copied row, models.tree)."""
+    per, lseg = tokens_per_prompt_item(lt, token_merger), lt - 1
     if n < 2:
-        return 0, 0
-    if objective == "ntp":
-        return (n - 1) * per, (n - 1) * (lt - 1)
-    groups = page_groups(pages)
+        return 0, 0, 0
+    groups = [(j, j + 1) for j in range(n)] if objective == "ntp" else page_groups(pages)
     if len(groups) < 2:
-        return 0, 0
-    return groups[-1][0] * per, (n - groups[1][0]) * (lt - 1)
+        return 0, 0, 0
+    prompt = groups[-1][0] * per
+    rows = sum((stop - start) * (start * per + lseg) for start, stop in groups[1:])
+    return prompt, (n - groups[1][0]) * lseg, prompt + rows
 
 
 class GRTreeData:
     """The shared-prompt (tree) layout's batches (mindgr.models.tree, data.gr_layout = tree): each example's
     prompt once plus Lt-1 teacher-forced tokens per target, instead of a copied row per target.
 
-    A batch has two regions of fixed capacity, prompt tokens (tp_cap) and segment tokens (ts_cap), split in
-    the data's own proportion of the two. The epoch plan packs examples by one cost,
-    cost = max(ceil(p * UNIT / tp_cap), ceil(s * UNIT / ts_cap)) <= UNIT per batch, which bounds both regions
-    at once (sum p * UNIT / tp_cap <= sum cost <= UNIT), so every planned batch fits one compiled shape."""
+    A batch has three regions of fixed capacity, prompt tokens (tp_cap), segment tokens (ts_cap) and the
+    attention's virtual tokens (vt_cap), each sized from the data's own mean per example. The epoch plan
+    packs examples by one cost, cost = max over regions r of ceil(n_r * UNIT / cap_r) <= UNIT per batch,
+    which bounds every region at once (sum n_r * UNIT / cap_r <= sum cost <= UNIT), so every planned batch
+    fits one compiled shape."""
 
     keys = TREE_KEYS
     UNIT = 1 << 20
@@ -161,24 +163,23 @@ class GRTreeData:
         self.num_levels, self.group = lt, {"none": 1, "item": lt, "pairs": 2}[token_merger]
         counts = [tree_token_counts(len(w), lt, objective, token_merger, None if pages is None else pages[i])
                   for i, w in enumerate(windows)]
-        keep = [i for i, (_, seg) in enumerate(counts) if seg]
+        keep = [i for i, c in enumerate(counts) if c[1]]
         if not keep:
             raise RowError(f"no training example gives a {objective} target (every window has one item or one page)")
         self.windows = [windows[i] for i in keep]
         self.pages = None if pages is None else [pages[i] for i in keep]
-        prompt = np.array([counts[i][0] for i in keep], np.int64)
-        seg = np.array([counts[i][1] for i in keep], np.int64)
-        self.tokens = prompt + seg
-        total = token_capacity or _round_up(max(batch_size * self.tokens.mean(), self.tokens.max(), 1), 64)
-        if self.tokens.max() > total:
-            raise RowError(f"data.token_capacity = {total}: a training example has {int(self.tokens.max())} GR "
-                           f"tokens in the tree layout; use at least that (or 0 = auto)")
-        tp_cap = max(_round_up(total * prompt.sum() / self.tokens.sum(), 8), int(prompt.max()))
-        ts_cap = max(total - tp_cap, int(seg.max()))
-        cost = np.maximum(-(-prompt * self.UNIT // tp_cap), -(-seg * self.UNIT // ts_cap))
+        need = np.array([counts[i] for i in keep], np.int64)                 # [examples, 3 regions]
+        self.tokens = need[:, 0] + need[:, 1]
+        if token_capacity and self.tokens.max() > token_capacity:
+            raise RowError(f"data.token_capacity = {token_capacity}: a training example has {int(self.tokens.max())} "
+                           "GR tokens in the tree layout; use at least that (or 0 = auto)")
+        # token_capacity (prompt + segment tokens) scales the data's mean mix; virtual tokens follow it
+        scale = token_capacity / self.tokens.mean() if token_capacity else batch_size
+        caps = [max(_round_up(scale * need[:, r].mean(), 8), int(need[:, r].max())) for r in range(3)]
+        cost = np.max(-(-need * self.UNIT // np.array(caps)), axis=1)
         u_cap = _round_up(math.ceil(self.UNIT / cost.min()), 8)
-        self.caps = TreeCaps(tp_cap, ts_cap, u_cap, ts_cap // (lt - 1), int(prompt.max()), int(seg.max()), max_len)
-        self.token_capacity, self.row_capacity = tp_cap + ts_cap, u_cap
+        self.caps = TreeCaps(caps[0], caps[1], u_cap, caps[1] // (lt - 1), caps[2], max_len)
+        self.token_capacity, self.row_capacity = caps[0] + caps[1], u_cap
         self.plan = EpochPlan(cost, self.UNIT, u_cap, seed=seed)
 
     @property
@@ -199,8 +200,10 @@ class GRTreeData:
         prompts = [u["prompt_slots"].shape[0] for u in users]
         boundaries = np.array([b for u in users for b, _, _, _ in u["targets"]], np.int64)
         n = int(sum(prompts) + lseg * boundaries.shape[0])
+        # useful FLOPs (mindgr.train.flops): per-token work once per token, the attention each token needs
+        # (its prompt row, or its prompt prefix + its segment), not the copied rows' recomputed prompt part
         info = {"tokens": n, "fill": n / self.token_capacity,
-                "lengths": np.array(prompts + [lseg] * boundaries.shape[0], np.int64),   # causal rows
+                "lengths": np.array(prompts + [lseg] * boundaries.shape[0], np.int64),   # causal parts
                 "prefix_pairs": int(lseg * boundaries.sum()),      # (segment token, prompt key) pairs
                 "head_tokens": int(self.num_levels * boundaries.shape[0]),     # logits only at the loss entries
                 "targets": int(self.num_levels * boundaries.shape[0])}
