@@ -71,15 +71,23 @@ inline int num_threads() {
 typedef void (*RunFn)(void* ctx, int tid);
 void parallel_run_impl(int n, RunFn call, void* ctx);
 
+// fn(tid) through one out-of-line copy, whatever the thread count: an inlined fn(0) on the one-thread path
+// was compiled apart from the workers' copy, and under -ffp-contract=fast the two copies may contract
+// a * b + c differently (seen on AVX2: LayerNorm's rows differed by an ulp between 1 and 2 threads).
+template <class F>
+__attribute__((noinline)) void run_tid(void* ctx, int tid) {
+  (*static_cast<F*>(ctx))(tid);
+}
+
 template <class Fn>
 void parallel_run(int n, Fn&& fn) {
+  using F = typename std::remove_reference<Fn>::type;
+  void* ctx = const_cast<void*>(static_cast<const void*>(&fn));
   if (n <= 1) {
-    fn(0);
+    run_tid<F>(ctx, 0);
     return;
   }
-  using F = typename std::remove_reference<Fn>::type;
-  parallel_run_impl(n, [](void* ctx, int tid) { (*static_cast<F*>(ctx))(tid); },
-                    const_cast<void*>(static_cast<const void*>(&fn)));
+  parallel_run_impl(n, &run_tid<F>, ctx);
 }
 
 // ---------------------------------------------------------------------------------------------
