@@ -62,8 +62,9 @@ struct Last {
   __m256i m;
   explicit Last(int n_)
       : n(n_), m(_mm256_cmpgt_epi32(_mm256_set1_epi32(n_), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))) {}
-  vf load(const float* p) const { return (vf)_mm256_maskload_ps(p, m); }
-  void store(float* p, vf v) const { _mm256_maskstore_ps(p, m, (__m256)v); }
+  // A whole vector (the padded table view's rows) without a mask; stores never masked (store_lanes_avx2).
+  vf load(const float* p) const { return n == VL ? vload(p) : (vf)_mm256_maskload_ps(p, m); }
+  void store(float* p, vf v) const { store_lanes_avx2(p, v, n); }
 #else
   explicit Last(int n_) : n(n_) {}
   vf load(const float* p) const {
