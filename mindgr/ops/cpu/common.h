@@ -319,6 +319,18 @@ inline void vstore_tail(float* p, vf v, int n) {
 #endif
 }
 
+// Keeps v in a register from here on (an empty asm that "changes" it): on AVX2 GCC otherwise folds a
+// vector reused by several FMAs into each FMA as a memory operand, reloading it once per use, and the
+// micro-kernels become load-bound (Zen 3: two 256-bit loads a cycle against two FMAs). Same arithmetic.
+// Other ISAs: nothing (AVX-512's 32 registers are not restricted to the 16 that "x" names).
+inline void pin_reg(vf& v) {
+#if defined(MINDGR_ISA_AVX2)
+  asm("" : "+x"(v));
+#else
+  (void)v;
+#endif
+}
+
 // Sum of the VL lanes in a fixed pairwise order (a[i] + a[i + VL/2], halving).
 inline float vsum(vf v) {
   float a[VL];
