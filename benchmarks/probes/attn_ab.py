@@ -4,7 +4,7 @@
     git -C /work/main archive HEAD | tar -x -C /tmp/attn_base          # the "old" tree
     python benchmarks/probes/attn_ab.py --old /tmp/attn_base [--new .] [--rounds 9] [--isa avx2]
 
-Each tree's hstu_attention.cc is compiled alone (same flags as mindgr/ops/cpu/build.py for the chosen
+Each tree's hstu_attention.cc is compiled alone (with its workers.cc, if any; same flags as mindgr/ops/cpu/build.py for the chosen
 ISA, `MINDGR_CPU_ISA` or --isa) into a temporary library, both are loaded with ctypes, and the
 forward (MindgrHstuFwd) and backward (MindgrHstuBwd) entry points are called through their AOT
 signature on the same numpy inputs, alternating old/new (order reversed every round, one warm-up
@@ -34,7 +34,9 @@ def build_lib(tree: str, out_dir: str, tag: str) -> str:
     from mindgr.ops.cpu import build as b
     src = os.path.join(tree, "mindgr", "ops", "cpu", "hstu_attention.cc")
     out = os.path.join(out_dir, f"attn_{tag}.so")
-    cmd = [b.compiler(), *b.flags(), "-I", os.path.dirname(src), src, "-o", out]
+    # with the tree's worker pool (parallel_run's implementation) when it has one
+    pool = os.path.join(os.path.dirname(src), "workers.cc")
+    cmd = [b.compiler(), *b.flags(), "-I", os.path.dirname(src), src, *([pool] if os.path.exists(pool) else []), "-o", out]
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     return out
 

@@ -283,7 +283,10 @@ inline void micro_nt(const float* __restrict a, int64_t lda, const float* __rest
     for (int c = 0; c < NC; ++c) acc[r][c] = vzero();
   for (int x = 0; x < d; ++x) {
     vf bv[NC];
-    for (int c = 0; c < NC; ++c) bv[c] = vload(bt + x * ldb + c * VL);
+    for (int c = 0; c < NC; ++c) {
+      bv[c] = vload(bt + x * ldb + c * VL);
+      pin_reg(bv[c]);
+    }
     for (int r = 0; r < R; ++r) {
       const vf av = vbcast(a[r * lda + x]);
       for (int c = 0; c < NC; ++c) acc[r][c] += av * bv[c];
@@ -353,7 +356,10 @@ void rank_update(float* __restrict dst, int64_t ldd, int rows, const float* __re
       for (int c = 0; c < NC; ++c) acc[rr][c] = vload(dst + (r + rr) * ldd + c * VL);
     for (int m = a; m < b; ++m) {
       vf xv[NC];
-      for (int c = 0; c < NC; ++c) xv[c] = vload(x + m * ldx + c * VL);
+      for (int c = 0; c < NC; ++c) {
+        xv[c] = vload(x + m * ldx + c * VL);
+        pin_reg(xv[c]);
+      }
       for (int rr = 0; rr < R; ++rr) {
         vf sv = vbcast(w[(r + rr) * wr + m * wm]);
         for (int c = 0; c < NC; ++c) acc[rr][c] += sv * xv[c];

@@ -62,8 +62,9 @@ struct Last {
   __m256i m;
   explicit Last(int n_)
       : n(n_), m(_mm256_cmpgt_epi32(_mm256_set1_epi32(n_), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))) {}
-  vf load(const float* p) const { return (vf)_mm256_maskload_ps(p, m); }
-  void store(float* p, vf v) const { _mm256_maskstore_ps(p, m, (__m256)v); }
+  // A whole vector (the padded table view's rows) without a mask; stores never masked (store_lanes_avx2).
+  vf load(const float* p) const { return n == VL ? vload(p) : (vf)_mm256_maskload_ps(p, m); }
+  void store(float* p, vf v) const { store_lanes_avx2(p, v, n); }
 #else
   explicit Last(int n_) : n(n_) {}
   vf load(const float* p) const {
@@ -168,7 +169,9 @@ inline bool ids_in_range(const int32_t* ids, int64_t n, int64_t V1) {
 // Lanes g >= n or with ids[g] == target (accidental hits): -1.
 inline vi hit_lanes(const int32_t* ids, int n, int32_t target) {
   vi idv = vi{} - 1;  // -1 is never a target (targets > 0)
-  std::memcpy(&idv, ids, sizeof(int32_t) * size_t(n));
+  // a whole block by one load: a run-time-sized memcpy is a `rep movsl` (slow to start on Zen 3)
+  if (n == VL) idv = vload_i(ids);
+  else std::memcpy(&idv, ids, sizeof(int32_t) * size_t(n));
   const vi tv = vi{} + target;
   return (idv == tv) | (iota() >= (vi{} + n));
 }
@@ -551,6 +554,9 @@ int backward_owners_nv(const Shape& s, const float* x, const float* table, const
     const uint32_t span = static_cast<uint32_t>(V1 * (tid + 1) / nt2) - v0;
     typedef uint32_t vu __attribute__((vector_size(VL * sizeof(uint32_t))));
     const vu vv0 = (vu)vbcast_i(int32_t(v0)), vspan = (vu)vbcast_i(int32_t(span));
+    // locals, not the captured references: the row stores below could alias those, so every pair reloaded them
+    float* const acc = dacc;
+    const int64_t ld = dld;
     for (int64_t t = 0; t < T; ++t) {
       if (!active(t)) continue;
       const int32_t* it = ids + t * R;
@@ -576,7 +582,7 @@ int backward_owners_nv(const Shape& s, const float* x, const float* table, const
           float w = wr[q];
           if constexpr (kLse) w = w * gt;
           const vf we = vbcast(w);
-          float* dv = dacc + int64_t(it[q]) * dld;
+          float* dv = acc + int64_t(it[q]) * ld;
           for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * xv[cc]);
           dlast.store(dv + (nv - 1) * VL, dlast.load(dv + (nv - 1) * VL) + we * xv[nv - 1]);
         }
