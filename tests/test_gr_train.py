@@ -184,59 +184,39 @@ def test_bad_configs_are_one_line(gr_setup, capsys, extra, message):
     assert message in err and len(err.splitlines()) == 1, err
 
 
+def _count_cases(seed):
+    """(n, objective, merger, layout builder args) over random histories: the cases a closed-form count must
+    match, every objective and merger (3 codes per item)."""
+    rng = np.random.default_rng(seed)
+    codes = random_codes(rng, 40, [5, 5, 3])
+    offsets = np.concatenate([[0], np.cumsum([5, 5, 3])])
+    for _ in range(20):
+        n = int(rng.integers(1, 12))
+        items = rng.integers(1, 41, n)
+        pages = np.cumsum(np.r_[0, rng.random(n - 1) < 0.5]) if n > 1 else np.zeros(n, np.int64)
+        for objective in ("ntp", "page_ntp"):
+            for merger in ("none", "item", "pairs"):
+                yield n, objective, merger, pages, (items, codes, offsets, objective, merger,
+                                                    pages if objective == "page_ntp" else None)
+
+
 def test_row_counts_match_rows():
     """The plan's closed-form token counts equal the rows built, for every objective and merger."""
     from mindgr.models.ntp import user_rows
     from mindgr.train.gr_data import row_token_counts
-    rng = np.random.default_rng(0)
-    codes = random_codes(rng, 40, [5, 5, 3])
-    offsets = np.concatenate([[0], np.cumsum([5, 5, 3])])
-    for _ in range(20):
-        n = int(rng.integers(1, 12))
-        items = rng.integers(1, 41, n)
-        pages = np.cumsum(np.r_[0, rng.random(n - 1) < 0.5]) if n > 1 else np.zeros(n, np.int64)
-        for objective in ("ntp", "page_ntp"):
-            for merger in ("none", "item", "pairs"):
-                rows = user_rows(items, codes, offsets, objective, merger, pages if objective == "page_ntp" else None)
-                want = [r["slots"].shape[0] for r in rows]
-                assert row_token_counts(n, 3, objective, merger, pages) == want
+    for n, objective, merger, pages, args in _count_cases(0):
+        want = [r["slots"].shape[0] for r in user_rows(*args)]
+        assert row_token_counts(n, 3, objective, merger, pages) == want
 
 
 def test_tree_counts_match_users():
-    """The tree plan's closed-form (prompt, segment) token counts equal the layouts tree_user builds."""
+    """The tree plan's closed-form (prompt, segment, virtual) token counts equal the layouts tree_user builds."""
     from mindgr.models.tree import tree_user, virtual_tokens
     from mindgr.train.gr_data import tree_token_counts
-    rng = np.random.default_rng(1)
-    codes = random_codes(rng, 40, [5, 5, 3])
-    offsets = np.concatenate([[0], np.cumsum([5, 5, 3])])
-    for _ in range(20):
-        n = int(rng.integers(1, 12))
-        items = rng.integers(1, 41, n)
-        pages = np.cumsum(np.r_[0, rng.random(n - 1) < 0.5]) if n > 1 else np.zeros(n, np.int64)
-        for objective in ("ntp", "page_ntp"):
-            for merger in ("none", "item", "pairs"):
-                u = tree_user(items, codes, offsets, objective, merger, pages if objective == "page_ntp" else None)
-                want = (0, 0, 0) if u is None else (u["prompt_slots"].shape[0], 2 * len(u["targets"]),
-                                                    virtual_tokens(u))
-                assert tree_token_counts(n, 3, objective, merger, pages) == want
-
-
-def test_tree_layout_trains_like_copied_rows(gr_setup):
-    """data.gr_layout = tree through `mindgr train` (item merger, trie softmax, no dropout, the whole epoch in
-    one batch): the same losses as the copied rows, step after step."""
-    from mindgr.train.generative import GenerativeTrainer
-    out, runs = gr_setup["out"], {}
-    for layout in ("rows", "tree"):
-        cfg = load_config(None, gr_overrides(out, f"lay-{layout}", gr_setup["codes"], f"data.gr_layout={layout}",
-                                             "model.token_merger=item", "model.trie_softmax=true",
-                                             "model.dropout=0", "train.batch_size=400", "train.epochs=3",
-                                             "eval.every_epochs=0", "eval.max_users=8"))
-        GenerativeTrainer(cfg, quiet=True).fit()
-        runs[layout] = _losses(out / f"lay-{layout}")
-    assert sorted(runs["rows"]) == sorted(runs["tree"]) == [1, 2, 3]
-    for step in (1, 2, 3):
-        a, b = runs["rows"][step], runs["tree"][step]
-        assert np.isfinite(a) and abs(a - b) <= 1e-4 * (1 + abs(a)), (step, a, b)
+    for n, objective, merger, pages, args in _count_cases(1):
+        u = tree_user(*args)
+        want = (0, 0, 0) if u is None else (u["prompt_slots"].shape[0], 2 * len(u["targets"]), virtual_tokens(u))
+        assert tree_token_counts(n, 3, objective, merger, pages) == want
 
 
 def test_hstu_eval_without_history_filter():
