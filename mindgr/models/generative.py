@@ -258,6 +258,12 @@ def max_prompt_tokens(num_levels: int, token_merger: str, max_history: int) -> i
     return max_history * tokens_per_prompt_item(num_levels, token_merger)
 
 
+def decoder_max_len(num_levels: int, token_merger: str, max_history: int) -> int:
+    """The position-bias length of the decoder: a prompt of max_history items plus the Lt - 1 decoded codes
+    (the longest training row, copied or virtual)."""
+    return max_prompt_tokens(num_levels, token_merger, max_history) + num_levels - 1
+
+
 def build_decoder(model_cfg, level_sizes, max_history: int, seed: int) -> GRDecoder:
     """The GR decoder of a config over a code table's level sizes: position bias sized for a prompt of
     max_history items plus the Lt - 1 decoded codes (the longest training row)."""
@@ -265,7 +271,7 @@ def build_decoder(model_cfg, level_sizes, max_history: int, seed: int) -> GRDeco
     lt = len(level_sizes)
     dqk = m.dqk or m.dim // m.num_heads
     dv = m.dv or m.dim // m.num_heads
-    max_len = max_prompt_tokens(lt, m.token_merger, max_history) + lt - 1
+    max_len = decoder_max_len(lt, m.token_merger, max_history)
     return GRDecoder(level_sizes, m.dim, m.num_blocks, m.num_heads, dqk, dv, max_len, m.token_merger, seed,
                      m.trie_softmax)
 

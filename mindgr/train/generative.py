@@ -141,7 +141,7 @@ class GRModel:
 
 def gr_train_data(cfg: Config, data, table: CodeTable, trie):
     """GRTrainData of a RunData: its training windows (and pages) as NTP rows over the code table."""
-    from mindgr.models.generative import max_prompt_tokens
+    from mindgr.models.generative import decoder_max_len
     from mindgr.models.ntp import RowError
     from mindgr.train.gr_data import GRTrainData, GRTreeData, page_windows, training_windows
     windows = training_windows(data.train.inputs, data.train.targets)
@@ -157,8 +157,7 @@ def gr_train_data(cfg: Config, data, table: CodeTable, trie):
               cfg.train.batch_size, cfg.run.seed)
     try:
         if cfg.data.gr_layout == "tree":
-            lt = len(table.level_sizes)             # the decoder's max_len (build_decoder): a virtual row fits it
-            max_len = max_prompt_tokens(lt, cfg.model.token_merger, cfg.data.max_len) + lt - 1
+            max_len = decoder_max_len(len(table.level_sizes), cfg.model.token_merger, cfg.data.max_len)
             return GRTreeData(*common, max_len, cfg.data.token_capacity, pages, groups)
         return GRTrainData(*common, cfg.data.token_capacity, pages, groups)
     except RowError as e:
@@ -226,7 +225,8 @@ class GenerativeStrategy(RetrievalStrategy):
         self.shape = StepShape.single(gd.token_capacity, gd.row_capacity)
         self.model = GRModel(self.cfg, self.trie, self.data.num_items, getattr(gd, "caps", None))
         self.sampler = HostSampler(self.cfg, self.data.num_items, self.model.decoder, gd.token_capacity)
-        run.log.info(f"GR: {self.cfg.loss.objective}, token merger {self.cfg.model.token_merger}, codes "
+        run.log.info(f"GR: {self.cfg.loss.objective}, token merger {self.cfg.model.token_merger}, "
+                     f"{self.cfg.data.gr_layout} layout, codes "
                      f"{'x'.join(str(s) for s in self.codes.level_sizes)} ({self.codes.source}); "
                      f"{len(gd.windows)} examples, {int(gd.tokens.sum())} tokens/epoch; capacity "
                      f"{gd.token_capacity} tokens x {gd.row_capacity} rows, {gd.plan.num_batches(0)} batches/epoch; "
