@@ -219,6 +219,24 @@ def test_tree_counts_match_users():
         assert tree_token_counts(n, 3, objective, merger, pages) == want
 
 
+def test_tree_layout_trains_like_copied_rows(gr_setup):
+    """data.gr_layout = tree through `mindgr train` (item merger, trie softmax, no dropout, the whole epoch in
+    one batch): the same losses as the copied rows, step after step."""
+    from mindgr.train.generative import GenerativeTrainer
+    out, runs = gr_setup["out"], {}
+    for layout in ("rows", "tree"):
+        cfg = load_config(None, gr_overrides(out, f"lay-{layout}", gr_setup["codes"], f"data.gr_layout={layout}",
+                                             "model.token_merger=item", "model.trie_softmax=true",
+                                             "model.dropout=0", "train.batch_size=400", "train.epochs=3",
+                                             "eval.every_epochs=0", "eval.max_users=8"))
+        GenerativeTrainer(cfg, quiet=True).fit()
+        runs[layout] = _losses(out / f"lay-{layout}")
+    assert sorted(runs["rows"]) == sorted(runs["tree"]) == [1, 2, 3]
+    for step in (1, 2, 3):
+        a, b = runs["rows"][step], runs["tree"][step]
+        assert np.isfinite(a) and abs(a - b) <= 1e-4 * (1 + abs(a)), (step, a, b)
+
+
 def test_hstu_eval_without_history_filter():
     """eval.filter_history=false: evaluate() ranks against every item, history included."""
     from mindgr.train.data import RunData
