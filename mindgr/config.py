@@ -139,6 +139,12 @@ class TrainConfig:
     beta2: float = field(default=0.98, metadata=_rng(lo=0.0, hi=0.999999))
     eps: float = field(default=1e-8, metadata=_rng(lo=0.0, lo_open=True))
     weight_decay: float = field(default=0.0, metadata=_rng(lo=0.0))
+    # learning rate over the run (mindgr.train.schedule): constant, or a cosine decay from train.lr to
+    # lr_floor * train.lr at the run's last step (train.epochs, or train.max_steps if that ends it first);
+    # either after a linear warm-up of warmup_steps
+    lr_schedule: str = field(default="constant", metadata=_rng(choices=["constant", "cosine"]))
+    warmup_steps: int = field(default=0, metadata=_rng(lo=0))
+    lr_floor: float = field(default=0.0, metadata=_rng(lo=0.0, hi=1.0))
 
 
 @dataclass
@@ -225,12 +231,13 @@ class Config:
 
 
 # Keys a resumed run (`train --resume`) may change: none of them changes what the weights so far were
-# trained on. train.lr may be lowered after a divergence; epochs / max_steps extend or shorten the run;
+# trained on. train.lr (and its schedule) may change, e.g. lowered after a divergence; epochs / max_steps
+# extend or shorten the run (and stretch a schedule's horizon);
 # logging, checkpointing, evaluation, op backend and input prefetch change how, not what, is trained;
 # run.name / run.out_dir are where the run lives (a moved or copied run dir resumes). Every parallel.* key
 # may change too (how many ranks train a global batch never changes what is trained).
 RESUMABLE_CHANGES = frozenset({
-    "train.epochs", "train.max_steps", "train.lr",
+    "train.epochs", "train.max_steps", "train.lr", "train.lr_schedule", "train.warmup_steps", "train.lr_floor",
     "run.name", "run.out_dir", "run.log_every", "run.keep_last", "run.ckpt_every",
     "eval.every_epochs", "eval.ks", "eval.batch_size", "eval.filter_history", "eval.beam", "eval.max_users",
     "eval.patience", "ops.backend", "data.prefetch"})

@@ -28,6 +28,7 @@ from mindgr.train.checkpoint import CheckpointError, CheckpointManager, load_che
 from mindgr.train.logger import MetricsLog, format_metrics
 from mindgr.train.rundir import check_resume_config, read_run_config
 from mindgr.train.runlock import RunLock
+from mindgr.train import schedule
 from mindgr.train.strategy import RunContext, StepStrategy
 
 
@@ -364,12 +365,17 @@ class TrainLoop:
         logging window (reset when it is logged); `block`, if given, sums the same figures over the call."""
         sums = (window,) if block is None else (window, block)
         cfg, strategy = self.cfg, self.strategy
+        scheduled = not schedule.is_constant(cfg.train)
+        lr_horizon = schedule.horizon(cfg.train, self.plan.num_batches(0))
         done = False
         while self.epoch < cfg.train.epochs and not done and not _patience_spent(cfg, self.best, self.history):
             epoch = self.epoch
             stream = self._input_stream(epoch)
             try:
                 for (b, indices), prepared in stream:
+                    if scheduled:
+                        self.lr_now = schedule.learning_rate(cfg.train, self.step + 1, lr_horizon)
+                        strategy.set_learning_rate(self.lr_now)
                     loss, step_s, batch = strategy.execute(prepared, self.step + 1)
                     self.step, self.next_batch = self.step + 1, b + 1
                     if not math.isfinite(loss):
@@ -433,6 +439,10 @@ class TrainLoop:
                "cpu_util": (time.process_time() - w["cpu0"]) / (wall + w["pause_s"])}  # cores this process kept busy
         extra, text = self.strategy.window_extra()
         rec.update(extra)
+        lr_now = getattr(self, "lr_now", None)
+        if lr_now is not None:                 # under a schedule: the rate of the window's last step
+            rec["lr"] = lr_now
+            text = f" lr {lr_now:.3g}{text}"
         rec["peak_flops"] = peak
         progress = ""
         started = self.started

@@ -19,6 +19,7 @@ checkpoint files and the final summary. A strategy owns, in the order the loop c
   shape                       StepShape: the step's global and per-rank capacities (computed once)
   stream(items)               the input stream, wrapped (the ranks' stop agreement)
   prepare(epoch, b, indices)  host work of one global batch, in the input thread: (inputs, info)
+  set_learning_rate(lr)       the rate of the next steps (only under a non-constant train.lr_schedule)
   execute(prepared, step)     one optimizer step: (loss, seconds inside the step, info); info holds
                               "tokens", "fill" (logging) and whatever batch_flops needs
   batch_flops(info)           model FLOPs of that step (MFU)
@@ -115,6 +116,11 @@ class StepStrategy(abc.ABC):
     def prepare(self, epoch: int, b: int, indices):
         ...
 
+    def set_learning_rate(self, lr: float):
+        """The optimizer's rate from the next step on (mindgr.train.schedule): its learning_rate Parameter,
+        read by the compiled step, so no recompilation. A strategy with another optimizer sets that too."""
+        set_optimizer_lr(self.model.optimizer, lr)
+
     @abc.abstractmethod
     def execute(self, prepared, step: int):
         ...
@@ -170,3 +176,11 @@ class StepStrategy(abc.ABC):
 
     def close(self):
         pass
+
+
+def set_optimizer_lr(optimizer, lr: float):
+    """Write `lr` into a MindSpore optimizer's learning_rate Parameter (a float rate, not a dynamic one)."""
+    import numpy as np
+    from mindspore import Tensor
+    param = optimizer.learning_rate
+    param.set_data(Tensor(np.full(param.shape, lr, np.float32)))

@@ -105,6 +105,10 @@ class _SparseLocal:
 class ShardedTableStrategy(DataParallelStrategy):
     """Data parallel for the dense weights; the item table sharded over each node group's ranks."""
 
+    def set_learning_rate(self, lr: float):
+        super().set_learning_rate(lr)
+        self.model.row_opt.lr = np.float32(lr)     # the table's host-side optimizer follows the same rate
+
     # ---- setup -----------------------------------------------------------------------------------
     def plan_shape(self) -> StepShape:
         """The topology and the table's layout (TableLayout), whose per-rank capacities are the step's."""
