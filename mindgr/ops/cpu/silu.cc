@@ -79,6 +79,19 @@ inline bool ragged(const Split& s) {
   return false;
 }
 
+// dst[0..n) = src[0..n) (no overlap): whole vectors, the last one ending at n (it may rewrite a few
+// floats with the same values), so no tail; short copies by memcpy. A libc memcpy call per 200-byte
+// segment cost more than the copy (about 5 core-ms of an ML-1M step on Zen 3).
+inline void copy_row(float* __restrict dst, const float* __restrict src, int64_t n) {
+  if (n < VL) {
+    std::memcpy(dst, src, sizeof(float) * size_t(n));
+    return;
+  }
+  int64_t j = 0;
+  for (; j + VL <= n; j += VL) vstore(dst + j, vload(src + j));
+  if (j < n) vstore(dst + n - VL, vload(src + n - VL));
+}
+
 // fn(src_offset_in_row, k, j, n): segment k, lanes j .. j+n of its width (n = VL or the tail).
 template <class Fn>
 inline void segments(const Split& s, Fn&& fn) {
@@ -110,7 +123,7 @@ int silu_split_fwd(int nparam, void** params, int* ndims, int64_t** shapes, cons
         if (full < W) vstore(yb.data() + full, silu(vload_tail(xr + full, static_cast<int>(W - full))));
         int64_t o = 0;
         for (size_t k = 0; k < s.width.size(); ++k) {
-          std::memcpy(out[k] + r * s.width[k], yb.data() + o, sizeof(float) * size_t(s.width[k]));
+          copy_row(out[k] + r * s.width[k], yb.data() + o, s.width[k]);
           o += s.width[k];
         }
         continue;
@@ -144,7 +157,7 @@ int silu_split_bwd(int nparam, void** params, int* ndims, int64_t** shapes, cons
       if (flat) {
         int64_t o = 0;
         for (size_t k = 0; k < s.width.size(); ++k) {
-          std::memcpy(gb.data() + o, d[k] + r * s.width[k], sizeof(float) * size_t(s.width[k]));
+          copy_row(gb.data() + o, d[k] + r * s.width[k], s.width[k]);
           o += s.width[k];
         }
         for (int64_t j = 0; j < full; j += VL) vstore(dr + j, silu_grad(vload(xr + j), vload(gb.data() + j)));
