@@ -346,27 +346,34 @@ inline void dx_row(const TableView& tv, const Last& last, int nv, const int32_t*
 //   probs[t, r] = exp(x[t] . table[ids[t, r]] - lse[t]) on kept pairs, 0 on accidental hits and on
 //          tokens without a target (the backward's weights before the upstream gradient);
 //   u[t] = sum_r probs[t, r] table[ids[t, r]] (d lse[t] / d x[t]: the backward's d_x is dlse[t] u[t]).
-// Per token: blocks of VL logits (accidental hits and the partial block's spare lanes at -inf) into
-// an L1 buffer with a running vector max, then one vectorised exp-sum over the buffer, then probs
-// from the buffer (the same exp(l - lse) the backward used to recompute from a second scoring), then
-// u over the same R rows, which the scoring has just brought into L1 (the backward used to gather
-// them again from L2 or memory).
+// Per token, chunks of kChunk rows with a running max m (from pos[t]): the chunk's logits (blocks of VL;
+// accidental hits and a partial block's spare lanes at -inf), then m = max(m, the chunk's), the sum and u
+// so far rescaled by exp(m_old - m) when m grew, e = exp(l - m) for the chunk, and u += e_r row_r over
+// the chunk's rows while they are still in L1 (all R = 128 rows of 224 B do not fit: a pass over them
+// after the scoring read most from L2). Then lse = m + log(sum + exp(pos - m)), probs = e exp(m_chunk -
+// lse), u *= exp(m - lse): one exponential per logit. Every sum's order is fixed by the shapes.
+constexpr int kChunk = 32;
+
 template <int NV>
 void lse_forward_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const int32_t* targets,
                     const float* pos, float* lse, float* probs, float* u, bool* bad) {
   const int64_t T = s.T, D = s.D, R = s.R;
   const int64_t Rp = (R + VL - 1) / VL * VL;
+  const int64_t nch = (R + kChunk - 1) / kChunk;
   const int nt = threads_for(T * R * D, T);
   std::vector<char> bad_t(size_t(nt), 0);
   const TableView tv(s, table);
+  constexpr int CH = kChains<NV>;
   parallel_run(nt, [&](int tid) {
     const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
     const Last last(s.last);
     const int nv = nvecs<NV>(s);
     RowBuf<NV> xb(nv);
     vf* xv = xb.data();
-    RowBuf<NV * kChains<NV>> ab(kChains<NV> * nv);
+    RowBuf<NV * CH> ub(CH * nv);
+    vf* ua = ub.data();
     std::vector<float> l(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
+    std::vector<float> mc(static_cast<size_t>(std::max<int64_t>(nch, 1)));
     const vf ninf = vbcast(-INFINITY);
     bool ok = true;
     for (int64_t t = t0; t < t1; ++t) {
@@ -387,30 +394,74 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
         continue;
       }
       load_row(x + t * D, nv, last, xv);
-      vf vmax = vbcast(pos[t]);
-      for (int64_t r = 0; r < R; r += VL) {
-        const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
-        const vf v = select_ninf(hit_lanes(it + r, n, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, n));
-        vstore(l.data() + r, v);
-        vmax = v > vmax ? v : vmax;
+      for (int c = 0; c < CH * nv; ++c) ua[c] = vzero();
+      float m = pos[t];
+      vf vs = vzero();
+      for (int64_t ch = 0; ch < nch; ++ch) {
+        const int64_t c0 = ch * kChunk, c1 = std::min<int64_t>(R, c0 + kChunk);
+        vf vmax = ninf;
+        for (int64_t r = c0; r < c1; r += VL) {
+          const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
+          const vf v = select_ninf(hit_lanes(it + r, n, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, n));
+          vstore(l.data() + r, v);
+          vmax = v > vmax ? v : vmax;
+        }
+        const float cm = hmax(vmax);
+        if (cm > m) {  // rescale what was summed against the old max
+          const float sc = std::exp(m - cm);
+          vs *= sc;
+          for (int c = 0; c < CH * nv; ++c) ua[c] *= sc;
+          m = cm;
+        }
+        mc[size_t(ch)] = m;
+        const vf vm = vbcast(m);
+        const int64_t c1p = std::min<int64_t>(Rp, c0 + kChunk);
+        for (int64_t r = c0; r < c1p; r += VL) {
+          const vf v = vload(l.data() + r);
+          const vf ev = vselect(v > ninf, vexp(v - vm));
+          vstore(l.data() + r, ev);
+          vs += ev;
+        }
+        // u += e_r row_r over the chunk (r ascending, chains alternating rows)
+        int64_t r = c0;
+        for (; r + CH <= c1; r += CH) {
+#pragma GCC unroll 2
+          for (int k = 0; k < CH; ++k) {
+            const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
+            vf* a = ua + k * nv;
+            const vf wr = vbcast(l[size_t(r + k)]);
+            for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
+            if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+          }
+        }
+        for (; r < c1; ++r) {
+          const float* p = tv.p + int64_t(it[r]) * tv.ld;
+          const vf wr = vbcast(l[size_t(r)]);
+          for (int cc = 0; cc + 1 < nv; ++cc) ua[cc] += wr * vload(p + cc * VL);
+          if (nv > 0) ua[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+        }
       }
-      const float m = hmax(vmax);
-      const vf vm = vbcast(m);
-      vf acc = vzero();
-      for (int64_t r = 0; r < Rp; r += VL) {
-        const vf v = vload(l.data() + r);
-        acc += vselect(v > ninf, vexp(v - vm));
-      }
-      const float lt = m + std::log(vsum(acc) + std::exp(pos[t] - m));
+      const float lt = m + std::log(vsum(vs) + std::exp(pos[t] - m));
       lse[t] = lt;
-      const vf vl = vbcast(lt);
-      for (int64_t r = 0; r < R; r += VL) {
-        const vf v = vload(l.data() + r);
-        const vf p = vselect(v > ninf, vexp(v - vl));
-        if (R - r >= VL) vstore(pt + r, p);
-        else vstore_tail(pt + r, p, static_cast<int>(R - r));
+      const float fm = std::exp(m - lt);
+      for (int64_t ch = 0; ch < nch; ++ch) {
+        const float mr = mc[size_t(ch)];
+        const vf f = vbcast(mr == m ? fm : std::exp(mr - lt));
+        const int64_t c0 = ch * kChunk, c1 = std::min<int64_t>(R, c0 + kChunk);
+        for (int64_t r = c0; r < c1; r += VL) {
+          const vf pv = vload(l.data() + r) * f;
+          if (R - r >= VL) vstore(pt + r, pv);
+          else vstore_tail(pt + r, pv, static_cast<int>(R - r));
+        }
       }
-      dx_row<NV>(tv, last, nv, it, pt, R, ab.data(), ut);
+      const vf vfm = vbcast(fm);
+      for (int c = 0; c < nv; ++c) {
+        vf v = ua[c];
+        if (CH == 2) v += ua[nv + c];
+        v *= vfm;
+        if (c + 1 < nv) vstore(ut + c * VL, v);
+        else last.store(ut + c * VL, v);
+      }
     }
     bad_t[size_t(tid)] = !ok;
   });
