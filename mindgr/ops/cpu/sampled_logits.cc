@@ -549,6 +549,37 @@ inline uint32_t lane_bits(vi m) {
 #endif
 }
 
+// Appends r0 + g for the set bits g of `bits` (g < VL) to list[cnt..), in g order; returns the new count.
+// list needs VL free entries past cnt (AVX2 stores a whole vector).
+#if defined(MINDGR_ISA_AVX2)
+struct CompressLut {
+  int32_t idx[256][8];
+  CompressLut() {
+    for (int m = 0; m < 256; ++m) {
+      int k = 0;
+      for (int g = 0; g < 8; ++g)
+        if (m >> g & 1) idx[m][k++] = g;
+      for (; k < 8; ++k) idx[m][k] = 0;
+    }
+  }
+};
+const CompressLut kCompress;
+inline int compress_lanes(uint32_t bits, int32_t r0, int32_t* list, int cnt) {
+  const __m256i pos = _mm256_add_epi32(_mm256_set1_epi32(r0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i perm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kCompress.idx[bits]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(list + cnt), _mm256_permutevar8x32_epi32(pos, perm));
+  return cnt + __builtin_popcount(bits);
+}
+#else
+inline int compress_lanes(uint32_t bits, int32_t r0, int32_t* list, int cnt) {
+  for (int g = 0; g < VL; ++g) {
+    list[cnt] = r0 + g;
+    cnt += static_cast<int>(bits >> g & 1u);
+  }
+  return cnt;
+}
+#endif
+
 // Which d_table pass (below): MINDGR_CPU_DTABLE=owners|entries forces one (tests compare them; both give
 // the same bits), else owners when the table's gradient fits in L2 (about 2 MB) and at most 4 threads
 // would share it (every owner reads all the pairs, so the owners pass reads them once per thread).
@@ -629,6 +660,8 @@ int backward_owners_nv(const Shape& s, const float* x, const float* table, const
     const uint32_t span = static_cast<uint32_t>(V1 * (tid + 1) / nt2) - v0;
     typedef uint32_t vu __attribute__((vector_size(VL * sizeof(uint32_t))));
     const vu vv0 = (vu)vbcast_i(int32_t(v0)), vspan = (vu)vbcast_i(int32_t(span));
+    std::vector<int32_t> own_buf(static_cast<size_t>(R + VL));
+    int32_t* const own = own_buf.data();
     // locals, not the captured references: the row stores below could alias those, so every pair reloaded them
     float* const acc = dacc;
     const int64_t ld = dld;
@@ -644,23 +677,25 @@ int backward_owners_nv(const Shape& s, const float* x, const float* table, const
       } else {
         wr = src.g + t * R;
       }
+      // the token's owned pairs first listed (branch-free), then updated in r order: a loop over each
+      // block's set bits mispredicted about once per block
+      int cnt = 0;
       for (int64_t r = 0; r < R; r += VL) {
         const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
         vi idv = vbcast_i(-1);
         if (n == VL) idv = vload_i(it + r);
         else std::memcpy(&idv, it + r, sizeof(int32_t) * size_t(n));  // lanes past n: -1, never owned
-        uint32_t bits = lane_bits((vi)(((vu)idv - vv0) < vspan));
-        while (bits != 0) {
-          const int g = __builtin_ctz(bits);
-          bits &= bits - 1;
-          const int64_t q = r + g;
-          float w = wr[q];
-          if constexpr (kLse) w = w * gt;
-          const vf we = vbcast(w);
-          float* dv = acc + int64_t(it[q]) * ld;
-          for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * xv[cc]);
-          dlast.store(dv + (nv - 1) * VL, dlast.load(dv + (nv - 1) * VL) + we * xv[nv - 1]);
-        }
+        const uint32_t bits = lane_bits((vi)(((vu)idv - vv0) < vspan));
+        cnt = compress_lanes(bits, static_cast<int32_t>(r), own, cnt);
+      }
+      for (int e = 0; e < cnt; ++e) {
+        const int64_t q = own[e];
+        float w = wr[q];
+        if constexpr (kLse) w = w * gt;
+        const vf we = vbcast(w);
+        float* dv = acc + int64_t(it[q]) * ld;
+        for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * xv[cc]);
+        dlast.store(dv + (nv - 1) * VL, dlast.load(dv + (nv - 1) * VL) + we * xv[nv - 1]);
       }
     }
   });
