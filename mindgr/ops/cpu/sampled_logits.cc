@@ -363,9 +363,9 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
   const int nt = threads_for(T * R * D, T);
   std::vector<char> bad_t(size_t(nt), 0);
   const TableView tv(s, table);
+  std::atomic<int64_t> next_t(0);
   constexpr int CH = kChains<NV>;
   parallel_run(nt, [&](int tid) {
-    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
     const Last last(s.last);
     const int nv = nvecs<NV>(s);
     RowBuf<NV> xb(nv);
@@ -376,91 +376,97 @@ void lse_forward_nv(const Shape& s, const float* x, const float* table, const in
     std::vector<float> mc(static_cast<size_t>(std::max<int64_t>(nch, 1)));
     const vf ninf = vbcast(-INFINITY);
     bool ok = true;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int32_t* it = ids + t * R;
-      float* pt = probs + t * R;
-      float* ut = u + t * D;
-      if (!ids_in_range(it, R, s.V1)) {
-        ok = false;
-        std::fill(pt, pt + R, 0.0f);
-        std::fill(ut, ut + D, 0.0f);
-        continue;
-      }
-      const int32_t tg = targets[t];
-      if (tg <= 0) {
-        lse[t] = 0.0f;
-        std::fill(pt, pt + R, 0.0f);
-        std::fill(ut, ut + D, 0.0f);
-        continue;
-      }
-      load_row(x + t * D, nv, last, xv);
-      for (int c = 0; c < CH * nv; ++c) ua[c] = vzero();
-      float m = pos[t];
-      vf vs = vzero();
-      for (int64_t ch = 0; ch < nch; ++ch) {
-        const int64_t c0 = ch * kChunk, c1 = std::min<int64_t>(R, c0 + kChunk);
-        vf vmax = ninf;
-        for (int64_t r = c0; r < c1; r += VL) {
-          const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
-          const vf v = select_ninf(hit_lanes(it + r, n, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, n));
-          vstore(l.data() + r, v);
-          vmax = v > vmax ? v : vmax;
+    // tokens in blocks of 64 from a shared counter (each token is computed alone: same results)
+    for (;;) {
+      const int64_t t0 = next_t.fetch_add(64, std::memory_order_relaxed);
+      if (t0 >= T) break;
+      const int64_t t1 = std::min<int64_t>(T, t0 + 64);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int32_t* it = ids + t * R;
+        float* pt = probs + t * R;
+        float* ut = u + t * D;
+        if (!ids_in_range(it, R, s.V1)) {
+          ok = false;
+          std::fill(pt, pt + R, 0.0f);
+          std::fill(ut, ut + D, 0.0f);
+          continue;
         }
-        const float cm = hmax(vmax);
-        if (cm > m) {  // rescale what was summed against the old max
-          const float sc = std::exp(m - cm);
-          vs *= sc;
-          for (int c = 0; c < CH * nv; ++c) ua[c] *= sc;
-          m = cm;
+        const int32_t tg = targets[t];
+        if (tg <= 0) {
+          lse[t] = 0.0f;
+          std::fill(pt, pt + R, 0.0f);
+          std::fill(ut, ut + D, 0.0f);
+          continue;
         }
-        mc[size_t(ch)] = m;
-        const vf vm = vbcast(m);
-        const int64_t c1p = std::min<int64_t>(Rp, c0 + kChunk);
-        for (int64_t r = c0; r < c1p; r += VL) {
-          const vf v = vload(l.data() + r);
-          const vf ev = vselect(v > ninf, vexp(v - vm));
-          vstore(l.data() + r, ev);
-          vs += ev;
-        }
-        // u += e_r row_r over the chunk (r ascending, chains alternating rows)
-        int64_t r = c0;
-        for (; r + CH <= c1; r += CH) {
-#pragma GCC unroll 2
-          for (int k = 0; k < CH; ++k) {
-            const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
-            vf* a = ua + k * nv;
-            const vf wr = vbcast(l[size_t(r + k)]);
-            for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
-            if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+        load_row(x + t * D, nv, last, xv);
+        for (int c = 0; c < CH * nv; ++c) ua[c] = vzero();
+        float m = pos[t];
+        vf vs = vzero();
+        for (int64_t ch = 0; ch < nch; ++ch) {
+          const int64_t c0 = ch * kChunk, c1 = std::min<int64_t>(R, c0 + kChunk);
+          vf vmax = ninf;
+          for (int64_t r = c0; r < c1; r += VL) {
+            const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
+            const vf v = select_ninf(hit_lanes(it + r, n, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, n));
+            vstore(l.data() + r, v);
+            vmax = v > vmax ? v : vmax;
+          }
+          const float cm = hmax(vmax);
+          if (cm > m) {  // rescale what was summed against the old max
+            const float sc = std::exp(m - cm);
+            vs *= sc;
+            for (int c = 0; c < CH * nv; ++c) ua[c] *= sc;
+            m = cm;
+          }
+          mc[size_t(ch)] = m;
+          const vf vm = vbcast(m);
+          const int64_t c1p = std::min<int64_t>(Rp, c0 + kChunk);
+          for (int64_t r = c0; r < c1p; r += VL) {
+            const vf v = vload(l.data() + r);
+            const vf ev = vselect(v > ninf, vexp(v - vm));
+            vstore(l.data() + r, ev);
+            vs += ev;
+          }
+          // u += e_r row_r over the chunk (r ascending, chains alternating rows)
+          int64_t r = c0;
+          for (; r + CH <= c1; r += CH) {
+  #pragma GCC unroll 2
+            for (int k = 0; k < CH; ++k) {
+              const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
+              vf* a = ua + k * nv;
+              const vf wr = vbcast(l[size_t(r + k)]);
+              for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
+              if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+            }
+          }
+          for (; r < c1; ++r) {
+            const float* p = tv.p + int64_t(it[r]) * tv.ld;
+            const vf wr = vbcast(l[size_t(r)]);
+            for (int cc = 0; cc + 1 < nv; ++cc) ua[cc] += wr * vload(p + cc * VL);
+            if (nv > 0) ua[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
           }
         }
-        for (; r < c1; ++r) {
-          const float* p = tv.p + int64_t(it[r]) * tv.ld;
-          const vf wr = vbcast(l[size_t(r)]);
-          for (int cc = 0; cc + 1 < nv; ++cc) ua[cc] += wr * vload(p + cc * VL);
-          if (nv > 0) ua[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+        const float lt = m + std::log(vsum(vs) + std::exp(pos[t] - m));
+        lse[t] = lt;
+        const float fm = std::exp(m - lt);
+        for (int64_t ch = 0; ch < nch; ++ch) {
+          const float mr = mc[size_t(ch)];
+          const vf f = vbcast(mr == m ? fm : std::exp(mr - lt));
+          const int64_t c0 = ch * kChunk, c1 = std::min<int64_t>(R, c0 + kChunk);
+          for (int64_t r = c0; r < c1; r += VL) {
+            const vf pv = vload(l.data() + r) * f;
+            if (R - r >= VL) vstore(pt + r, pv);
+            else vstore_tail(pt + r, pv, static_cast<int>(R - r));
+          }
         }
-      }
-      const float lt = m + std::log(vsum(vs) + std::exp(pos[t] - m));
-      lse[t] = lt;
-      const float fm = std::exp(m - lt);
-      for (int64_t ch = 0; ch < nch; ++ch) {
-        const float mr = mc[size_t(ch)];
-        const vf f = vbcast(mr == m ? fm : std::exp(mr - lt));
-        const int64_t c0 = ch * kChunk, c1 = std::min<int64_t>(R, c0 + kChunk);
-        for (int64_t r = c0; r < c1; r += VL) {
-          const vf pv = vload(l.data() + r) * f;
-          if (R - r >= VL) vstore(pt + r, pv);
-          else vstore_tail(pt + r, pv, static_cast<int>(R - r));
+        const vf vfm = vbcast(fm);
+        for (int c = 0; c < nv; ++c) {
+          vf v = ua[c];
+          if (CH == 2) v += ua[nv + c];
+          v *= vfm;
+          if (c + 1 < nv) vstore(ut + c * VL, v);
+          else last.store(ut + c * VL, v);
         }
-      }
-      const vf vfm = vbcast(fm);
-      for (int c = 0; c < nv; ++c) {
-        vf v = ua[c];
-        if (CH == 2) v += ua[nv + c];
-        v *= vfm;
-        if (c + 1 < nv) vstore(ut + c * VL, v);
-        else last.store(ut + c * VL, v);
       }
     }
     bad_t[size_t(tid)] = !ok;

@@ -53,14 +53,14 @@ int check(int nparam, int K, int skip, int extra, int* ndims, int64_t** shapes, 
   return 0;
 }
 
-// fn(r0, r1) over contiguous chunks of rows on up to num_threads() threads; one thread below 2M
-// floats (as layernorm.cc: a fresh thread costs more than such a pass on a loaded host).
+// fn(r0, r1) over blocks of 512 rows taken by up to num_threads() threads (common.h parallel_blocks);
+// one thread below 128K floats (as layernorm.cc).
 template <class Fn>
 void for_chunks(const Split& s, Fn&& fn) {
   int nt = num_threads();
-  if (s.R * s.W < (int64_t(1) << 21)) nt = 1;
+  if (s.R * s.W < (int64_t(1) << 17)) nt = 1;
   nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nt, s.R)));
-  parallel_run(nt, [&](int tid) { fn(s.R * tid / nt, s.R * (tid + 1) / nt); });
+  parallel_blocks(nt, s.R, 512, [&](int, int64_t r0, int64_t r1) { fn(r0, r1); });
 }
 
 inline vf silu(vf a) { return a * vsigmoid(a); }
