@@ -161,6 +161,29 @@ def test_attention_matches_reference_graph(config):
             assert np.array_equal(got[name], again[name]), f"seed {seed}: {name} differs between two calls"
 
 
+def test_attention_rows_without_time_data_match_reference(monkeypatch):
+    """Rows whose times and request time are all equal (ML-1M's users without time data: all 0) take the
+    kernels' one-bucket path; mixed with timed rows they match the reference, bitwise run to run and for
+    1 and 2 threads (dw_ts sums both kinds of rows)."""
+    heads, dqk, dv, max_len, rows, tokens, buckets, extra = CONFIGS[3]
+    run_cpu = attention_runner(cpu.hstu_attention, max_len, True)
+    run_ref = attention_runner(reference.hstu_attention, max_len, True)
+    for seed in (0, 1):
+        lengths, a = attention_inputs(seed, rows, tokens, heads, dqk, dv, max_len, buckets, extra)
+        ts, req, off = a["timestamps"].copy(), a["request_times"].copy(), a["offsets"]
+        for b in range(seed, rows, 2):
+            ts[off[b]:off[b + 1]] = 0 if seed == 0 else 12345
+            req[b] = 0 if seed == 0 else 12345
+        a = dict(a, timestamps=ts, request_times=req)
+        got = run_cpu(a)
+        compare_attention(got, run_ref(a), lengths, tokens, f"seed {seed}")
+        assert np.array_equal(got["dw_ts"], run_cpu(a)["dw_ts"])
+    monkeypatch.setenv("MINDGR_CPU_THREADS", "1")
+    one = run_cpu(a)
+    for name in got:
+        assert np.array_equal(one[name], got[name]), name
+
+
 def test_request_times_none_is_the_last_positions_own_time():
     """request_times=None equals request times = each row's last kept timestamp, on both backends (rows
     longer than N included: their last kept position is N - 1); and a later request time changes only

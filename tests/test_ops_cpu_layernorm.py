@@ -90,7 +90,7 @@ def test_empty_input_gives_empty_results():
 @pynative
 def test_thread_count_invariance(monkeypatch):
     rng = np.random.default_rng(2)
-    arrays = inputs(rng, (43000, 50))   # 2.15M floats: above the kernel's one-thread threshold (2M)
+    arrays = inputs(rng, (43000, 50))   # 2.15M floats: above the kernel's one-thread threshold (128K)
     results = []
     for threads in ("1", "2"):
         monkeypatch.setenv("MINDGR_CPU_THREADS", threads)

@@ -14,7 +14,8 @@ old/new, and whether the two builds' results agree.  Also the process CPU time p
 core-ms), less sensitive than wall time to other jobs on a loaded host.  No MindSpore involved: only the kernels are timed.
 
 Shapes: `ml1m` = 192 rows, log-normal lengths (median 100, sigma 0.8, clipped to [20, 200]; T 21706),
-H 1, d 50, N 200, 128 time buckets, request times; `small` = `mindgr bench ops --sizes small`
+H 1, d 50, N 200, 128 time buckets, request times; `ml1m0` = the same with the second half of the rows'
+times and request times 0 (ML-1M's users without time data); `small` = `mindgr bench ops --sizes small`
 (128 rows, log-normal lengths of mindgr.ops.cpu.bench, H 2, d 32, N 200).
 """
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Kernel:
 
 def make_case(kind: str, seed: int = 0):
     rng = np.random.default_rng(seed)
-    if kind == "ml1m":
+    if kind in ("ml1m", "ml1m0"):
         N, H, d, B = 200, 1, 50, 192
         lengths = np.clip(rng.lognormal(np.log(100), 0.8, B).round(), 20, N).astype(int)
     elif kind == "small":
@@ -78,6 +79,9 @@ def make_case(kind: str, seed: int = 0):
     q, k, v, dout = [(rng.standard_normal((T, H, d)) * 0.3).astype(np.float32) for _ in range(4)]
     ts = np.cumsum(rng.integers(1, 100000, T)).astype(np.int64)
     req = ts[off[1:] - 1] + rng.integers(0, 100000, B).astype(np.int64)
+    if kind == "ml1m0":  # as ML-1M's data: rows of users without time data (half of them) have all times 0
+        ts[off[B // 2]:] = 0
+        req[B // 2:] = 0
     wp = (rng.standard_normal(2 * N - 1) * 0.1).astype(np.float32)
     wt = (rng.standard_normal(129) * 0.1).astype(np.float32)
     car = np.zeros(N, np.float32)

@@ -36,6 +36,7 @@
   }
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -88,6 +89,22 @@ void parallel_run(int n, Fn&& fn) {
     return;
   }
   parallel_run_impl(n, &run_tid<F>, ctx);
+}
+
+// fn(tid, i0, i1) over [0, n) in blocks of `block` items taken from a shared counter by n_threads threads:
+// a thread that another process (or the input thread) preempts takes fewer blocks instead of holding up
+// the call. For work whose items are independent (the result cannot depend on the split).
+template <class Fn>
+void parallel_blocks(int n_threads, int64_t n, int64_t block, Fn&& fn) {
+  std::atomic<int64_t> next(0);
+  block = std::max<int64_t>(block, 1);
+  parallel_run(n_threads, [&](int tid) {
+    for (;;) {
+      const int64_t i0 = next.fetch_add(block, std::memory_order_relaxed);
+      if (i0 >= n) break;
+      fn(tid, i0, std::min(n, i0 + block));
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include <cmath>
 #include <mutex>
 #include <numeric>
+#include <type_traits>
 
 #include "common.h"
 
@@ -217,6 +218,9 @@ struct Problem {
 // zeros, which keeps every padded gap in range); else the exact int64 scalar path.
 struct RowTimes {
   bool on = false, fast = false;
+  bool uniform = false;  // every gap of the row is 0 (e.g. rows without time data): one bucket, no lookups
+  int ubucket = 0;
+  float uweight = 0.0f;
   int L = 0;
   std::vector<int32_t> tk, tq;
   std::vector<int64_t> tq64;
@@ -224,6 +228,7 @@ struct RowTimes {
 
   void set(const Problem& p, int b, int64_t s, int len) {
     on = p.ts != nullptr;
+    uniform = false;
     L = len;
     if (!on || L == 0) return;
     int64_t lo = p.req[b], hi = p.req[b];
@@ -232,6 +237,11 @@ struct RowTimes {
       hi = std::max(hi, p.ts[s + j]);
     }
     fast = p.cells->ok && static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) < (uint64_t(1) << 31);
+    uniform = fast && hi == lo;
+    if (uniform) {
+      ubucket = (*p.cells)(0);
+      uweight = p.wts_pad[ubucket];
+    }
     auto query_time = [&](int i) { return i + 1 < L ? p.ts[s + i + 1] : p.req[b]; };
     if (fast) {
       tk.assign(round_up(L, VL) + 2 * VL, 0);
@@ -244,6 +254,10 @@ struct RowTimes {
       for (int i = 0; i < L; ++i) tq64[i] = query_time(i);
     }
   }
+
+  // 0: no time bias, 1: one bucket for the whole row, 2: a bucket per pair (the backward's elementwise
+  // pass is compiled per mode; in the forward a mode-1 copy did not pay: its mode 2 got slower)
+  int mode() const { return !on ? 0 : uniform ? 1 : 2; }
 
   // w_ts[bucket] of query i against keys j..j+VL-1 (lanes past L: bucket 0), and the buckets.
   inline vf bias(const Problem& p, int i, int j, vi* bucket) const {
@@ -492,6 +506,22 @@ inline vf biased(const Problem& p, const RowTimes& rt, vf s, int i, int j, vi* b
   return x;
 }
 
+// The same for M = rt.mode() known at compile time (mode 1: the row's one w_ts, no lookups).
+template <int M>
+inline vf biased_m(const Problem& p, const RowTimes& rt, vf s, int i, int j, vi* bucket) {
+  vf x = s + vload(p.wpos.data() + WPAD + (p.N - 1 - i + j));
+  if constexpr (M == 1) x += vbcast(rt.uweight);
+  if constexpr (M == 2) x += rt.bias(p, i, j, bucket);
+  return x;
+}
+
+template <class F>
+inline void with_mode(int m, F&& f) {
+  if (m == 0) f(std::integral_constant<int, 0>());
+  else if (m == 1) f(std::integral_constant<int, 1>());
+  else f(std::integral_constant<int, 2>());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward.
 void forward(const Problem& p, float* out) {
@@ -640,6 +670,7 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
         rt.set(p, b, s, L);
         std::fill(dposf.begin(), dposf.end(), 0.0f);
         std::fill(dtsf.begin(), dtsf.end(), 0.0f);
+        float uts[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         pack_rows(p.q + s * p.qstride() + h * p.DQ, p.qstride(), p.DQ, L, DQP, qpack.data());
         pack_rows(p.k + s * p.qstride() + h * p.DQ, p.qstride(), p.DQ, L, DQP, kpack.data());
         pack_rows(dout + s * p.vstride() + h * p.DV, p.vstride(), p.DV, L, DVP, dopack.data());
@@ -658,40 +689,54 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
             std::fill(qcount.begin(), qcount.end(), bq);
             tile_nt(qpack.data() + int64_t(i0) * DQP, DQP, bq, kt.data(), TILE, p.DQ, S.data(), TILE, limit.data(), 0);
             tile_nt(dopack.data() + int64_t(i0) * DVP, DVP, bq, vt.data(), TILE, p.DV, G.data(), TILE, limit.data(), 0);
-            for (int i = 0; i < bq; ++i) {
-              const int ig = i0 + i;
-              const int nv = (limit[i] + VL - 1) / VL;
-              // key vectors past the query's limit: P = dS = 0 up to the tile's keys (read by the
-              // transposed updates over groups of keys)
-              for (int c = nv; c < nv_keys; ++c) {
-                vstore(P.data() + i * TILE + c * VL, vzero());
-                vstore(dS.data() + i * TILE + c * VL, vzero());
-              }
-              float* dp = dposf.data() + WPAD + (p.N - 1 - ig + j0);
-              for (int c = 0; c < nv; ++c) {
-                const int o = i * TILE + c * VL, j = j0 + c * VL;
-                vi bucket = vi{};
-                const vf x = biased(p, rt, vload(S.data() + o), ig, j, &bucket);
-                const vf sg = vsigmoid(x);
-                vf a = x * sg * inv_n;
-                vf ds = vload(G.data() + o) * (sg * (1.0f + x * (1.0f - sg))) * inv_n;
-                const int valid = limit[i] - c * VL;  // keys of this vector the query sees
-                if (valid < VL) {
-                  const vi m = lane < valid;
-                  a = vselect(m, a);
-                  ds = vselect(m, ds);
+            with_mode(rt.mode(), [&](auto mc) __attribute__((noinline)) {
+              constexpr int M = decltype(mc)::value;
+              float ul[4];  // mode 1: dtsf's four copies of the row's one bucket, in registers
+              std::memcpy(ul, uts, sizeof(ul));
+              for (int i = 0; i < bq; ++i) {
+                const int ig = i0 + i;
+                const int nv = (limit[i] + VL - 1) / VL;
+                // key vectors past the query's limit: P = dS = 0 up to the tile's keys (read by the
+                // transposed updates over groups of keys)
+                for (int c = nv; c < nv_keys; ++c) {
+                  vstore(P.data() + i * TILE + c * VL, vzero());
+                  vstore(dS.data() + i * TILE + c * VL, vzero());
                 }
-                vstore(P.data() + o, a);
-                vstore(dS.data() + o, ds);
-                vstore(dp + c * VL, vload(dp + c * VL) + ds);
-                if (rt.on) {
-                  vstore_i(bk_lanes, bucket);
-                  vstore(ds_lanes, ds);
-                  const int n = std::min(valid, VL);
-                  for (int l = 0; l < n; ++l) dtsf[(l & 3) * nts + bk_lanes[l]] += ds_lanes[l];
+                float* dp = dposf.data() + WPAD + (p.N - 1 - ig + j0);
+                for (int c = 0; c < nv; ++c) {
+                  const int o = i * TILE + c * VL, j = j0 + c * VL;
+                  vi bucket = vi{};
+                  const vf x = biased_m<M>(p, rt, vload(S.data() + o), ig, j, &bucket);
+                  const vf sg = vsigmoid(x);
+                  vf a = x * sg * inv_n;
+                  vf ds = vload(G.data() + o) * (sg * (1.0f + x * (1.0f - sg))) * inv_n;
+                  const int valid = limit[i] - c * VL;  // keys of this vector the query sees
+                  if (valid < VL) {
+                    const vi m = lane < valid;
+                    a = vselect(m, a);
+                    ds = vselect(m, ds);
+                  }
+                  vstore(P.data() + o, a);
+                  vstore(dS.data() + o, ds);
+                  vstore(dp + c * VL, vload(dp + c * VL) + ds);
+                  if constexpr (M == 1) {
+                    // the scatter below with every lane in one bucket: the same additions in the same
+                    // order (lanes past `valid` are +0, a no-op on a sum that starts at +0)
+#pragma GCC unroll 4
+                    for (int q = 0; q < VL / 4; ++q)
+#pragma GCC unroll 4
+                      for (int e = 0; e < 4; ++e) ul[e] += ds[4 * q + e];
+                  }
+                  if constexpr (M == 2) {
+                    vstore_i(bk_lanes, bucket);
+                    vstore(ds_lanes, ds);
+                    const int n = std::min(valid, VL);
+                    for (int l = 0; l < n; ++l) dtsf[(l & 3) * nts + bk_lanes[l]] += ds_lanes[l];
+                  }
                 }
               }
-            }
+              std::memcpy(uts, ul, sizeof(ul));
+            });
             // dq[i] += sum_j dS[i][j] k[j];  dk[j] += sum_i dS[i][j] q[i];  dv[j] += sum_i P[i][j] dout[i]
             upd_q(dqacc.data() + int64_t(i0) * DQP, DQP, bq, dS.data(), TILE, 1, kpack.data() + int64_t(j0) * DQP,
                   DQP, zeros.data(), limit.data());
@@ -707,6 +752,8 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
         }
         for (int i = 0; i < L; ++i)
           copy_floats(g.dq + (s + i) * p.qstride() + h * p.DQ, dqacc.data() + int64_t(i) * DQP, p.DQ);
+        if (rt.uniform)
+          for (int c = 0; c < 4; ++c) dtsf[c * nts + rt.ubucket] = uts[c];
         for (int r = 0; r < 2 * p.N - 1; ++r) cpos[r] += dposf[WPAD + r];
         for (int r = 0; r < nts; ++r)
           cts[r] += (double(dtsf[r]) + double(dtsf[nts + r])) + (double(dtsf[2 * nts + r]) + double(dtsf[3 * nts + r]));

@@ -83,6 +83,14 @@ inline vf pair_sums(vf a, vf b, std::index_sequence<I...>) {
   return __builtin_shufflevector(a, b, (2 * I)...) + __builtin_shufflevector(a, b, (2 * I + 1)...);
 }
 inline vf transpose_sum(vf* v) {
+#if defined(MINDGR_ISA_AVX2)
+  // The same tree of additions by in-lane hadds (Zen 3: cross-lane permutes are the slow part):
+  // hadd(hadd(v0, v1), hadd(v2, v3)) holds v0..v3's sums of lanes 0-3 in the low half and of lanes
+  // 4-7 in the high half; one exchange of halves and an add finish the tree.
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps((__m256)v[0], (__m256)v[1]), _mm256_hadd_ps((__m256)v[2], (__m256)v[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps((__m256)v[4], (__m256)v[5]), _mm256_hadd_ps((__m256)v[6], (__m256)v[7]));
+  return (vf)_mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+#endif
 #pragma GCC unroll 8
   for (int n = VL; n > 1; n /= 2)
 #pragma GCC unroll 8
@@ -158,11 +166,27 @@ inline vf block_dots(const vf* xv, int nv, const Last& last, const float* table,
   return transpose_sum(acc);
 }
 
+inline bool any_lane(vi m) {
+#if defined(MINDGR_ISA_AVX2)
+  return !_mm256_testz_si256((__m256i)m, (__m256i)m);
+#else
+  int32_t o = 0;
+  for (int g = 0; g < VL; ++g) o |= m[g];
+  return o != 0;
+#endif
+}
+
 // True when every id of ids[0..n) is in [0, V1).
 inline bool ids_in_range(const int32_t* ids, int64_t n, int64_t V1) {
   const uint32_t v = static_cast<uint32_t>(V1);
-  bool ok = true;
-  for (int64_t i = 0; i < n; ++i) ok &= static_cast<uint32_t>(ids[i]) < v;
+  typedef uint32_t vu __attribute__((vector_size(VL * sizeof(uint32_t))));
+  // whole vectors by unsigned compares (a scalar loop was ~7 % of the lse forward on Zen 3)
+  const vu vv = (vu)vbcast_i(int32_t(v));
+  vi bad = vi{};
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL) bad |= (vi)((vu)vload_i(ids + i) >= vv);
+  bool ok = !any_lane(bad);
+  for (; i < n; ++i) ok &= static_cast<uint32_t>(ids[i]) < v;
   return ok;
 }
 
@@ -322,71 +346,128 @@ inline void dx_row(const TableView& tv, const Last& last, int nv, const int32_t*
 //   probs[t, r] = exp(x[t] . table[ids[t, r]] - lse[t]) on kept pairs, 0 on accidental hits and on
 //          tokens without a target (the backward's weights before the upstream gradient);
 //   u[t] = sum_r probs[t, r] table[ids[t, r]] (d lse[t] / d x[t]: the backward's d_x is dlse[t] u[t]).
-// Per token: blocks of VL logits (accidental hits and the partial block's spare lanes at -inf) into
-// an L1 buffer with a running vector max, then one vectorised exp-sum over the buffer, then probs
-// from the buffer (the same exp(l - lse) the backward used to recompute from a second scoring), then
-// u over the same R rows, which the scoring has just brought into L1 (the backward used to gather
-// them again from L2 or memory).
+// Per token, chunks of kChunk rows with a running max m (from pos[t]): the chunk's logits (blocks of VL;
+// accidental hits and a partial block's spare lanes at -inf), then m = max(m, the chunk's), the sum and u
+// so far rescaled by exp(m_old - m) when m grew, e = exp(l - m) for the chunk, and u += e_r row_r over
+// the chunk's rows while they are still in L1 (all R = 128 rows of 224 B do not fit: a pass over them
+// after the scoring read most from L2). Then lse = m + log(sum + exp(pos - m)), probs = e exp(m_chunk -
+// lse), u *= exp(m - lse): one exponential per logit. Every sum's order is fixed by the shapes.
+constexpr int kChunk = 32;
+
 template <int NV>
 void lse_forward_nv(const Shape& s, const float* x, const float* table, const int32_t* ids, const int32_t* targets,
                     const float* pos, float* lse, float* probs, float* u, bool* bad) {
   const int64_t T = s.T, D = s.D, R = s.R;
   const int64_t Rp = (R + VL - 1) / VL * VL;
+  const int64_t nch = (R + kChunk - 1) / kChunk;
   const int nt = threads_for(T * R * D, T);
   std::vector<char> bad_t(size_t(nt), 0);
   const TableView tv(s, table);
+  std::atomic<int64_t> next_t(0);
+  constexpr int CH = kChains<NV>;
   parallel_run(nt, [&](int tid) {
-    const int64_t t0 = T * tid / nt, t1 = T * (tid + 1) / nt;
     const Last last(s.last);
     const int nv = nvecs<NV>(s);
     RowBuf<NV> xb(nv);
     vf* xv = xb.data();
-    RowBuf<NV * kChains<NV>> ab(kChains<NV> * nv);
+    RowBuf<NV * CH> ub(CH * nv);
+    vf* ua = ub.data();
     std::vector<float> l(static_cast<size_t>(std::max<int64_t>(Rp, 1)));
+    std::vector<float> mc(static_cast<size_t>(std::max<int64_t>(nch, 1)));
     const vf ninf = vbcast(-INFINITY);
     bool ok = true;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int32_t* it = ids + t * R;
-      float* pt = probs + t * R;
-      float* ut = u + t * D;
-      if (!ids_in_range(it, R, s.V1)) {
-        ok = false;
-        std::fill(pt, pt + R, 0.0f);
-        std::fill(ut, ut + D, 0.0f);
-        continue;
+    // tokens in blocks of 64 from a shared counter (each token is computed alone: same results)
+    for (;;) {
+      const int64_t t0 = next_t.fetch_add(64, std::memory_order_relaxed);
+      if (t0 >= T) break;
+      const int64_t t1 = std::min<int64_t>(T, t0 + 64);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int32_t* it = ids + t * R;
+        float* pt = probs + t * R;
+        float* ut = u + t * D;
+        if (!ids_in_range(it, R, s.V1)) {
+          ok = false;
+          std::fill(pt, pt + R, 0.0f);
+          std::fill(ut, ut + D, 0.0f);
+          continue;
+        }
+        const int32_t tg = targets[t];
+        if (tg <= 0) {
+          lse[t] = 0.0f;
+          std::fill(pt, pt + R, 0.0f);
+          std::fill(ut, ut + D, 0.0f);
+          continue;
+        }
+        load_row(x + t * D, nv, last, xv);
+        for (int c = 0; c < CH * nv; ++c) ua[c] = vzero();
+        float m = pos[t];
+        vf vs = vzero();
+        for (int64_t ch = 0; ch < nch; ++ch) {
+          const int64_t c0 = ch * kChunk, c1 = std::min<int64_t>(R, c0 + kChunk);
+          vf vmax = ninf;
+          for (int64_t r = c0; r < c1; r += VL) {
+            const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
+            const vf v = select_ninf(hit_lanes(it + r, n, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, n));
+            vstore(l.data() + r, v);
+            vmax = v > vmax ? v : vmax;
+          }
+          const float cm = hmax(vmax);
+          if (cm > m) {  // rescale what was summed against the old max
+            const float sc = std::exp(m - cm);
+            vs *= sc;
+            for (int c = 0; c < CH * nv; ++c) ua[c] *= sc;
+            m = cm;
+          }
+          mc[size_t(ch)] = m;
+          const vf vm = vbcast(m);
+          const int64_t c1p = std::min<int64_t>(Rp, c0 + kChunk);
+          for (int64_t r = c0; r < c1p; r += VL) {
+            const vf v = vload(l.data() + r);
+            const vf ev = vselect(v > ninf, vexp(v - vm));
+            vstore(l.data() + r, ev);
+            vs += ev;
+          }
+          // u += e_r row_r over the chunk (r ascending, chains alternating rows)
+          int64_t r = c0;
+          for (; r + CH <= c1; r += CH) {
+  #pragma GCC unroll 2
+            for (int k = 0; k < CH; ++k) {
+              const float* p = tv.p + int64_t(it[r + k]) * tv.ld;
+              vf* a = ua + k * nv;
+              const vf wr = vbcast(l[size_t(r + k)]);
+              for (int cc = 0; cc + 1 < nv; ++cc) a[cc] += wr * vload(p + cc * VL);
+              if (nv > 0) a[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+            }
+          }
+          for (; r < c1; ++r) {
+            const float* p = tv.p + int64_t(it[r]) * tv.ld;
+            const vf wr = vbcast(l[size_t(r)]);
+            for (int cc = 0; cc + 1 < nv; ++cc) ua[cc] += wr * vload(p + cc * VL);
+            if (nv > 0) ua[nv - 1] += wr * tv.last.load(p + (nv - 1) * VL);
+          }
+        }
+        const float lt = m + std::log(vsum(vs) + std::exp(pos[t] - m));
+        lse[t] = lt;
+        const float fm = std::exp(m - lt);
+        for (int64_t ch = 0; ch < nch; ++ch) {
+          const float mr = mc[size_t(ch)];
+          const vf f = vbcast(mr == m ? fm : std::exp(mr - lt));
+          const int64_t c0 = ch * kChunk, c1 = std::min<int64_t>(R, c0 + kChunk);
+          for (int64_t r = c0; r < c1; r += VL) {
+            const vf pv = vload(l.data() + r) * f;
+            if (R - r >= VL) vstore(pt + r, pv);
+            else vstore_tail(pt + r, pv, static_cast<int>(R - r));
+          }
+        }
+        const vf vfm = vbcast(fm);
+        for (int c = 0; c < nv; ++c) {
+          vf v = ua[c];
+          if (CH == 2) v += ua[nv + c];
+          v *= vfm;
+          if (c + 1 < nv) vstore(ut + c * VL, v);
+          else last.store(ut + c * VL, v);
+        }
       }
-      const int32_t tg = targets[t];
-      if (tg <= 0) {
-        lse[t] = 0.0f;
-        std::fill(pt, pt + R, 0.0f);
-        std::fill(ut, ut + D, 0.0f);
-        continue;
-      }
-      load_row(x + t * D, nv, last, xv);
-      vf vmax = vbcast(pos[t]);
-      for (int64_t r = 0; r < R; r += VL) {
-        const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
-        const vf v = select_ninf(hit_lanes(it + r, n, tg), block_dots<NV>(xv, nv, tv.last, tv.p, tv.ld, it + r, n));
-        vstore(l.data() + r, v);
-        vmax = v > vmax ? v : vmax;
-      }
-      const float m = hmax(vmax);
-      const vf vm = vbcast(m);
-      vf acc = vzero();
-      for (int64_t r = 0; r < Rp; r += VL) {
-        const vf v = vload(l.data() + r);
-        acc += vselect(v > ninf, vexp(v - vm));
-      }
-      const float lt = m + std::log(vsum(acc) + std::exp(pos[t] - m));
-      lse[t] = lt;
-      const vf vl = vbcast(lt);
-      for (int64_t r = 0; r < R; r += VL) {
-        const vf v = vload(l.data() + r);
-        const vf p = vselect(v > ninf, vexp(v - vl));
-        if (R - r >= VL) vstore(pt + r, p);
-        else vstore_tail(pt + r, p, static_cast<int>(R - r));
-      }
-      dx_row<NV>(tv, last, nv, it, pt, R, ab.data(), ut);
     }
     bad_t[size_t(tid)] = !ok;
   });
@@ -474,6 +555,37 @@ inline uint32_t lane_bits(vi m) {
 #endif
 }
 
+// Appends r0 + g for the set bits g of `bits` (g < VL) to list[cnt..), in g order; returns the new count.
+// list needs VL free entries past cnt (AVX2 stores a whole vector).
+#if defined(MINDGR_ISA_AVX2)
+struct CompressLut {
+  int32_t idx[256][8];
+  CompressLut() {
+    for (int m = 0; m < 256; ++m) {
+      int k = 0;
+      for (int g = 0; g < 8; ++g)
+        if (m >> g & 1) idx[m][k++] = g;
+      for (; k < 8; ++k) idx[m][k] = 0;
+    }
+  }
+};
+const CompressLut kCompress;
+inline int compress_lanes(uint32_t bits, int32_t r0, int32_t* list, int cnt) {
+  const __m256i pos = _mm256_add_epi32(_mm256_set1_epi32(r0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i perm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kCompress.idx[bits]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(list + cnt), _mm256_permutevar8x32_epi32(pos, perm));
+  return cnt + __builtin_popcount(bits);
+}
+#else
+inline int compress_lanes(uint32_t bits, int32_t r0, int32_t* list, int cnt) {
+  for (int g = 0; g < VL; ++g) {
+    list[cnt] = r0 + g;
+    cnt += static_cast<int>(bits >> g & 1u);
+  }
+  return cnt;
+}
+#endif
+
 // Which d_table pass (below): MINDGR_CPU_DTABLE=owners|entries forces one (tests compare them; both give
 // the same bits), else owners when the table's gradient fits in L2 (about 2 MB) and at most 4 threads
 // would share it (every owner reads all the pairs, so the owners pass reads them once per thread).
@@ -554,6 +666,8 @@ int backward_owners_nv(const Shape& s, const float* x, const float* table, const
     const uint32_t span = static_cast<uint32_t>(V1 * (tid + 1) / nt2) - v0;
     typedef uint32_t vu __attribute__((vector_size(VL * sizeof(uint32_t))));
     const vu vv0 = (vu)vbcast_i(int32_t(v0)), vspan = (vu)vbcast_i(int32_t(span));
+    std::vector<int32_t> own_buf(static_cast<size_t>(R + VL));
+    int32_t* const own = own_buf.data();
     // locals, not the captured references: the row stores below could alias those, so every pair reloaded them
     float* const acc = dacc;
     const int64_t ld = dld;
@@ -569,23 +683,25 @@ int backward_owners_nv(const Shape& s, const float* x, const float* table, const
       } else {
         wr = src.g + t * R;
       }
+      // the token's owned pairs first listed (branch-free), then updated in r order: a loop over each
+      // block's set bits mispredicted about once per block
+      int cnt = 0;
       for (int64_t r = 0; r < R; r += VL) {
         const int n = static_cast<int>(std::min<int64_t>(VL, R - r));
         vi idv = vbcast_i(-1);
         if (n == VL) idv = vload_i(it + r);
         else std::memcpy(&idv, it + r, sizeof(int32_t) * size_t(n));  // lanes past n: -1, never owned
-        uint32_t bits = lane_bits((vi)(((vu)idv - vv0) < vspan));
-        while (bits != 0) {
-          const int g = __builtin_ctz(bits);
-          bits &= bits - 1;
-          const int64_t q = r + g;
-          float w = wr[q];
-          if constexpr (kLse) w = w * gt;
-          const vf we = vbcast(w);
-          float* dv = acc + int64_t(it[q]) * ld;
-          for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * xv[cc]);
-          dlast.store(dv + (nv - 1) * VL, dlast.load(dv + (nv - 1) * VL) + we * xv[nv - 1]);
-        }
+        const uint32_t bits = lane_bits((vi)(((vu)idv - vv0) < vspan));
+        cnt = compress_lanes(bits, static_cast<int32_t>(r), own, cnt);
+      }
+      for (int e = 0; e < cnt; ++e) {
+        const int64_t q = own[e];
+        float w = wr[q];
+        if constexpr (kLse) w = w * gt;
+        const vf we = vbcast(w);
+        float* dv = acc + int64_t(it[q]) * ld;
+        for (int cc = 0; cc + 1 < nv; ++cc) vstore(dv + cc * VL, vload(dv + cc * VL) + we * xv[cc]);
+        dlast.store(dv + (nv - 1) * VL, dlast.load(dv + (nv - 1) * VL) + we * xv[nv - 1]);
       }
     }
   });
