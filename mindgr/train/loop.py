@@ -147,6 +147,7 @@ class TrainLoop:
             self.best = {"metric": -1.0, "epoch": None}
             self.history: list[dict] = []
             self.started = None               # fit's start: time, step, tokens since, total steps
+            self.lr_now = None                # under a non-constant train.lr_schedule: the rate last set
             if resume:
                 self._resume()
         except BaseException:
@@ -374,8 +375,10 @@ class TrainLoop:
             try:
                 for (b, indices), prepared in stream:
                     if scheduled:
-                        self.lr_now = schedule.learning_rate(cfg.train, self.step + 1, lr_horizon)
-                        strategy.set_learning_rate(self.lr_now)
+                        lr = schedule.learning_rate(cfg.train, self.step + 1, lr_horizon)
+                        if lr != self.lr_now:      # e.g. flat after a warm-up: no write into the optimizer
+                            self.lr_now = lr
+                            strategy.set_learning_rate(lr)
                     loss, step_s, batch = strategy.execute(prepared, self.step + 1)
                     self.step, self.next_batch = self.step + 1, b + 1
                     if not math.isfinite(loss):
@@ -439,10 +442,9 @@ class TrainLoop:
                "cpu_util": (time.process_time() - w["cpu0"]) / (wall + w["pause_s"])}  # cores this process kept busy
         extra, text = self.strategy.window_extra()
         rec.update(extra)
-        lr_now = getattr(self, "lr_now", None)
-        if lr_now is not None:                 # under a schedule: the rate of the window's last step
-            rec["lr"] = lr_now
-            text = f" lr {lr_now:.3g}{text}"
+        if self.lr_now is not None:            # under a schedule: the rate of the window's last step
+            rec["lr"] = self.lr_now
+            text = f" lr {self.lr_now:.3g}{text}"
         rec["peak_flops"] = peak
         progress = ""
         started = self.started
