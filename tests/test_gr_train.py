@@ -82,8 +82,11 @@ def test_eval_equals_plain_beam_search(gr_setup):
     data = RunData(run.cfg)
     ev = data.split.test
     rows = np.arange(12)
-    greater, _, _ = generative_ranks(run.decoder, run.trie, run.codes, ev, rows, run.max_history, 10, 12,
-                                     data.num_items)
+    calls = []
+    greater, _, _ = generative_ranks(run.decoder, run.trie, run.codes, ev, rows, run.max_history, 10, 5,
+                                     data.num_items, progress=lambda *a: calls.append(a))
+    done = [c[0] for c in calls]          # one call per decoded batch: increasing, ending at every user
+    assert done == sorted(done) and done[-1] == len(rows) and all(c[1] == len(rows) for c in calls)
     hist = [np.asarray(ev.histories[r][-run.max_history:]) for r in rows]
     p_cap = max_prompt_tokens(run.decoder.num_levels, run.decoder.token_merger, run.max_history)
     items, _ = beam_search(run.trie, RecomputeScorer(run.decoder, hist, run.codes, 10, p_cap), len(rows), 10, 10)
@@ -298,3 +301,14 @@ def test_recommend_and_export_the_trained_run(gr_setup, tmp_path, capsys):
     items2, _ = eng.search([np.asarray(hist)[-run.max_history:]], 6)
     np.testing.assert_array_equal(items2, items)
     json.dumps(manifest)
+
+
+def test_progress_printer_is_throttled_and_silent_at_the_end():
+    from mindgr.train.gr_eval import progress_printer
+    lines = []
+    report = progress_printer("test", every_s=30.0, emit=lines.append)
+    report(100, 1000, 10.0)        # too early
+    report(400, 1000, 40.0)        # printed: 400 users in 40 s, 600 left at 10 users/s = 1.0 min
+    report(500, 1000, 50.0)        # within 30 s of the last line
+    report(1000, 1000, 100.0)      # the end: the caller prints its own summary
+    assert lines == ["decode test: 400/1000 users (40%), 10 users/s, about 1.0 min left"]

@@ -267,7 +267,7 @@ class GenerativeStrategy(RetrievalStrategy):
         return best if best is not None and self._restored == best else None
 
     def split_metrics(self, split: str) -> dict:
-        from mindgr.train.gr_eval import generative_metrics
+        from mindgr.train.gr_eval import generative_metrics, progress_printer
         e = self.cfg.eval
         evalset = getattr(self.data.split, split)
         cap = e.max_users if split == "valid" else 0
@@ -275,7 +275,8 @@ class GenerativeStrategy(RetrievalStrategy):
         metrics = generative_metrics(self.model.decoder, self.trie, self.codes.codes, evalset, e.ks,
                                      self.cfg.data.max_len, beam_width_of(self.cfg), e.batch_size,
                                      self.data.num_items, e.filter_history, cap, self.cfg.run.seed,
-                                     per_user=best is not None)
+                                     per_user=best is not None,
+                                     progress=progress_printer(split, emit=self.run.log.info))
         if best is not None:                 # the final test decode: its ranks, for `mindgr eval` / `compare`
             metrics, both = metrics
             ranks_dir, _ = _ranks_dir(self.run.run_dir)
@@ -385,7 +386,7 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
     so both ranks files are written; a later eval or `mindgr compare` of the same checkpoint reuses them
     (the file records the checkpoint's sha256) instead of decoding again."""
     from mindgr.train.data import RunData
-    from mindgr.train.gr_eval import generative_metrics
+    from mindgr.train.gr_eval import generative_metrics, progress_printer
     from mindgr.train.metrics import ranking_metrics
     run = load_generative_run(run_dir, which, allow_data_change)
     cfg = run.cfg
@@ -410,7 +411,7 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
     else:
         metrics, both = generative_metrics(run.decoder, run.trie, run.codes, evalset, cfg.eval.ks, run.max_history,
                                            beam, cfg.eval.batch_size, data.num_items, filter_history,
-                                           max_users, cfg.run.seed, per_user=True)
+                                           max_users, cfg.run.seed, per_user=True, progress=progress_printer(split))
         save_decode_ranks(ranks_dir, split, which, targets, both, ckpt_path, max_users)
     out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
            "filter_history": filter_history, **metrics, "ranks_file": str(paths[filter_history])}

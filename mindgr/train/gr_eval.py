@@ -96,12 +96,31 @@ def _engine(decoder, trie, codes, beam, p_cap, n_users, engine_options):
     return engine
 
 
+def progress_printer(label: str, every_s: float = 30.0, emit=None):
+    """A `progress` callback for generative_ranks: one line at most every `every_s` seconds (users done, rate,
+    time left) through `emit` (default: print to stderr), so a long decode is visibly alive."""
+    import sys
+    emit = emit or (lambda line: print(line, file=sys.stderr, flush=True))
+    last = [0.0]
+
+    def report(done: int, total: int, seconds: float):
+        if seconds - last[0] < every_s or done >= total:
+            return
+        last[0] = seconds
+        rate = done / seconds if seconds > 0 else 0.0
+        left = (total - done) / rate if rate > 0 else float("nan")
+        emit(f"decode {label}: {done}/{total} users ({100 * done / total:.0f}%), {rate:.0f} users/s, "
+             f"about {left / 60:.1f} min left")
+    return report
+
+
 def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam: int, batch_users: int,
-                     num_items: int, filter_history=True, engine_options: dict | None = None):
+                     num_items: int, filter_history=True, engine_options: dict | None = None, progress=None):
     """(greater, ties, stats) of evalset's users `rows`, decoded batch_users at a time; filter_history may be
     a bool or a tuple of bools (then greater and ties are dicts by value: one decode gives both rankings).
     Users are grouped by prompt length into a few engines (history_buckets); each user's list does not
-    depend on its group (the prompt's K/V and position biases are per user)."""
+    depend on its group (the prompt's K/V and position biases are per user). progress(done, total, seconds),
+    if given, is called after every batch (progress_printer throttles it)."""
     from mindgr.models.generative import max_prompt_tokens
     flags = tuple(filter_history) if isinstance(filter_history, (tuple, list)) else (bool(filter_history),)
     rows = np.asarray(rows, np.int64)
@@ -117,6 +136,7 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
     prompt_tokens = 0
     timings = {"prefill": 0.0, "model": 0.0}
     t0 = time.perf_counter()
+    done = 0
     for b, cap in enumerate(caps):
         members = np.flatnonzero(bucket == b)
         if not len(members):
@@ -135,6 +155,9 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
                 if recall is not None:
                     for name, v in page_recall(items, [pages[r] for r in chunk], full, ks).items():
                         recall[f][name][idx] = v
+            done += len(idx)
+            if progress is not None:
+                progress(done, len(rows), time.perf_counter() - t0)
         for key in timings:
             timings[key] += engine.timings[key]
     seconds = time.perf_counter() - t0
@@ -152,7 +175,7 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
 
 def generative_metrics(decoder, trie, codes, evalset, ks, max_history: int, beam: int, batch_users: int,
                        num_items: int, filter_history: bool = True, max_users: int = 0, seed: int = 0,
-                       per_user: bool = False):
+                       per_user: bool = False, progress=None):
     """Ranking metrics of the decoded lists (and, with per_user, (greater, ties) per evalset user, -1 =
     not evaluated, for `mindgr compare`). With per_user, the other ranking (history filtered or not) of
     the same lists comes too: a dict {filter_history: (metrics, greater, ties, per-user page recall)}
@@ -160,7 +183,7 @@ def generative_metrics(decoder, trie, codes, evalset, ks, max_history: int, beam
     rows = eval_users(len(evalset.targets), max_users, seed)
     flags = (True, False)
     greater, ties, stats = generative_ranks(decoder, trie, codes, evalset, rows, max_history, beam, batch_users,
-                                            num_items, flags)
+                                            num_items, flags, progress=progress)
     recall = stats.pop("page_recall", None)
     both = {}
     for f in flags:
