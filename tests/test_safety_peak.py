@@ -52,3 +52,19 @@ def test_the_cache_key_is_the_cpu_model_and_core_count_not_the_host_name(monkeyp
     import platform
     key = peak._machine_key()
     assert f"{os.cpu_count()} cores" in key and platform.node() not in key.split("|")
+
+
+def test_a_rate_well_below_the_cached_quiet_peak_is_called_busy(cache, monkeypatch):
+    """A VM's neighbours can slow every repeat alike (small spread, nothing in this guest's /proc/stat):
+    once a quiet peak is cached, a rate below 80% of it is named, so a bench's MFU against it is marked."""
+    assert peak.quiet_peak() is None
+    _fake(monkeypatch, 160e9, others=0.01, spread=0.05)
+    peak.peak_flops()                                          # cached: the quiet peak
+    assert peak.quiet_peak() == 160e9
+    slow = {"flops_per_s": 88e9, "others_share": 0.02, "spread": 0.03}
+    assert peak.busy_reason(slow) is None                      # the old checks alone miss it
+    why = peak.busy_reason(slow, peak.quiet_peak())
+    assert "88.0 GFLOP/s" in why and "45% below" in why and "160.0" in why
+    assert peak.busy_reason(dict(slow, flops_per_s=140e9), peak.quiet_peak()) is None
+    cache.write_text('{"machines": {"%s": {}}}' % peak._machine_key())   # a damaged entry: unknown, no error
+    assert peak.quiet_peak() is None

@@ -56,7 +56,8 @@ def main(argv=None) -> int:
             runs[str(repo)].append(result)
             mfu = result.get("mfu", float("nan")) * 100
             print(f"round {k + 1}: {repo}: {times[str(repo)][-1]:.1f} ms/step, MFU {mfu:.2f}% of "
-                  f"{result.get('peak_gflops', float('nan')):.1f} GFLOP/s, load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"{result.get('peak_gflops', float('nan')):.1f} GFLOP/s, load {os.getloadavg()[0]:.1f}"
+                  + (f" (MFU reads high: {result['peak_busy']})" if result.get("peak_busy") else ""), flush=True)
     base = statistics.median(times[str(args.repos[0])])
     summary = {}
     for repo, ts in times.items():

@@ -17,7 +17,7 @@ def _kernel_isa(backend: str) -> str | None:
 
 
 def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -> dict:
-    from mindgr.train.peak import busy_reason, measure_peak
+    from mindgr.train.peak import busy_reason, measure_peak, quiet_peak
     from mindgr.train.trainer import Trainer
     with tempfile.TemporaryDirectory() as tmp:
         cfg.run.out_dir, cfg.run.name = tmp, "bench"
@@ -44,7 +44,7 @@ def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -
         "fill": float(fill), "model_tflops_per_step": flops / steps / 1e12,
         "mfu": flops / total / peak, "peak_gflops": peak / 1e9,
         "rss_before_mb": rss_before, "peak_rss_mb": peak_rss_mb(), "kernel_isa": isa,
-        "peak_busy": busy_reason(measured),
+        "peak_busy": busy_reason(measured, quiet_peak()),
     }
     print(f"bench train [{cfg.model.arch}, backend {result['backend']}, T_cap {result['token_capacity']}, "
           f"B_cap {result['row_capacity']}]" + (f", C++ kernels {isa}" if isa else ""))

@@ -4,7 +4,8 @@ The cache (~/.cache/mindgr/peak.json, or $MINDGR_CACHE) holds one entry per CPU 
 A peak measured while other processes keep the host busy can be half the quiet one and would double every
 MFU printed afterwards, so such a measurement is used for this process only and never cached: the next
 start measures again. "Busy" is judged by the CPU time other processes took during the measurement
-(/proc/stat minus our own) and by the spread of the repeats.
+(/proc/stat minus our own), by the spread of the repeats and, once a quiet peak is cached, by a rate well
+below it (a VM's noisy neighbours slow every repeat alike without showing in this guest's /proc/stat).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from mindgr.paths import atomic_write
 
 BUSY_SHARE = 0.15       # other processes' share of the CPUs above which a measurement is not cached
 SPREAD = 0.25           # (median - best) / best of the repeats above which it is not cached either
+SLOW = 0.8              # a rate below this fraction of the cached quiet peak: the host was slowed
 _uncached: dict = {}    # this process's measurement when it could not be cached
 
 
@@ -78,13 +80,26 @@ def measure_peak(size: int = 1024, repeats: int = 10, rounds: int = 3) -> dict:
             "spread": float(np.median(times) - best) / best, "repeats": rounds * repeats}
 
 
-def busy_reason(m: dict) -> str | None:
-    """Why a measurement looks taken on a busy host (None: quiet enough to cache)."""
+def busy_reason(m: dict, quiet: float | None = None) -> str | None:
+    """Why a measurement looks taken on a busy host (None: quiet enough to cache); `quiet`: this machine's
+    cached quiet peak in FLOP/s, if known (quiet_peak())."""
     if m.get("others_share") is not None and m["others_share"] > BUSY_SHARE:
         return f"other processes used {m['others_share'] * 100:.0f}% of the CPUs while it ran"
     if m["spread"] > SPREAD:
         return f"its repeats spread by {m['spread'] * 100:.0f}%"
+    if quiet and m["flops_per_s"] < SLOW * quiet:
+        return (f"its {m['flops_per_s'] / 1e9:.1f} GFLOP/s is {100 * (1 - m['flops_per_s'] / quiet):.0f}% below "
+                f"this machine's cached quiet peak of {quiet / 1e9:.1f}")
     return None
+
+
+def quiet_peak() -> float | None:
+    """This machine's cached quiet peak (FLOP/s) without measuring; None when none is cached."""
+    entry = _read_cache(_cache_path()).get(_machine_key())
+    try:
+        return float(entry["flops_per_s"])
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def _read_cache(path: Path) -> dict:
