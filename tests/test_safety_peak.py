@@ -68,3 +68,11 @@ def test_a_rate_well_below_the_cached_quiet_peak_is_called_busy(cache, monkeypat
     assert peak.busy_reason(dict(slow, flops_per_s=140e9), peak.quiet_peak()) is None
     cache.write_text('{"machines": {"%s": {}}}' % peak._machine_key())   # a damaged entry: unknown, no error
     assert peak.quiet_peak() is None
+
+
+def test_a_slowed_refresh_does_not_replace_the_cached_quiet_peak(cache, monkeypatch):
+    _fake(monkeypatch, 160e9, others=0.01, spread=0.05)
+    peak.peak_flops()
+    _fake(monkeypatch, 88e9, others=0.01, spread=0.05)        # tight repeats, quiet /proc/stat, but slowed
+    p = peak.peak_flops(refresh=True)
+    assert p["cached"] is False and "below" in p["busy"] and peak.quiet_peak() == 160e9

@@ -125,7 +125,7 @@ def peak_flops(refresh: bool = False, log=None) -> dict:
     result = {"flops_per_s": m["flops_per_s"], "key": key, "measured_at": time.time(),
               "method": f"best of {m['repeats']} MindSpore fp32 MatMul 1024^3", "others_share": m["others_share"],
               "spread": m["spread"]}
-    busy = busy_reason(m)
+    busy = busy_reason(m, quiet_peak())    # a --refresh on a slowed host must not replace the quiet peak
     if busy:
         result.update(cached=False, busy=busy)
         _uncached[key] = result
