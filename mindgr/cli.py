@@ -138,6 +138,8 @@ def cmd_bench(args) -> int:
         from mindgr.train.peak import peak_flops
         p = peak_flops(refresh=args.refresh)
         print(f"peak fp32 GEMM (MindSpore MatMul): {p['flops_per_s'] / 1e9:.1f} GFLOP/s  [{p['method']}]")
+        if p.get("busy"):
+            print(f"  not cached: the host was busy ({p['busy']}); MFU figures keep the cached peak")
         return 0
     if args.what == "balance":
         from mindgr.bench.balance import bench_balance
