@@ -139,7 +139,7 @@ def cmd_bench(args) -> int:
         p = peak_flops(refresh=args.refresh)
         print(f"peak fp32 GEMM (MindSpore MatMul): {p['flops_per_s'] / 1e9:.1f} GFLOP/s  [{p['method']}]")
         if p.get("busy"):
-            print(f"  not cached: the host was busy ({p['busy']}); MFU figures keep the cached peak")
+            print(f"  not cached: the host was busy ({p['busy']})")
         return 0
     if args.what == "balance":
         from mindgr.bench.balance import bench_balance
