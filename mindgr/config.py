@@ -102,7 +102,7 @@ class ModelConfig:
     ffn_multiply: int = field(default=1, metadata=_rng(lo=1))  # FuXi-alpha SwiGLU hidden width = dim * this
     # arch gr: how a history item enters the prompt: none (one token per code), item (one merged token
     # per item) or pairs (one per two codes); decoding always emits every code
-    token_merger: str = field(default="none", metadata=_rng(choices=["none", "item", "pairs"]))
+    token_merger: str = field(default="none", metadata=_rng(choices=["none", "item", "item_id", "pairs"]))
     # arch gr: each code's softmax runs over the codes the prefix trie allows after the item's earlier
     # codes (in training and in decoding), instead of over every code of its level
     trie_softmax: bool = False

@@ -111,13 +111,13 @@ def randomize(cell, rng, scale=0.3):
 def gr_case(seed, merger, num_items=14, sizes=(3, 3, 2)):
     rng = np.random.default_rng(seed)
     codes = random_codes(rng, num_items, list(sizes))
-    dec = GRDecoder(list(sizes), 8, 2, 2, 4, 4, max_len=12, token_merger=merger, seed=seed)
+    dec = GRDecoder(list(sizes), 8, 2, 2, 4, 4, max_len=12, token_merger=merger, seed=seed, num_items=num_items)
     randomize(dec, rng)
     histories = [rng.integers(1, num_items + 1, n) for n in (1, 3, 2)]
     return rng, codes, dec, histories
 
 
-@pytest.mark.parametrize("merger", ["none", "item", "pairs"])
+@pytest.mark.parametrize("merger", ["none", "item", "item_id", "pairs"])
 def test_decoder_beam_equals_exhaustive(merger):
     _, codes, dec, histories = gr_case(4, merger)
     trie = PrefixTrie(codes, dec.level_sizes)

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow  # engine vs naive over several models and beam wi
 def case(seed, merger, sizes, num_items, users, dim=8, blocks=2):
     rng = np.random.default_rng(seed)
     codes = random_codes(rng, num_items, sizes)
-    dec = GRDecoder(sizes, dim, blocks, 2, 4, 4, max_len=16, token_merger=merger, seed=seed)
+    dec = GRDecoder(sizes, dim, blocks, 2, 4, 4, max_len=16, token_merger=merger, seed=seed, num_items=num_items)
     for p in dec.trainable_params():
         p.set_data(Tensor((rng.standard_normal(p.shape) * 0.3).astype(np.float32)))
     hist = [rng.integers(1, num_items + 1, int(rng.integers(1, 4))) for _ in range(users)]
@@ -35,7 +35,7 @@ def case(seed, merger, sizes, num_items, users, dim=8, blocks=2):
 
 
 @pytest.mark.parametrize("seed,merger,beam,backend", [(0, "none", 4, "fast"), (2, "item", 5, "fast"),
-                                                      (3, "pairs", 7, "reference")])
+                                                      (3, "pairs", 7, "reference"), (4, "item_id", 5, "fast")])
 def test_engine_equals_naive_baseline(seed, merger, beam, backend):
     """The prefill and the baseline run the blocks' jagged attention: the fused C++ kernels (when they
     build) and, in one case, the pure-MindSpore reference."""

@@ -58,8 +58,9 @@ def numpy_loss(p, dec, batch, allowed=None):
     """Independent float64 forward of GRDecoder + NTPLoss; allowed [groups, sum K] the softmax groups of a
     trie softmax (None: a position's group is its level)."""
     slots, merged, offsets = batch["slots"], batch["merged"], batch["offsets"]
-    lvl_of = np.concatenate([np.repeat(np.arange(len(dec.level_sizes)), dec.level_sizes), [0]])
-    emb = (p["code_emb"][slots] + p["level_emb"][lvl_of[slots]]) * (slots < dec.pad_id)[..., None]
+    lt = len(dec.level_sizes)          # item_id: the item slots follow the pad, at level Lt
+    lvl_of = np.concatenate([np.repeat(np.arange(lt), dec.level_sizes), [0], np.full(p["code_emb"].shape[0], lt)])
+    emb = (p["code_emb"][slots] + p["level_emb"][lvl_of[slots]]) * (slots != dec.pad_id)[..., None]
     x = emb[:, 0]
     if dec.group > 1:
         joined = emb.reshape(len(slots), -1) @ p["w_merge"] + p["b_merge"]
@@ -94,7 +95,7 @@ def tiny_batch(rng, dec, codes, merger, t_cap=40, b_cap=4, objective="ntp", item
 
 @pytest.mark.parametrize("merger,backend,trie_softmax", [("none", "reference", False), ("item", "fast", False),
                                                          ("pairs", "fast", False), ("none", "fast", True),
-                                                         ("item", "fast", True)])
+                                                         ("item", "fast", True), ("item_id", "fast", True)])
 def test_loss_and_gradients_match_numpy(merger, backend, trie_softmax):
     if backend == "reference":
         set_backend("reference")
@@ -107,7 +108,7 @@ def test_loss_and_gradients_match_numpy(merger, backend, trie_softmax):
 def _loss_and_gradients(merger, trie_softmax):
     rng = np.random.default_rng([3, len(merger)])
     codes = random_codes(rng, 12, SIZES)
-    dec = GRDecoder(SIZES, D, NBLK, H, DQK, DV, max_len=16, token_merger=merger, seed=1)
+    dec = GRDecoder(SIZES, D, NBLK, H, DQK, DV, max_len=16, token_merger=merger, seed=1, num_items=12)
     randomize(dec, rng)
     loss = NTPLoss(dec)
     allowed = groups = None

@@ -63,7 +63,7 @@ def test_page_rows_errors():
         user_rows([1, 2, 3], codes, lo, "page_ntp", pages=[1, 2])
     with pytest.raises(RowError, match="loss.objective = 'listwise'"):
         user_rows([1, 2, 3], codes, lo, "listwise")
-    with pytest.raises(RowError, match="model.token_merger = 'all': expected one of none, item, pairs"):
+    with pytest.raises(RowError, match="model.token_merger = 'all': expected one of none, item, item_id, pairs"):
         user_rows([1, 2, 3], codes, lo, "ntp", "all")
     with pytest.raises(RowError, match="more than the token capacity 4"):
         pack_rows(user_rows([1, 2, 3], codes, lo), 4, 2, 1, 8)

@@ -198,7 +198,7 @@ def _count_cases(seed):
         items = rng.integers(1, 41, n)
         pages = np.cumsum(np.r_[0, rng.random(n - 1) < 0.5]) if n > 1 else np.zeros(n, np.int64)
         for objective in ("ntp", "page_ntp"):
-            for merger in ("none", "item", "pairs"):
+            for merger in ("none", "item", "item_id", "pairs"):
                 yield n, objective, merger, pages, (items, codes, offsets, objective, merger,
                                                     pages if objective == "page_ntp" else None)
 

@@ -1,5 +1,5 @@
 """Shared-prompt (tree) training layout: its loss and gradients equal NTPLoss over the copied rows of the
-same users (random models, merger none | item | pairs, ntp and page_ntp; level and trie softmax groups),
+same users (random models, merger none | item | item_id | pairs, ntp and page_ntp; level and trie softmax groups),
 its virtual rows are the copied rows, fewer tokens than copied rows, and one-line errors for capacities
 and max_len.
 
@@ -44,11 +44,11 @@ def _copied_rows(items, pages, codes, dec, objective):
 
 
 @pytest.mark.parametrize("objective", ["ntp", "page_ntp"])
-@pytest.mark.parametrize("merger", ["none", "item", "pairs"])
+@pytest.mark.parametrize("merger", ["none", "item", "item_id", "pairs"])
 def test_tree_loss_and_gradients_equal_copied_rows(merger, objective):
     rng = np.random.default_rng([7, len(merger), len(objective)])
     codes = random_codes(rng, 15, SIZES)
-    dec = GRDecoder(SIZES, D, NBLK, H, DQK, DV, max_len=MAX_LEN, token_merger=merger, seed=2)
+    dec = GRDecoder(SIZES, D, NBLK, H, DQK, DV, max_len=MAX_LEN, token_merger=merger, seed=2, num_items=15)
     randomize(dec, rng)
     hist = _histories(rng, 15, objective)
     rows, users = [], []

@@ -13,11 +13,13 @@ What was chosen, and why:
   of level l are the level-l codes) giving plain logits; the softmax is taken over the target level's
   codes only. Plain logits, not L2 / temperature: each step is a softmax over a few hundred codes, not a
   retrieval over a large catalogue where cosine scoring calibrates a sampled loss.
-- Token merger (`token_merger`): none | item | pairs. A prompt token holds G slots of global code ids
-  (G = 1, Lt or 2; a missing slot = `pad_id`, embedded as zero). A merged token is
+- Token merger (`token_merger`): none | item | item_id | pairs. A prompt token holds G slots of global code
+  ids (G = 1, Lt, Lt + 1 or 2; a missing slot = `pad_id`, embedded as zero). A merged token is
   W_merge [G*D, D] applied to the concatenation of its G slot embeddings (+ b_merge): an item's Lt codes
   (item) or two consecutive codes (pairs) become one token, so the prompt is Lt (or 2) times shorter.
-  Decoded tokens are never merged: the decoder still emits every code.
+  item_id adds the item itself as a last slot: a learned per-item embedding (rows pad_id + 1 + item of the
+  slot table, after the codes' and the pad's; slot level Lt), as item-ID models have, so a prompt item is
+  not only the sum of its codes' factors. Decoded tokens are never merged: the decoder still emits every code.
 - Trie softmax (`trie_softmax`): the decoder's scoring rule, not a weight. When set, the model was trained
   with each code's softmax over the codes the prefix trie allows after the item's earlier codes (NTPLoss
   groups), so decoding must renormalise over those same codes (mindgr.ids.beam.beam_search); the logits
@@ -34,21 +36,11 @@ from mindspore import Tensor, nn, ops
 
 from mindgr.models.hstu import HSTUBlock
 from mindgr.models.layers import apply_dropout, last_positions, layer_norm, param, trunc_normal, xavier_uniform
-from mindgr.models.ntp import code_tokens, prompt_tokens, tokens_per_prompt_item
-
-TOKEN_MERGERS = ("none", "item", "pairs")
-
-
-def group_width(token_merger: str, num_levels: int) -> int:
-    """Slots per prompt token: 1 (none), every code of an item (item) or two codes (pairs)."""
-    if token_merger not in TOKEN_MERGERS:
-        raise ValueError(f"model.token_merger = {token_merger!r}: expected one of {', '.join(TOKEN_MERGERS)}")
-    return {"none": 1, "item": num_levels, "pairs": 2}[token_merger]
-
+from mindgr.models.ntp import TOKEN_MERGERS, code_tokens, group_width, prompt_tokens, tokens_per_prompt_item
 
 class GRDecoder(nn.Cell):
     def __init__(self, level_sizes, dim: int, num_blocks: int, num_heads: int, dqk: int, dv: int, max_len: int,
-                 token_merger: str = "none", seed: int = 0, trie_softmax: bool = False):
+                 token_merger: str = "none", seed: int = 0, trie_softmax: bool = False, num_items: int = 0):
         super().__init__()
         sizes = [int(s) for s in level_sizes]
         rng = np.random.default_rng([seed, 17])
@@ -61,11 +53,19 @@ class GRDecoder(nn.Cell):
         self.num_heads, self.dqk, self.dv = num_heads, dqk, dv
         self.token_merger = token_merger
         self.trie_softmax = bool(trie_softmax)
+        if token_merger not in TOKEN_MERGERS:
+            raise ValueError(f"model.token_merger = {token_merger!r}: expected one of {', '.join(TOKEN_MERGERS)}")
         self.group = group_width(token_merger, self.num_levels)
-        level_of = np.concatenate([np.repeat(np.arange(self.num_levels), sizes), [0]]).astype(np.int32)
-        self.slot_level = Tensor(level_of)                                   # [num_codes + 1]
-        self.code_emb = param(trunc_normal(rng, (self.num_codes + 1, dim), 0.02), "code_emb")
-        self.level_emb = param(trunc_normal(rng, (self.num_levels, dim), 0.02), "level_emb")
+        # item_id: one embedding per item 0..V after the codes and the pad (item 0, the padding item, unused)
+        self.num_items = int(num_items) if token_merger == "item_id" else 0
+        if token_merger == "item_id" and self.num_items < 1:
+            raise ValueError("token_merger item_id needs the catalogue size (num_items >= 1)")
+        extra = self.num_items + 1 if self.num_items else 0
+        level_of = np.concatenate([np.repeat(np.arange(self.num_levels), sizes), [0],
+                                   np.full(extra, self.num_levels)]).astype(np.int32)
+        self.slot_level = Tensor(level_of)                                   # [num_codes + 1 (+ V + 1)]
+        self.code_emb = param(trunc_normal(rng, (self.num_codes + 1 + extra, dim), 0.02), "code_emb")
+        self.level_emb = param(trunc_normal(rng, (self.num_levels + (1 if extra else 0), dim), 0.02), "level_emb")
         if self.group > 1:
             self.w_merge = param(xavier_uniform(rng, self.group * dim, dim), "w_merge")
             self.b_merge = param(np.zeros(dim, np.float32), "b_merge")
@@ -80,7 +80,7 @@ class GRDecoder(nn.Cell):
 
     def slot_embeddings(self, slots):
         """[T, G, D]: code + level embedding of every slot, zero for pad slots."""
-        real = (slots < self.pad_id).astype(ms.float32)[..., None]
+        real = (slots != self.pad_id).astype(ms.float32)[..., None]
         emb = ops.gather(self.code_emb, slots, 0) + ops.gather(self.level_emb, ops.gather(self.slot_level, slots, 0), 0)
         return emb * real
 
@@ -160,7 +160,7 @@ def prompts_of(decoder, histories, codes, max_prompt_tokens: int):
         h = np.asarray(h, np.int64)
         if h.shape[0] == 0:
             raise ValueError(f"user {u} has an empty history: a generative model needs a prompt")
-        slots, merged = prompt_tokens(codes[h], decoder.level_offsets, decoder.token_merger, decoder.pad_id)
+        slots, merged = prompt_tokens(codes[h], decoder.level_offsets, decoder.token_merger, decoder.pad_id, h)
         per_item = tokens_per_prompt_item(decoder.num_levels, decoder.token_merger)
         keep = (max_prompt_tokens // per_item) * per_item
         if keep < per_item:
@@ -264,16 +264,17 @@ def decoder_max_len(num_levels: int, token_merger: str, max_history: int) -> int
     return max_prompt_tokens(num_levels, token_merger, max_history) + num_levels - 1
 
 
-def build_decoder(model_cfg, level_sizes, max_history: int, seed: int) -> GRDecoder:
+def build_decoder(model_cfg, level_sizes, max_history: int, seed: int, num_items: int = 0) -> GRDecoder:
     """The GR decoder of a config over a code table's level sizes: position bias sized for a prompt of
-    max_history items plus the Lt - 1 decoded codes (the longest training row)."""
+    max_history items plus the Lt - 1 decoded codes (the longest training row); num_items (the catalogue)
+    sizes the item embeddings of token_merger item_id."""
     m = model_cfg
     lt = len(level_sizes)
     dqk = m.dqk or m.dim // m.num_heads
     dv = m.dv or m.dim // m.num_heads
     max_len = decoder_max_len(lt, m.token_merger, max_history)
     return GRDecoder(level_sizes, m.dim, m.num_blocks, m.num_heads, dqk, dv, max_len, m.token_merger, seed,
-                     m.trie_softmax)
+                     m.trie_softmax, num_items)
 
 
 def build(model_cfg, num_items, max_len, seed, item_init):

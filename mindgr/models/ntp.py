@@ -13,7 +13,8 @@ prompt's targets:
   For page p >= 1, the prompt is every item of pages < p and EVERY item of page p is a target of that
   same prompt (their losses averaged, one row each), so page-mates never condition on each other.
 With a token merger the prompt is merged (one token per item, or per pair of codes) and the target's
-codes are not, so every (prompt, target) is its own row: rows share no prefix.
+codes are not, so every (prompt, target) is its own row: rows share no prefix. Merger `item_id` is `item`
+plus one more slot per prompt token: the item's own id (a learned per-item embedding in the merged token).
 Rows are packed into batches of fixed capacities (T_cap tokens, B_cap rows): one compiled graph.
 
 Softmax groups: a target position's `group` names the row of the loss's allowed-code table its softmax
@@ -35,8 +36,21 @@ class RowError(ValueError):
     """A history, page array or capacity that cannot make training rows."""
 
 
-def prompt_tokens(item_codes: np.ndarray, level_offsets, token_merger: str, pad_id: int):
-    """Prompt tokens of items with codes [n, Lt]: (slots [m, G] int32, merged [m] float32)."""
+TOKEN_MERGERS = ("none", "item", "item_id", "pairs")
+
+
+def group_width(token_merger: str, num_levels: int) -> int:
+    """Slots per prompt token: 1 (none), every code of an item (item), those and the item's id (item_id), or
+    two codes (pairs)."""
+    if token_merger not in TOKEN_MERGERS:
+        raise RowError(f"model.token_merger = {token_merger!r}: expected one of {', '.join(TOKEN_MERGERS)}")
+    return {"none": 1, "item": num_levels, "item_id": num_levels + 1, "pairs": 2}[token_merger]
+
+
+def prompt_tokens(item_codes: np.ndarray, level_offsets, token_merger: str, pad_id: int, items=None):
+    """Prompt tokens of items with codes [n, Lt]: (slots [m, G] int32, merged [m] float32). Merger item_id
+    needs the item ids [n] too: its last slot is pad_id + 1 + item (the item embeddings follow the codes'
+    and the pad's in the decoder's table)."""
     item_codes = np.asarray(item_codes, np.int64).reshape(-1, len(level_offsets) - 1)
     gids = (item_codes + np.asarray(level_offsets[:-1])[None, :]).astype(np.int32)
     n, lt = gids.shape
@@ -44,12 +58,17 @@ def prompt_tokens(item_codes: np.ndarray, level_offsets, token_merger: str, pad_
         return gids.reshape(-1, 1), np.zeros(n * lt, np.float32)
     if token_merger == "item":
         return gids, np.ones(n, np.float32)
+    if token_merger == "item_id":
+        if items is None or np.asarray(items).shape != (n,):
+            raise RowError(f"token_merger item_id: prompt_tokens needs the {n} items' ids")
+        ids = (pad_id + 1 + np.asarray(items, np.int64)).astype(np.int32)
+        return np.concatenate([gids, ids[:, None]], 1), np.ones(n, np.float32)
     if token_merger == "pairs":
         if lt % 2:
             gids = np.concatenate([gids, np.full((n, 1), pad_id, np.int32)], 1)
         slots = gids.reshape(-1, 2)
         return slots, np.ones(slots.shape[0], np.float32)
-    raise RowError(f"token_merger {token_merger!r}: expected none, item or pairs")
+    raise RowError(f"token_merger {token_merger!r}: expected one of {', '.join(TOKEN_MERGERS)}")
 
 
 def code_tokens(gids, group: int, pad_id: int):
@@ -61,7 +80,7 @@ def code_tokens(gids, group: int, pad_id: int):
 
 
 def tokens_per_prompt_item(num_levels: int, token_merger: str) -> int:
-    return {"none": num_levels, "item": 1, "pairs": (num_levels + 1) // 2}[token_merger]
+    return {"none": num_levels, "item": 1, "item_id": 1, "pairs": (num_levels + 1) // 2}[token_merger]
 
 
 def _row(prompt_slots, prompt_merged, target_gids, target_groups, group, pad_id, weight):
@@ -113,8 +132,7 @@ def check_row_options(objective: str, token_merger: str, pages):
     """One-line RowErrors for an unknown objective or merger, and page_ntp without pages."""
     if objective not in OBJECTIVES:
         raise RowError(f"loss.objective = {objective!r}: expected one of {', '.join(OBJECTIVES)}")
-    if token_merger not in ("none", "item", "pairs"):
-        raise RowError(f"model.token_merger = {token_merger!r}: expected one of none, item, pairs")
+    group_width(token_merger, 1)          # a one-line RowError for an unknown merger
     if objective == "page_ntp" and pages is None:
         raise RowError("loss.objective = page_ntp needs pages (a page id per item); use ntp for page-less data")
 
@@ -128,7 +146,7 @@ def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger:
     codes = np.asarray(codes)
     lt = codes.shape[1]
     pad_id = int(level_offsets[-1]) if pad_id is None else pad_id
-    group = {"none": 1, "item": lt, "pairs": 2}[token_merger]
+    group = group_width(token_merger, lt)
     item_codes = codes[items].astype(np.int64)
     if item_groups is None:
         target_groups = np.broadcast_to(np.arange(lt, dtype=np.int32), item_codes.shape)
@@ -146,7 +164,7 @@ def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger:
         groups = page_groups(pages)
     rows = []
     for start, stop in groups[1:]:
-        p_slots, p_merged = prompt_tokens(item_codes[:start], level_offsets, token_merger, pad_id)
+        p_slots, p_merged = prompt_tokens(item_codes[:start], level_offsets, token_merger, pad_id, items[:start])
         for j in range(start, stop):
             tgt = (item_codes[j] + np.asarray(level_offsets[:-1])).astype(np.int32)
             rows.append(_row(p_slots, p_merged, tgt, target_groups[j], group, pad_id, 1.0 / (stop - start)))

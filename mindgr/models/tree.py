@@ -60,7 +60,8 @@ def tree_user(items, codes, level_offsets, objective: str = "ntp", token_merger:
     else:
         target_groups = np.asarray(item_groups, np.int32)[items]
     per_item = tokens_per_prompt_item(lt, token_merger)
-    slots, merged = prompt_tokens(item_codes[:groups[-1][0]], level_offsets, token_merger, pad_id)
+    last = groups[-1][0]
+    slots, merged = prompt_tokens(item_codes[:last], level_offsets, token_merger, pad_id, items[:last])
     targets = []
     for start, stop in groups[1:]:
         for j in range(start, stop):

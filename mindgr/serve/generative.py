@@ -86,7 +86,8 @@ def random_bundle(num_items: int = 12101, prompt_tokens: int = 200, dim: int = 1
     if max_history < 1:
         raise ValueError(f"prompt of {prompt_tokens} tokens holds no item ({per_item} tokens each)")
     dec = GRDecoder(sizes, dim, blocks, heads, dim // heads, dim // heads,
-                    max_len=max_history * per_item + len(sizes) - 1, token_merger=token_merger, seed=seed)
+                    max_len=max_history * per_item + len(sizes) - 1, token_merger=token_merger, seed=seed,
+                    num_items=num_items)
     for p in dec.trainable_params():
         p.set_data(Tensor((rng.standard_normal(p.shape) * weight_scale).astype(np.float32)))
     dec.set_train(False)

@@ -126,7 +126,8 @@ class GRModel:
         from mindgr.models.objectives import build_objective, check_objective_arch
         from mindgr.train.step import TrainStep, build_optimizer
         check_objective_arch(cfg)
-        self.decoder = build_decoder(cfg.model, [int(s) for s in trie.level_sizes], cfg.data.max_len, cfg.run.seed)
+        self.decoder = build_decoder(cfg.model, [int(s) for s in trie.level_sizes], cfg.data.max_len, cfg.run.seed,
+                                     num_items)
         self.encoder = self.decoder          # the Trainer's name for the trained network
         if tree_caps is not None:            # data.gr_layout = tree: the same objective over tree batches
             from mindgr.models.tree import TreeNTPLoss

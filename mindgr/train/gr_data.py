@@ -20,8 +20,8 @@ import math
 import numpy as np
 
 from mindgr.datasets import EpochPlan
-from mindgr.models.ntp import (BATCH_KEYS, RowError, check_row_options, page_groups, pack_rows, tokens_per_prompt_item,
-                               user_rows)
+from mindgr.models.ntp import (BATCH_KEYS, RowError, check_row_options, group_width, page_groups, pack_rows,
+                               tokens_per_prompt_item, user_rows)
 from mindgr.models.tree import TREE_KEYS, TreeCaps, pack_tree, tree_user
 
 
@@ -77,7 +77,7 @@ class GRTrainData:
         self.level_offsets = np.asarray(level_offsets, np.int64)
         self.pad_id, self.objective, self.token_merger = pad_id, objective, token_merger
         lt = self.codes.shape[1]
-        self.group = {"none": 1, "item": lt, "pairs": 2}[token_merger]
+        self.group = group_width(token_merger, lt)
         counts = [row_token_counts(len(w), lt, objective, token_merger, None if pages is None else pages[i])
                   for i, w in enumerate(windows)]
         keep = [i for i, c in enumerate(counts) if c]
@@ -160,7 +160,7 @@ class GRTreeData:
         lt = self.codes.shape[1]
         if lt < 2:
             raise RowError(f"data.gr_layout = tree needs at least 2 codes per item, the code table has {lt}")
-        self.num_levels, self.group = lt, {"none": 1, "item": lt, "pairs": 2}[token_merger]
+        self.num_levels, self.group = lt, group_width(token_merger, lt)
         counts = [tree_token_counts(len(w), lt, objective, token_merger, None if pages is None else pages[i])
                   for i, w in enumerate(windows)]
         keep = [i for i, c in enumerate(counts) if c[1]]
