@@ -184,6 +184,47 @@ def test_attention_rows_without_time_data_match_reference(monkeypatch):
         assert np.array_equal(one[name], got[name]), name
 
 
+def test_attention_rows_out_of_time_order_match_reference(monkeypatch):
+    """The kernels give a vector of keys one bucket when its first and last gap share it only in rows whose
+    keys are in time order with the request time after them (there the gaps fall along the keys). Rows
+    out of order (keys shuffled) and rows whose request time precedes their keys take the per-lane path;
+    mixed with ordered rows they match the reference, bitwise run to run and for 1 and 2 threads."""
+    heads, dqk, dv, max_len, rows, tokens, buckets, extra = CONFIGS[3]
+    run_cpu = attention_runner(cpu.hstu_attention, max_len, True)
+    run_ref = attention_runner(reference.hstu_attention, max_len, True)
+    for seed in (0, 1):
+        rng = np.random.default_rng(100 + seed)
+        lengths, a = attention_inputs(seed, rows, tokens, heads, dqk, dv, max_len, buckets, extra)
+        ts, req, off = a["timestamps"].copy(), a["request_times"].copy(), a["offsets"]
+        for b in range(seed, rows, 3):
+            ts[off[b]:off[b + 1]] = rng.permutation(ts[off[b]:off[b + 1]])
+        for b in range(seed + 1, rows, 3):
+            if lengths[b] > 0:
+                req[b] = ts[off[b]] - 1000
+        a = dict(a, timestamps=ts, request_times=req)
+        got = run_cpu(a)
+        compare_attention(got, run_ref(a), lengths, tokens, f"seed {seed}")
+        again = run_cpu(a)
+        for name in got:
+            assert np.array_equal(got[name], again[name]), name
+    monkeypatch.setenv("MINDGR_CPU_THREADS", "1")
+    one = run_cpu(a)
+    for name in got:
+        assert np.array_equal(one[name], got[name]), name
+
+
+def test_time_bucket_never_falls_as_the_gap_grows():
+    """The kernels' one-bucket-per-vector shortcut rests on this: every gap 0..2^17, then geometric steps
+    and each bucket edge +-2 up to 2^31, for both bucket counts the tests use."""
+    edges = np.exp(np.arange(0, 80) * reference.TIME_BUCKET_DIV)
+    edges = np.floor(edges[edges < 2.0**31 - 3])
+    gaps = np.unique(np.concatenate([np.arange(0, 2**17), np.geomspace(2**17, 2**31 - 1, 20000).astype(np.int64),
+                                     (edges[:, None] + np.arange(-2, 3)[None, :]).ravel()])).astype(np.int64)
+    for num_buckets in (128, 20, 40):
+        got = np.array([cpu.time_bucket(int(g), num_buckets) for g in gaps])
+        assert (np.diff(got) >= 0).all(), gaps[1:][np.diff(got) < 0][:5]
+
+
 def test_request_times_none_is_the_last_positions_own_time():
     """request_times=None equals request times = each row's last kept timestamp, on both backends (rows
     longer than N included: their last kept position is N - 1); and a later request time changes only

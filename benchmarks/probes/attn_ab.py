@@ -15,7 +15,9 @@ core-ms), less sensitive than wall time to other jobs on a loaded host.  No Mind
 
 Shapes: `ml1m` = 192 rows, log-normal lengths (median 100, sigma 0.8, clipped to [20, 200]; T 21706),
 H 1, d 50, N 200, 128 time buckets, request times; `ml1m0` = the same with the second half of the rows'
-times and request times 0 (ML-1M's users without time data); `small` = `mindgr bench ops --sizes small`
+times and request times 0 (ML-1M's users without time data); `ml1mreal` = the same lengths, the first half
+of the rows with the real times of ML-1M users (each row the last L ratings of a random user of
+../shared/data/ml-1m/ratings_users_1-2999.dat.gz in time order, request time = the last), the second half 0; `small` = `mindgr bench ops --sizes small`
 (128 rows, log-normal lengths of mindgr.ops.cpu.bench, H 2, d 32, N 200).
 """
 from __future__ import annotations
@@ -64,7 +66,7 @@ class Kernel:
 
 def make_case(kind: str, seed: int = 0):
     rng = np.random.default_rng(seed)
-    if kind in ("ml1m", "ml1m0"):
+    if kind in ("ml1m", "ml1m0", "ml1mreal"):
         N, H, d, B = 200, 1, 50, 192
         lengths = np.clip(rng.lognormal(np.log(100), 0.8, B).round(), 20, N).astype(int)
     elif kind == "small":
@@ -79,9 +81,17 @@ def make_case(kind: str, seed: int = 0):
     q, k, v, dout = [(rng.standard_normal((T, H, d)) * 0.3).astype(np.float32) for _ in range(4)]
     ts = np.cumsum(rng.integers(1, 100000, T)).astype(np.int64)
     req = ts[off[1:] - 1] + rng.integers(0, 100000, B).astype(np.int64)
-    if kind == "ml1m0":  # as ML-1M's data: rows of users without time data (half of them) have all times 0
+    if kind in ("ml1m0", "ml1mreal"):  # as ML-1M's data: rows of users without time data (half) have times 0
         ts[off[B // 2]:] = 0
         req[B // 2:] = 0
+    if kind == "ml1mreal":
+        users = real_ml1m_times()
+        for b in range(B // 2):
+            t = users[int(rng.integers(len(users)))]
+            L = int(lengths[b])
+            row = t[-L:] if len(t) >= L else np.concatenate([np.full(L - len(t), t[0]), t])
+            ts[off[b]:off[b + 1]] = row
+            req[b] = row[-1]
     wp = (rng.standard_normal(2 * N - 1) * 0.1).astype(np.float32)
     wt = (rng.standard_normal(129) * 0.1).astype(np.float32)
     car = np.zeros(N, np.float32)
@@ -89,6 +99,21 @@ def make_case(kind: str, seed: int = 0):
     fwd_flops = 2.0 * pairs * (d + d) * H
     inputs = [q, k, v, off, ts, req, wp, wt, car]
     return dict(kind=kind, T=T, B=B, H=H, d=d, N=N, inputs=inputs, dout=dout, fwd_flops=fwd_flops)
+
+
+def real_ml1m_times() -> list:
+    """Per user of ../shared/data/ml-1m/ratings_users_1-2999.dat.gz: its rating times, sorted."""
+    import gzip
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "../shared/data/ml-1m/ratings_users_1-2999.dat.gz"
+    if not path.is_file():
+        raise SystemExit(f"{path}: not found (shape ml1mreal needs ML-1M's ratings)")
+    users: dict = {}
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            u, _, _, t = line.split("::")
+            users.setdefault(int(u), []).append(int(t))
+    return [np.sort(np.array(v, np.int64)) for v in users.values()]
 
 
 def outputs(case, backward: bool):

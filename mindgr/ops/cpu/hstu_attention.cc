@@ -11,7 +11,9 @@
 // after a tile's scores, never stored: the positional part is a vector load of w_pos, the time
 // part a vectorised bucket (CellTable: float32 bits of the gap -> a 256-entry table, one gather,
 // one compare) and a gather of w_ts, on time stamps made relative to the row (int32) once per
-// row.  Rows whose times span 2^31 s or more use the exact scalar BucketTable instead.
+// row; in rows whose keys are in time order, a vector of keys whose first and last gap share a
+// bucket (bursts of ratings, distant keys) takes that bucket's w_ts by one broadcast instead.
+// Rows whose times span 2^31 s or more use the exact scalar BucketTable instead.
 //
 // Forward work items are whole rows (or, with few rows, blocks of QB queries of a row), heads
 // inside; they write disjoint outputs.  Backward work items are (row, head), each done start to end by one thread: per key
@@ -133,6 +135,7 @@ struct CellTable {
   int nb = 0;
   bool ok = true;  // false if a cell held two steps or nb does not fit (never for nb < 1023)
   int32_t entry[kCells];
+  std::vector<int32_t> upper;  // [nb + 1]: the largest gap < 2^31 whose bucket is <= b
 
   explicit CellTable(int num_buckets) : nb(num_buckets) {
     for (int c = 0; c < kCells; ++c) entry[c] = 0;
@@ -155,6 +158,17 @@ struct CellTable {
       } else {
         ok = false;
       }
+    }
+    if (!ok) return;
+    // the bucket never falls as the gap grows (it is the formula's, monotone in the float's bits)
+    upper.assign(nb + 1, INT32_MAX);
+    for (int b = 0; b < nb; ++b) {
+      int32_t a = 1, e = INT32_MAX;  // the largest gap in [a, e] with bucket <= b
+      while (a < e) {
+        const int32_t mid = a + (e - a) / 2 + 1;
+        if ((*this)(mid) <= b) a = mid; else e = mid - 1;
+      }
+      upper[b] = a;
     }
   }
 
@@ -219,6 +233,8 @@ struct Problem {
 struct RowTimes {
   bool on = false, fast = false;
   bool uniform = false;  // every gap of the row is 0 (e.g. rows without time data): one bucket, no lookups
+  bool monotone = false; // fast, keys in time order and the request time after them: along the keys a
+                         // query sees, gaps only fall (see vector_bucket)
   int ubucket = 0;
   float uweight = 0.0f;
   int L = 0;
@@ -228,7 +244,7 @@ struct RowTimes {
 
   void set(const Problem& p, int b, int64_t s, int len) {
     on = p.ts != nullptr;
-    uniform = false;
+    uniform = monotone = false;
     L = len;
     if (!on || L == 0) return;
     int64_t lo = p.req[b], hi = p.req[b];
@@ -248,6 +264,8 @@ struct RowTimes {
       tq.resize(L);
       for (int j = 0; j < L; ++j) tk[j] = static_cast<int32_t>(p.ts[s + j] - lo);
       for (int i = 0; i < L; ++i) tq[i] = static_cast<int32_t>(query_time(i) - lo);
+      monotone = tq[L - 1] >= tk[L - 1];
+      for (int j = 0; monotone && j + 1 < L; ++j) monotone = tk[j] <= tk[j + 1];
     } else {
       tk64 = p.ts + s;
       tq64.resize(L);
@@ -258,6 +276,17 @@ struct RowTimes {
   // 0: no time bias, 1: one bucket for the whole row, 2: a bucket per pair (the backward's elementwise
   // pass is compiled per mode; in the forward a mode-1 copy did not pay: its mode 2 got slower)
   int mode() const { return !on ? 0 : uniform ? 1 : 2; }
+
+  // Mode 2, keys j..j+VL-1 all seen by query i (j + VL - 1 <= i): their one bucket when the row is
+  // monotone and the first and last key share it, else -1. In a monotone row the gaps tq_i - t_j >= 0
+  // fall as j grows and the bucket is a non-decreasing function of the gap (tests check it), so equal
+  // ends mean equal lanes: a broadcast of w_ts instead of two gathers, and one bucket for dw_ts.
+  // The first key shares the last one's bucket b iff its (larger) gap is at most upper[b].
+  inline int vector_bucket(const Problem& p, int i, int j) const {
+    if (!monotone) return -1;
+    const int b = (*p.cells)(tq[i] - tk[j + VL - 1]);
+    return tq[i] - tk[j] <= p.cells->upper[b] ? b : -1;
+  }
 
   // w_ts[bucket] of query i against keys j..j+VL-1 (lanes past L: bucket 0), and the buckets.
   inline vf bias(const Problem& p, int i, int j, vi* bucket) const {
@@ -506,6 +535,13 @@ inline vf biased(const Problem& p, const RowTimes& rt, vf s, int i, int j, vi* b
   return x;
 }
 
+// The same when all VL keys share one bucket, whose weight is w.
+inline vf biased_one(const Problem& p, vf s, int i, int j, float w) {
+  vf x = s + vload(p.wpos.data() + WPAD + (p.N - 1 - i + j));
+  x += vbcast(w);
+  return x;
+}
+
 // The same for M = rt.mode() known at compile time (mode 1: the row's one w_ts, no lookups).
 template <int M>
 inline vf biased_m(const Problem& p, const RowTimes& rt, vf s, int i, int j, vi* bucket) {
@@ -584,7 +620,9 @@ void forward(const Problem& p, float* out) {
             vi bucket = vi{};
             for (int c = 0; c < nvec; ++c) {
               const int j = c * VL;
-              const vf x = biased(p, rt, vload(srow + j), i, j, &bucket);
+              const int ub = rt.on && j + VL <= i + 1 ? rt.vector_bucket(p, i, j) : -1;
+              const vf x = ub >= 0 ? biased_one(p, vload(srow + j), i, j, p.wts_pad[ub])
+                                   : biased(p, rt, vload(srow + j), i, j, &bucket);
               vf a = x * vsigmoid(x) * inv_n;
               if (j + VL > i + 1) a = vselect((lane + j) <= i, a);  // the diagonal vector, and past it
               vstore(srow + j, a);
@@ -706,11 +744,14 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
                 for (int c = 0; c < nv; ++c) {
                   const int o = i * TILE + c * VL, j = j0 + c * VL;
                   vi bucket = vi{};
-                  const vf x = biased_m<M>(p, rt, vload(S.data() + o), ig, j, &bucket);
+                  const int valid = limit[i] - c * VL;  // keys of this vector the query sees
+                  int ub = -1;                          // mode 2: the vector's one bucket, if it has one
+                  if constexpr (M == 2) ub = valid >= VL ? rt.vector_bucket(p, ig, j) : -1;
+                  const vf x = ub >= 0 ? biased_one(p, vload(S.data() + o), ig, j, p.wts_pad[ub])
+                                       : biased_m<M>(p, rt, vload(S.data() + o), ig, j, &bucket);
                   const vf sg = vsigmoid(x);
                   vf a = x * sg * inv_n;
                   vf ds = vload(G.data() + o) * (sg * (1.0f + x * (1.0f - sg))) * inv_n;
-                  const int valid = limit[i] - c * VL;  // keys of this vector the query sees
                   if (valid < VL) {
                     const vi m = lane < valid;
                     a = vselect(m, a);
@@ -727,7 +768,16 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
 #pragma GCC unroll 4
                       for (int e = 0; e < 4; ++e) ul[e] += ds[4 * q + e];
                   }
-                  if constexpr (M == 2) {
+                  if (M == 2 && ub >= 0) {
+                    // the scatter below with every lane in bucket ub: the same additions in the same order
+                    float* d = dtsf.data() + ub;
+                    float u4[4] = {d[0], d[nts], d[2 * nts], d[3 * nts]};
+#pragma GCC unroll 4
+                    for (int q = 0; q < VL / 4; ++q)
+#pragma GCC unroll 4
+                      for (int e = 0; e < 4; ++e) u4[e] += ds[4 * q + e];
+                    for (int e = 0; e < 4; ++e) d[e * nts] = u4[e];
+                  } else if constexpr (M == 2) {
                     vstore_i(bk_lanes, bucket);
                     vstore(ds_lanes, ds);
                     const int n = std::min(valid, VL);
