@@ -103,6 +103,9 @@ class ModelConfig:
     # arch gr: how a history item enters the prompt: none (one token per code), item (one merged token
     # per item) or pairs (one per two codes); decoding always emits every code
     token_merger: str = field(default="none", metadata=_rng(choices=["none", "item", "item_id", "pairs"]))
+    # arch gr, token_merger item_id: in training, each prompt item's id slot is dropped (zero) with this
+    # probability, so the merged token cannot lean on the id alone (decoding always has it)
+    item_id_dropout: float = field(default=0.0, metadata=_rng(lo=0.0, hi=0.95))
     # arch gr: each code's softmax runs over the codes the prefix trie allows after the item's earlier
     # codes (in training and in decoding), instead of over every code of its level
     trie_softmax: bool = False

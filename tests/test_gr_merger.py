@@ -9,7 +9,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindgr.models.generative import GRDecoder
-from mindgr.models.ntp import group_width, prompt_tokens, tokens_per_prompt_item, user_rows
+from mindgr.models.ntp import drop_item_slots, group_width, prompt_tokens, tokens_per_prompt_item, user_rows
 from mindgr.ops import set_backend
 from gr_fixtures import random_codes
 
@@ -103,3 +103,25 @@ def test_item_id_token_adds_the_item_embedding():
     emb = p["code_emb"][slots[0]] + p["level_emb"][[0, 1, 2, 3, 4]]
     want = (emb.reshape(-1) @ p["w_merge"] + p["b_merge"]) * np.sqrt(6)
     np.testing.assert_allclose(x[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_item_id_dropout_blanks_only_item_slots():
+    """drop_item_slots: an item slot (> pad_id) becomes pad_id at rate ~p, seeded; code and pad slots stay."""
+    lo = np.concatenate([[0], np.cumsum(SIZES)])
+    pad = int(lo[-1])
+    rng = np.random.default_rng(5)
+    codes = random_codes(rng, 50, SIZES)
+    items = rng.integers(1, 51, 4000)
+    slots, _ = prompt_tokens(codes[items], lo, "item_id", pad, items)
+    slots[::7, 2] = pad                                               # some pad slots among the codes
+    out = drop_item_slots(slots, pad, 0.4, np.random.default_rng(1))
+    assert np.array_equal(out[:, :-1], slots[:, :-1]) and out.dtype == slots.dtype
+    dropped = out[:, -1] == pad
+    assert np.array_equal(out[~dropped, -1], slots[~dropped, -1])
+    assert abs(dropped.mean() - 0.4) < 0.03
+    assert np.array_equal(out, drop_item_slots(slots, pad, 0.4, np.random.default_rng(1)))
+    assert not np.array_equal(out, drop_item_slots(slots, pad, 0.4, np.random.default_rng(2)))
+    assert np.array_equal(drop_item_slots(slots, pad, 0.0, np.random.default_rng(1)), slots)
+    before = slots.copy()
+    drop_item_slots(slots, pad, 0.9, np.random.default_rng(1))
+    assert np.array_equal(slots, before)                              # the input is not modified

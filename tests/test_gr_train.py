@@ -178,6 +178,7 @@ def test_compare_with_an_hstu_run(gr_setup, capsys):
     (["ids.codes="], "needs a semantic-ID table"),
     (["model.arch=hstu", "loss.objective=sampled_softmax", "model.trie_softmax=true"],
      "model.trie_softmax is the generative decoder's scoring rule"),
+    (["model.item_id_dropout=0.5"], "model.item_id_dropout = 0.5 needs model.token_merger = item_id (it is none)"),
 ])
 def test_bad_configs_are_one_line(gr_setup, capsys, extra, message):
     from mindgr.cli import main
@@ -238,6 +239,22 @@ def test_tree_layout_trains_like_copied_rows(gr_setup):
     for step in (1, 2, 3):
         a, b = runs["rows"][step], runs["tree"][step]
         assert np.isfinite(a) and abs(a - b) <= 1e-4 * (1 + abs(a)), (step, a, b)
+
+
+def test_item_id_dropout_reaches_the_step(gr_setup):
+    """model.item_id_dropout through `mindgr train` (merger item_id, no other dropout): the first step's loss,
+    before any update, differs from the same run without it; the same config twice gives the same losses."""
+    from mindgr.train.generative import GenerativeTrainer
+    out, runs = gr_setup["out"], {}
+    for name, p in (("idd0", 0.0), ("idd9", 0.9), ("idd9b", 0.9)):
+        cfg = load_config(None, gr_overrides(out, name, gr_setup["codes"], "model.token_merger=item_id",
+                                             f"model.item_id_dropout={p}", "model.dropout=0", "train.max_steps=3",
+                                             "eval.every_epochs=0", "eval.max_users=8"))
+        GenerativeTrainer(cfg, quiet=True).fit()
+        runs[name] = _losses(out / name)
+    assert sorted(runs["idd0"]) == sorted(runs["idd9"]) == [1, 2, 3]
+    assert runs["idd9"] == runs["idd9b"]
+    assert abs(runs["idd0"][1] - runs["idd9"][1]) > 1e-4, runs
 
 
 def test_hstu_eval_without_history_filter():

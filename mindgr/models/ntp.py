@@ -79,6 +79,16 @@ def code_tokens(gids, group: int, pad_id: int):
     return slots, np.zeros(gids.shape[0], np.float32)
 
 
+def drop_item_slots(slots: np.ndarray, pad_id: int, p: float, rng) -> np.ndarray:
+    """Training-time id dropout of merger item_id: each prompt token's item slot (a slot > pad_id) becomes
+    pad_id (embedded as zero) with probability p, so the merged token must also carry the item by its codes
+    alone. A copy; code and pad slots are untouched."""
+    slots = np.array(slots, copy=True)
+    ids = slots > pad_id
+    slots[ids & (rng.random(slots.shape) < p)] = pad_id
+    return slots
+
+
 def tokens_per_prompt_item(num_levels: int, token_merger: str) -> int:
     return {"none": num_levels, "item": 1, "item_id": 1, "pairs": (num_levels + 1) // 2}[token_merger]
 

@@ -181,6 +181,9 @@ class GenerativeStrategy(RetrievalStrategy):
         check_objective_arch(self.cfg)
         if self.cfg.parallel.nproc > 1 or self.cfg.parallel.sparse != "none":
             raise ConfigError("config: model.arch = gr trains in one process (parallel.nproc = 1, parallel.sparse = none)")
+        if self.cfg.model.item_id_dropout > 0 and self.cfg.model.token_merger != "item_id":
+            raise ConfigError(f"config: model.item_id_dropout = {self.cfg.model.item_id_dropout} needs "
+                              f"model.token_merger = item_id (it is {self.cfg.model.token_merger})")
         beam_width_of(self.cfg)
 
     def build_data(self, run_dir, resuming: bool):
@@ -235,6 +238,11 @@ class GenerativeStrategy(RetrievalStrategy):
 
     def prepare(self, epoch: int, b: int, indices):
         batch, info = self.train.batch(indices)
+        p_id = self.cfg.model.item_id_dropout
+        if p_id > 0:                         # a stream of its own per (seed, epoch, batch): resumes exactly
+            from mindgr.models.ntp import drop_item_slots
+            rng = np.random.default_rng([self.cfg.run.seed, epoch, b, 13])
+            batch = dict(batch, slots=drop_item_slots(batch["slots"], self.train.pad_id, p_id, rng))
         drop = self.sampler.masks.batch(epoch, b)
         return tuple(batch[k] for k in self.train.keys) + (drop,), info
 
