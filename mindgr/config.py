@@ -101,7 +101,8 @@ class ModelConfig:
     ffn_dim: int = field(default=0, metadata=_rng(lo=0))      # SASRec FFN width; 0 = dim
     ffn_multiply: int = field(default=1, metadata=_rng(lo=1))  # FuXi-alpha SwiGLU hidden width = dim * this
     # arch gr: how a history item enters the prompt: none (one token per code), item (one merged token
-    # per item) or pairs (one per two codes); decoding always emits every code
+    # per item), item_id (item plus a learned embedding of the item itself) or pairs (one per two codes);
+    # decoding always emits every code
     token_merger: str = field(default="none", metadata=_rng(choices=["none", "item", "item_id", "pairs"]))
     # arch gr, token_merger item_id: in training, each prompt item's id slot is dropped (zero) with this
     # probability, so the merged token cannot lean on the id alone (decoding always has it)
