@@ -461,20 +461,47 @@ def read_yaml(path) -> object:
         loader.dispose()
 
 
+def _read_mapping(path) -> dict:
+    """One config file's own keys (its `base:` still in them); one-line ConfigErrors for bad files."""
+    try:
+        loaded = read_yaml(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"config: {path}{where}: not valid YAML") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config: {path}: expected a mapping of sections at the top level")
+    return loaded
+
+
+def read_config_file(path, _chain: tuple = ()) -> dict:
+    """A config file's keys with its `base:` chain resolved: the base (a path relative to this file) is read
+    first, recursively, and this file's keys override it section by section (a list or value is replaced
+    whole). A missing base or a cycle is a one-line ConfigError naming the chain."""
+    own = _read_mapping(path)
+    chain = _chain + (Path(path).resolve(),)
+    if "base" not in own:
+        return own
+    base = own.pop("base")
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"config: {path}: base = {base!r}: expected the path of a config file, relative to this one")
+    base_path = Path(path).parent / base
+    names = " -> ".join(str(p.name) for p in chain)
+    if base_path.resolve() in chain:
+        raise ConfigError(f"config: {path}: base {base!r} makes a cycle: {names} -> {base_path.name}")
+    if not base_path.is_file():
+        raise ConfigError(f"config: {path}: base {base!r} not found (looked for {base_path})")
+    data = read_config_file(base_path, chain)
+    _merge(data, own)
+    return data
+
+
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Load a YAML config (or the defaults), apply overrides, validate. Raises ConfigError."""
-    data: dict = {}
-    if path:
-        try:
-            loaded = read_yaml(path)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f":{mark.line + 1}" if mark else ""
-            raise ConfigError(f"config: {path}{where}: not valid YAML") from None
-        if loaded is not None:
-            if not isinstance(loaded, dict):
-                raise ConfigError(f"config: {path}: expected a mapping of sections at the top level")
-            data = loaded
+    """Load a YAML config (or the defaults) with its `base:` chain, apply overrides, validate.
+    Raises ConfigError."""
+    data: dict = read_config_file(path) if path else {}
     for text in overrides or []:
         _merge(data, parse_override(text))
     cfg = Config()

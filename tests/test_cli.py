@@ -28,6 +28,22 @@ def test_print_config_resolves_overrides():
     assert "dim: 48" in p.stdout and "lr: 0.002" in p.stdout and "kind: synthetic" in p.stdout
 
 
+def test_print_config_resolves_a_base_chain(tmp_path):
+    """--print-config shows the refined file merged over its base (here from another working directory)."""
+    import yaml
+    p = run("train", "--config", str(REPO / "configs/ml-1m/hstu-large.yaml"), "--print-config", "train.epochs=3",
+            cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    shown = yaml.safe_load(p.stdout)
+    assert "base" not in shown
+    assert (shown["model"]["num_blocks"], shown["model"]["num_heads"]) == (8, 2)         # the refining file
+    assert shown["data"]["path"] == "../shared/data/ml-1m/sequences.txt"                 # from its base
+    assert shown["train"]["epochs"] == 3                                                  # the override
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    one_line_error(run("train", "--config", "a.yaml", "--print-config", cwd=tmp_path), 2, "cycle", "a.yaml")
+
+
 def test_config_errors_are_one_line():
     one_line_error(run("train", "--config", "configs/smoke.yaml", "model.dim=big"), 2, "model.dim", "'big'", "int")
     one_line_error(run("train", "--config", "configs/missing.yaml"), 2, "configs/missing.yaml")

@@ -68,3 +68,76 @@ def test_shipped_configs_load_and_validate(path):
     shipped file would otherwise surface only when someone runs it). Data paths are not opened here."""
     cfg = load_config(str(path))
     assert cfg.train.epochs >= 1 and cfg.model.dim >= 1
+
+
+def _write(path: Path, text: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+def test_base_is_refined_section_by_section(tmp_path):
+    _write(tmp_path / "a.yaml", "model:\n  dim: 64\n  num_heads: 2\ntrain:\n  lr: 0.01\neval:\n  ks: [1, 10, 50]\n")
+    b = _write(tmp_path / "b.yaml", "base: a.yaml\nmodel:\n  num_heads: 4\neval:\n  ks: [5]\n")
+    cfg = load_config(b)
+    assert cfg.model.dim == 64 and cfg.model.num_heads == 4   # a section is merged key by key
+    assert cfg.train.lr == pytest.approx(0.01)                  # a section only the base names is kept
+    assert cfg.eval.ks == [5]                                   # a list is replaced whole
+    # overrides still come last
+    assert load_config(b, ["model.dim=32"]).model.dim == 32
+
+
+def test_nested_base_and_paths_relative_to_each_file(tmp_path, monkeypatch):
+    _write(tmp_path / "root.yaml", "model:\n  dim: 16\n  num_blocks: 3\ntrain:\n  epochs: 2\n")
+    _write(tmp_path / "mid" / "mid.yaml", "base: ../root.yaml\nmodel:\n  num_blocks: 5\n")
+    leaf = _write(tmp_path / "mid" / "deep" / "leaf.yaml", "base: ../mid.yaml\ntrain:\n  epochs: 7\n")
+    cfg = load_config(leaf)
+    assert (cfg.model.dim, cfg.model.num_blocks, cfg.train.epochs) == (16, 5, 7)
+    # each base is found from the directory of the file naming it, whatever the working directory
+    monkeypatch.chdir(tmp_path / "mid" / "deep")
+    cfg = load_config("leaf.yaml")
+    assert (cfg.model.dim, cfg.model.num_blocks, cfg.train.epochs) == (16, 5, 7)
+
+
+def test_base_cycle_is_one_line(tmp_path):
+    _write(tmp_path / "a.yaml", "base: b.yaml\nmodel:\n  dim: 8\n")
+    _write(tmp_path / "b.yaml", "base: a.yaml\n")
+    self_ref = _write(tmp_path / "s.yaml", "base: ./s.yaml\n")
+    for path in (str(tmp_path / "a.yaml"), self_ref):
+        with pytest.raises(ConfigError, match="cycle") as e:
+            load_config(path)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"a.yaml -> b.yaml -> a.yaml"):
+        load_config(str(tmp_path / "a.yaml"))
+
+
+def test_missing_or_bad_base_is_one_line(tmp_path):
+    missing = _write(tmp_path / "m.yaml", "base: nope.yaml\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(missing)
+    assert "not found" in str(e.value) and "nope.yaml" in str(e.value) and "\n" not in str(e.value)
+    # a missing base deeper in the chain names the file that asks for it
+    _write(tmp_path / "top.yaml", "base: m.yaml\n")
+    with pytest.raises(ConfigError, match=r"m.yaml: base 'nope.yaml' not found"):
+        load_config(str(tmp_path / "top.yaml"))
+    for bad in ("base: 3\n", "base: ''\n", "base: [a.yaml]\n"):
+        with pytest.raises(ConfigError, match="expected the path of a config file"):
+            load_config(_write(tmp_path / "bad.yaml", bad))
+    # a base that is not a mapping, or names an unknown key, fails as the file itself would
+    _write(tmp_path / "list.yaml", "- 1\n")
+    with pytest.raises(ConfigError, match="list.yaml: expected a mapping"):
+        load_config(_write(tmp_path / "on-list.yaml", "base: list.yaml\n"))
+    _write(tmp_path / "typo.yaml", "model:\n  dimm: 3\n")
+    with pytest.raises(ConfigError, match="unknown key 'model.dimm'"):
+        load_config(_write(tmp_path / "on-typo.yaml", "base: typo.yaml\n"))
+
+
+def test_shipped_refinement_changes_only_what_it_names():
+    """configs/ml-1m/hstu-large.yaml is hstu.yaml with 8 blocks and 2 heads, nothing else."""
+    root = Path(__file__).resolve().parents[1] / "configs" / "ml-1m"
+    base, large = load_config(str(root / "hstu.yaml")).to_dict(), load_config(str(root / "hstu-large.yaml")).to_dict()
+    assert (large["model"]["num_blocks"], large["model"]["num_heads"], large["run"]["name"]) == (8, 2, "ml-1m-hstu-large")
+    for key, value in (("num_blocks", 2), ("num_heads", 1)):
+        large["model"][key] = value
+    large["run"]["name"] = "ml-1m-hstu"
+    assert large == base
