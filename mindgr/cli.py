@@ -132,78 +132,24 @@ def cmd_report(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    if args.what == "serve":  # serving: see the serving block below
-        return _bench_serve(args)
-    if args.what == "peak":
-        from mindgr.train.peak import peak_flops
-        p = peak_flops(refresh=args.refresh)
-        print(f"peak fp32 GEMM (MindSpore MatMul): {p['flops_per_s'] / 1e9:.1f} GFLOP/s  [{p['method']}]")
-        if p.get("busy"):
-            print(f"  not cached: the host was busy ({p['busy']})")
-        return 0
-    if args.what == "balance":
-        from mindgr.bench.balance import bench_balance
-        bench_balance(args.config, _overrides(args), steps=args.steps, out=args.out,
-                      ranks=[int(r) for r in args.ranks.split(",")], real=not args.no_real)
-        return 0
-    if args.what == "distributed":
-        from mindgr.bench.distributed import bench_scaling, bench_scaling_blocks
-        from mindgr.bench.distributed_common import RANK_TOKENS
-        from mindgr.config import ConfigError
-        if args.method == "runs":
-            if args.rank_tokens != RANK_TOKENS:
-                raise ConfigError("bench distributed: --rank-tokens applies to --method blocks only")
-            bench_scaling(args.config, _overrides(args), steps=args.steps, out=args.out)
-        else:
-            rounds = 8 if args.rounds is None else args.rounds
-            bench_scaling_blocks(args.config, _overrides(args), steps=args.steps, rounds=rounds, out=args.out,
-                                 rank_tokens=args.rank_tokens)
-        return 0
-    if args.what == "sparse":
-        from mindgr.bench.sparse import bench_sparse
-        _load(args)
-        bench_sparse(args.config, _overrides(args), topologies=args.topologies, steps=args.model_steps,
-                     runs=args.runs, train=args.train, out_dir=args.out_dir, taus=args.taus, out=args.out)
-        return 0
-    if args.what == "ops":
-        from mindgr.bench.ops import bench_ops
-        bench_ops(args.sizes.split(","), repeats=args.repeats, out=args.out)
-        return 0
-    if args.what == "pipeline":
-        from mindgr.bench.pipeline import bench_pipeline
-        _load(args)
-        rounds = 3 if args.rounds is None else args.rounds
-        bench_pipeline(args.config, _overrides(args), steps=args.steps, rounds=rounds, out=args.out)
-        return 0
-    if args.what == "negatives":
-        from mindgr.bench.backends import bench_variants
-        from mindgr.bench.negatives import NEGATIVE_VARIANTS
-        _load(args)  # validate first: one line for a bad config
-        bench_variants(args.config, _overrides(args), NEGATIVE_VARIANTS, steps=args.steps,
-                       memory=not args.no_memory, out=args.out)
-        return 0
-    if args.backends:
-        from mindgr.bench.backends import bench_backends
-        _load(args)
-        bench_backends(args.config, _overrides(args), args.backends.split(","), steps=args.steps,
-                       memory=not args.no_memory, out=args.out)
-        return 0
-    from mindgr.bench.train import bench_train
-    bench_train(_load(args), steps=args.steps, warmup=args.warmup, out=args.out)
-    return 0
+    """`mindgr bench NAME`: the benchmark module registered as NAME runs (mindgr.bench.registry)."""
+    return args.benchmark.module.run(args)
 
 
-BENCHMARKS = {
-    "peak": "this machine's fp32 GEMM peak (the MFU denominator), cached in ~/.cache/mindgr",
-    "train": "tokens/s, step time and MFU of a config's compiled training step (--backends: side by side)",
-    "ops": "the jagged HSTU attention op alone: C++ kernels vs the padded reference, forward + backward",
-    "negatives": "negative-sampling strategies side by side: step time, tokens/s, peak memory",
-    "pipeline": "busy fraction of the training loop with and without the background input producer",
-    "balance": "how evenly the cost model splits a global batch over simulated (and 2 real) ranks",
-    "distributed": "data-parallel scaling efficiency: 2 processes vs 1, same per-rank work",
-    "sparse": "embedding traffic of the sharded table layouts, modelled and measured; staleness runs",
-    "serve": "HTTP load test of `mindgr serve` (open-loop arrivals on loopback): throughput, p50/p99 latency",
-}
+def _add_bench_commands(sub):
+    from mindgr.bench.registry import BENCHMARKS
+    b = sub.add_parser("bench", help="measure speed (prints figures; never part of the tests)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Measure speed; prints figures (the host is shared: compare ratios measured "
+                                   "side by side).\n`mindgr bench NAME --help` lists NAME's options.\n\n"
+                                   "benchmarks:\n" +
+                                   "\n".join(f"  {name:<12} {bench.summary}" for name, bench in BENCHMARKS.items()))
+    names = b.add_subparsers(dest="what", required=True, metavar="NAME",
+                             help="which benchmark (see the list above)")
+    for name, bench in BENCHMARKS.items():
+        n = names.add_parser(name, description=bench.summary)
+        bench.module.add_arguments(n)
+        n.set_defaults(func=cmd_bench, benchmark=bench)
 
 
 # ---- semantic IDs (mindgr.ids): ids build ------------------------------------------------------------
@@ -255,7 +201,7 @@ def cmd_ids_build(args) -> int:
     return 0
 
 
-# ---- serving (mindgr.serve): export, recommend, serve, bench serve --------------------------------------
+# ---- serving (mindgr.serve): export, recommend, serve --------------------------------------------------
 
 def _batch_shapes(text):
     from mindgr.config import ConfigError
@@ -359,32 +305,6 @@ def cmd_serve(args) -> int:
                  args.overlap == "on", args.random_gr)
 
 
-def _bench_serve(args) -> int:
-    from mindgr.bench.serve import bench_serve
-    if args.gr:
-        from mindgr.bench.serve import bench_serve_gr
-        ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
-        bench_serve_gr(beams=ints(args.beams), prompts=ints(args.prompts), items=args.items, dim=args.dim,
-                       blocks=args.blocks, k=args.k, duration=args.duration, max_requests=args.max_requests,
-                       min_requests=args.min_requests, bound_factor=args.bound_factor,
-                       p99_bound_ms=args.gr_p99_bound_ms, cell_budget_s=args.cell_budget,
-                       shapes=args.gr_batch_shapes, big_shapes=args.gr_big_batch_shapes, threads=args.threads,
-                       sides=("overlap-on", "overlap-off") if args.overlap_ab else ("engine", "naive"),
-                       multiples=[float(x) for x in args.rate_multiples.split(",")],
-                       memory_fraction=args.memory_fraction, out=args.out)
-        return 0
-    if not args.run:
-        raise ValueError("bench serve: --run RUN is required")
-    if args.index_recall:
-        from mindgr.bench.serve import bench_index_recall
-        bench_index_recall(args.run, k=args.k, threads=args.threads, out=args.out)
-        return 0
-    bench_serve(args.run, rates=[float(r) for r in args.rates.split(",")], duration=args.duration,
-                max_requests=args.max_requests, p99_bound_ms=args.p99_bound_ms, k=args.k,
-                shapes=args.batch_shapes, threads=args.threads, index=args.index, out=args.out)
-    return 0
-
-
 def _add_serve_commands(sub):
     x = sub.add_parser("export", help="export a run's user encoder (MindIR per batch shape), item table, manifest")
     x.add_argument("--run", help="run directory (HSTU-family or generative)")
@@ -431,40 +351,6 @@ def _add_serve_commands(sub):
     s.add_argument("--test-batch-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)  # tests only
     s.set_defaults(func=cmd_serve)
 
-
-def _add_bench_serve_args(b):
-    b.add_argument("--run", help="serve: run directory to serve")
-    b.add_argument("--rates", default="25,50,100,200,400", help="serve: open-loop arrival rates (requests/s)")
-    b.add_argument("--duration", type=float, default=8.0, help="serve: seconds of arrivals per rate")
-    b.add_argument("--max-requests", type=int, default=2000, help="serve: at most this many requests per rate")
-    b.add_argument("--p99-bound-ms", type=float, default=100.0, help="serve: the p99 latency bound")
-    b.add_argument("--k", type=int, default=10, help="serve: items per request")
-    b.add_argument("--batch-shapes", default="1,4,16,64", help="serve: the server's batch shapes")
-    b.add_argument("--threads", type=int, help="serve: the server's MindSpore threads")
-    b.add_argument("--index", default="exact", choices=["exact", "faiss-ivf"], help="serve: the server's index")
-    b.add_argument("--gr", action="store_true", help="serve: a random-weight GR model of Beauty's shape, the "
-                   "decoding engine vs the naive baseline side by side (no --run)")
-    b.add_argument("--beams", default="16,64,256", help="serve --gr: beam widths")
-    b.add_argument("--prompts", default="50,200,1000", help="serve --gr: prompt lengths (tokens)")
-    b.add_argument("--items", type=int, default=12101, help="serve --gr: catalogue size")
-    b.add_argument("--dim", type=int, default=128, help="serve --gr: decoder width")
-    b.add_argument("--blocks", type=int, default=4, help="serve --gr: decoder blocks")
-    b.add_argument("--min-requests", type=int, default=6, help="serve --gr: at least this many requests per rate")
-    b.add_argument("--bound-factor", type=float, default=5.0,
-                   help="serve --gr: p99 bound = this x the slower side's unloaded p50 (unless --gr-p99-bound-ms)")
-    b.add_argument("--gr-p99-bound-ms", type=float, help="serve --gr: one fixed p99 bound for every cell")
-    b.add_argument("--cell-budget", type=float, default=240.0, help="serve --gr: seconds of load per cell")
-    b.add_argument("--rate-multiples", default="0.25,0.5,1,1.5,2,3,4,6,8,12",
-                   help="serve --gr: rates as multiples of each side's 1 / unloaded latency")
-    b.add_argument("--gr-batch-shapes", default="1,2,4", help="serve --gr: user-batch shapes of both servers")
-    b.add_argument("--gr-big-batch-shapes", default="1,2", help="serve --gr: shapes where beam x prompt >= 256 x 1000")
-    b.add_argument("--memory-fraction", type=float, default=0.6,
-                   help="serve --gr: kill a server whose resident memory exceeds this fraction of the host's "
-                        "available memory (that cell records it; the grid goes on)")
-    b.add_argument("--overlap-ab", action="store_true",
-                   help="serve --gr: engine with overlap on vs off, instead of engine vs naive")
-    b.add_argument("--index-recall", action="store_true",
-                   help="serve: instead of the load test, recall@k of faiss-ivf vs exact on the test users")
 
 # ---- end serving ------------------------------------------------------------------------------------
 
@@ -539,39 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "the first run's with several runs)")
     r.set_defaults(func=cmd_report)
 
-    b = sub.add_parser("bench", help="measure speed (prints figures; never part of the tests)",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Measure speed; prints figures (the host is shared: compare ratios measured "
-                                   "side by side).\n\nbenchmarks:\n" +
-                                   "\n".join(f"  {name:<12} {text}" for name, text in BENCHMARKS.items()))
-    b.add_argument("what", choices=list(BENCHMARKS), help="which benchmark (see the list above)")
-    b.add_argument("--config")
-    b.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE")
-    b.add_argument("--steps", type=int, default=20, help="timed steps (train)")
-    b.add_argument("--warmup", type=int, default=3, help="untimed steps first, compile included (train)")
-    b.add_argument("--refresh", action="store_true", help="re-measure the peak even if cached (peak)")
-    b.add_argument("--out", help="also write the figures as JSON to this path")
-    b.add_argument("--ranks", default="8,16,64", help="simulated rank counts (balance)")
-    b.add_argument("--no-real", action="store_true", help="skip the 2-process msrun measurement (balance)")
-    b.add_argument("--backends", help="train: compare op backends side by side, e.g. reference,cpu")
-    b.add_argument("--no-memory", action="store_true", help="train --backends: skip the per-backend memory runs")
-    b.add_argument("--sizes", default="small,medium", help="ops: which sizes (small, medium)")
-    b.add_argument("--repeats", type=int, default=3, help="ops: timed repeats (best is kept)")
-    b.add_argument("--topologies", default="2x2,8x8", help="sparse: modelled nodes x local ranks")
-    b.add_argument("--model-steps", type=int, default=5, help="sparse: steps whose ids the traffic model uses")
-    b.add_argument("--runs", default="", help="sparse: measured run directories to report (comma separated)")
-    b.add_argument("--train", action="store_true", help="sparse: train the staleness runs on 4 processes first")
-    b.add_argument("--taus", default="0,1,2", help="sparse --train: staleness values")
-    b.add_argument("--out-dir", default="runs/bench-sparse", help="sparse --train: where the runs go")
-    b.add_argument("--rounds", type=int, default=None,
-                   help="pipeline (default 3), distributed (default 8): rounds of alternating blocks of --steps")
-    b.add_argument("--rank-tokens", type=int, default=8192,
-                   help="distributed (blocks): tokens per rank before the balancing headroom (rows: tokens / 64)")
-    b.add_argument("--method", choices=["blocks", "runs"], default="blocks",
-                   help="distributed: alternate 1- and 2-process blocks in two long-lived processes (blocks), or "
-                        "separate training jobs one after another (runs)")
-    _add_bench_serve_args(b)  # serving
-    b.set_defaults(func=cmd_bench)
+    _add_bench_commands(sub)  # benchmarks: one subcommand each (mindgr.bench.registry)
     _add_serve_commands(sub)  # serving: export, recommend, serve
     _add_ids_commands(sub)  # semantic IDs: ids build
     return p
@@ -596,8 +450,8 @@ def main(argv=None) -> int:
     bad = [w for w in extra if "=" not in w or w.startswith("-")]
     if bad:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
-    if extra and args.command not in ("train", "bench"):
-        parser.error(f"overrides are for train and bench: {' '.join(extra)}")
+    if extra and args.command != "train" and not getattr(args, "takes_overrides", False):
+        parser.error(f"overrides are for train and the benchmarks with --config: {' '.join(extra)}")
     args.overrides = extra
     from mindgr.config import ConfigError
     from mindgr.datasets import DataError

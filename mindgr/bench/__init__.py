@@ -26,3 +26,29 @@ def quiet_run(cfg):
     cfg.train.epochs, cfg.train.max_steps = 10 ** 6, 0
     cfg.eval.every_epochs, cfg.run.ckpt_every, cfg.run.log_every = 0, 10 ** 9, 10 ** 9
     return cfg
+
+
+# ---- arguments every benchmark of a training config shares (each benchmark module declares its own
+# arguments with add_arguments(parser) and runs with run(args); mindgr.bench.registry lists them) ----------
+
+def add_config_arguments(parser, what: str = "the config to measure"):
+    """--config and --set; bare SECTION.KEY=VALUE words on the command line are overrides too."""
+    parser.add_argument("--config", help=f"{what} (YAML; default: the built-in defaults)")
+    parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                        help="override a config key (repeatable; bare SECTION.KEY=VALUE words work too)")
+    parser.set_defaults(takes_overrides=True)
+
+
+def add_out_argument(parser):
+    parser.add_argument("--out", help="also write the figures as JSON to this path")
+
+
+def config_overrides(args) -> list[str]:
+    """--set values, then the bare SECTION.KEY=VALUE words (the cli puts those in args.overrides)."""
+    return list(getattr(args, "set", None) or []) + list(getattr(args, "overrides", None) or [])
+
+
+def load_bench_config(args):
+    """The resolved config of --config and the overrides: a bad one is one ConfigError line before any work."""
+    from mindgr.config import load_config
+    return load_config(args.config, config_overrides(args))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mindgr.bench import write_result
+from mindgr.bench import add_config_arguments, add_out_argument, config_overrides, write_result
 from mindgr.bench.distributed_common import (BENCH_OVERRIDES, N, RANK_ROWS, RANK_TOKENS, SLACK, kuairand_lengths,
                                              machine_load, read_jsonl, run_training, temp_dir)
 
@@ -167,3 +167,17 @@ def bench_balance(config=None, overrides=(), steps: int = 20, out: str | None = 
     result["two_real_ranks"] = measure_two_ranks(config, overrides, steps) if real else None
     _print(cal, sims, result["two_real_ranks"])
     return write_result(result, out, default=lambda o: o.as_dict())
+
+
+def add_arguments(parser):
+    add_config_arguments(parser, "the benchmark model's config overrides apply to")
+    parser.add_argument("--steps", type=int, default=20, help="steps of the 2-process measurement")
+    parser.add_argument("--ranks", default="8,16,64", help="simulated rank counts")
+    parser.add_argument("--no-real", action="store_true", help="skip the 2-process msrun measurement")
+    add_out_argument(parser)
+
+
+def run(args) -> int:
+    bench_balance(args.config, config_overrides(args), steps=args.steps, out=args.out,
+                  ranks=[int(r) for r in args.ranks.split(",")], real=not args.no_real)
+    return 0

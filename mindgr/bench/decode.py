@@ -1,7 +1,7 @@
 """Per-step decode time, engine vs naive baseline, for a random-weight GR decoder of a Beauty-like shape.
 
-python -m mindgr.bench.decode [--beams 16 64] [--prompts 50 200] [--users 2] [--repeats 3] [--dim 64]
-    [--blocks 2] [--heads 2] [--threads N]
+mindgr bench decode [--beams 16 64] [--prompts 50 200] [--users 2] [--repeats 3] [--dim 64]
+    [--blocks 2] [--heads 2] [--threads N]          (also as python -m mindgr.bench.decode ...)
 
 Per configuration both searches run on the same users, alternating, `repeats` times after a warm-up
 (compiles); figures are medians per decode step (the Lt-1 steps after the prefill):
@@ -49,7 +49,7 @@ def build(args):
     return dec, PrefixTrie(codes, sizes), codes, backend, rng
 
 
-def run(args):
+def measure(args):
     from mindgr.ids.decode import DecodeStepCell, DecodingEngine
     dec, trie, codes, backend, rng = build(args)
     steps = dec.num_levels - 1
@@ -102,25 +102,26 @@ def run(args):
     return dict(backend=backend, items=int(codes.shape[0] - 1), dim=args.dim, results=results)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--beams", type=int, nargs="+", default=[16, 64])
-    ap.add_argument("--prompts", type=int, nargs="+", default=[50, 200])
-    ap.add_argument("--users", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--items", type=int, default=12101)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--blocks", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=2)
+def add_arguments(ap):
+    ap.add_argument("--beams", type=int, nargs="+", default=[16, 64], help="beam widths")
+    ap.add_argument("--prompts", type=int, nargs="+", default=[50, 200], help="prompt lengths (tokens)")
+    ap.add_argument("--users", type=int, default=2, help="users decoded together")
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats (medians)")
+    ap.add_argument("--items", type=int, default=12101, help="catalogue size")
+    ap.add_argument("--dim", type=int, default=64, help="decoder width")
+    ap.add_argument("--blocks", type=int, default=2, help="decoder blocks")
+    ap.add_argument("--heads", type=int, default=2, help="attention heads")
     ap.add_argument("--threads", type=int, default=0, help="MindSpore CPU threads (0: its default)")
-    ap.add_argument("--backend", default="auto")
+    ap.add_argument("--backend", default="auto", help="ops backend")
     ap.add_argument("--out", default=None, help="also write the JSON here")
-    args = ap.parse_args(argv)
+
+
+def run(args) -> int:
     if args.threads:
         from mindgr.runtime import limit_threads, select_device
         select_device()
         limit_threads(args.threads)
-    out = run(args)
+    out = measure(args)
     print(f"{'prompt':>6} {'beam':>4} | {'engine ms/step: model (prompt, beam) select masks':<52} | "
           f"{'naive ms/step: model select masks':<36} | step ratio | request ms engine / naive (ratio)")
     for r in out["results"]:
@@ -131,6 +132,14 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)
+    return 0
+
+
+def main(argv=None):
+    """`python -m mindgr.bench.decode`, as recorded in benchmarks/results: the same as `mindgr bench decode`."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

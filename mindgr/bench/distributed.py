@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mindgr.bench import write_result
+from mindgr.bench import add_config_arguments, add_out_argument, config_overrides, write_result
 from mindgr.bench.distributed_common import (BENCH_OVERRIDES, N, RANK_ROWS, RANK_TOKENS, SLACK, machine_load,
                                              read_jsonl, run_training, temp_dir)
 from mindgr.bench.scaling_blocks import VARIANTS
@@ -198,3 +198,27 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
           f"[95% {interval['eff_side_by_side'][0]:.3f}, {interval['eff_side_by_side'][1]:.3f}]; vs 1 process "
           f"alone {pooled['eff_vs_alone']:.3f} [{interval['eff_vs_alone'][0]:.3f}, {interval['eff_vs_alone'][1]:.3f}]")
     return write_result(result, out)
+
+
+def add_arguments(parser):
+    add_config_arguments(parser, "the benchmark model's config overrides apply to")
+    parser.add_argument("--steps", type=int, default=20, help="steps per block (blocks) or per run (runs)")
+    parser.add_argument("--rounds", type=int, default=8, help="blocks: rounds of alternating blocks of --steps")
+    parser.add_argument("--rank-tokens", type=int, default=RANK_TOKENS,
+                        help="blocks: tokens per rank before the balancing headroom (rows: tokens / 64)")
+    parser.add_argument("--method", choices=["blocks", "runs"], default="blocks",
+                        help="alternate 1- and 2-process blocks in two long-lived processes (blocks), or "
+                             "separate training jobs one after another (runs)")
+    add_out_argument(parser)
+
+
+def run(args) -> int:
+    from mindgr.config import ConfigError
+    if args.method == "runs":
+        if args.rank_tokens != RANK_TOKENS:
+            raise ConfigError("bench distributed: --rank-tokens applies to --method blocks only")
+        bench_scaling(args.config, config_overrides(args), steps=args.steps, out=args.out)
+    else:
+        bench_scaling_blocks(args.config, config_overrides(args), steps=args.steps, rounds=args.rounds,
+                             out=args.out, rank_tokens=args.rank_tokens)
+    return 0

@@ -1,7 +1,8 @@
 """Shared-prompt (tree) layout vs copied rows for GR training: tokens per user and training-step time.
 
-python -m mindgr.bench.gr_tree [--items 20 50] [--users 4] [--repeats 5] [--backend cpu]
-                               [--variants ntp:item ntp:pairs page_ntp:none ntp:none]
+mindgr bench gr-tree [--items 20 50] [--users 4] [--repeats 5] [--backend cpu]
+                     [--variants ntp:item ntp:pairs page_ntp:none ntp:none]
+(also as python -m mindgr.bench.gr_tree ...)
 
 A random-weight GR decoder of a Beauty-like shape (Lt = 4 levels 256/256/256/32, D = 64, 2 blocks,
 2 heads) and `users` random histories of `items` items (page_ntp: random pages of 1-4 items). Per
@@ -78,7 +79,7 @@ def _steps(objective, merger, histories, codes, args):
     return out
 
 
-def run(args):
+def measure(args):
     import mindspore as ms
     from mindgr.ops import set_backend
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -118,16 +119,27 @@ def run(args):
     return results
 
 
+def add_arguments(p):
+    p.add_argument("--items", type=int, nargs="+", default=[20, 50], help="history lengths (items)")
+    p.add_argument("--users", type=int, default=4, help="users in the batch")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats (medians)")
+    p.add_argument("--dim", type=int, default=64, help="decoder width")
+    p.add_argument("--catalogue", type=int, default=2000, help="items in the catalogue")
+    p.add_argument("--backend", default="cpu", help="ops backend")
+    p.add_argument("--variants", nargs="+", default=["ntp:item", "ntp:pairs", "page_ntp:none", "ntp:none"],
+                   help="objective:merger pairs")
+
+
+def run(args) -> int:
+    measure(args)
+    return 0
+
+
 def main(argv=None):
+    """`python -m mindgr.bench.gr_tree`, as recorded in benchmarks/results: the same as `mindgr bench gr-tree`."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--items", type=int, nargs="+", default=[20, 50])
-    p.add_argument("--users", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--catalogue", type=int, default=2000)
-    p.add_argument("--backend", default="cpu")
-    p.add_argument("--variants", nargs="+", default=["ntp:item", "ntp:pairs", "page_ntp:none", "ntp:none"])
-    run(p.parse_args(argv))
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

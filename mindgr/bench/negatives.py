@@ -89,3 +89,20 @@ NEGATIVE_VARIANTS = NegativeVariants({
     "shared_pool K=4096 fp16": _pool(4096, "loss.fp16_negatives=true"),
     "mixed K=4096 + in-batch 1024": ["loss.negatives=mixed", "loss.pool_size=4096", "loss.in_batch_size=1024"],
 })
+
+
+def add_arguments(parser):
+    from mindgr.bench import add_config_arguments, add_out_argument
+    add_config_arguments(parser, f"the config to measure (default: {DEFAULT_CONFIG})")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant")
+    parser.add_argument("--no-memory", action="store_true", help="skip the per-variant memory runs")
+    add_out_argument(parser)
+
+
+def run(args) -> int:
+    from mindgr.bench import config_overrides, load_bench_config
+    from mindgr.bench.backends import bench_variants
+    load_bench_config(args)  # validate first: one line for a bad config
+    bench_variants(args.config, config_overrides(args), NEGATIVE_VARIANTS, steps=args.steps,
+                   memory=not args.no_memory, out=args.out)
+    return 0

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import tempfile
 
-from mindgr.bench import run_block, write_result
+from mindgr.bench import (add_config_arguments, add_out_argument, config_overrides, load_bench_config, run_block,
+                          write_result)
 
 
 def bench_pipeline(cfg_path: str, overrides, steps: int = 20, rounds: int = 3, prefetch: int = 2,
@@ -47,3 +48,16 @@ def bench_pipeline(cfg_path: str, overrides, steps: int = 20, rounds: int = 3, p
         print(f"  {name:24s} {r['busy_fraction'] * 100:7.1f} {r['input_wait_fraction'] * 100:12.1f} "
               f"{r['step_time_s_mean'] * 1e3:8.1f} {r['real_tokens_per_s']:11.0f}")
     return write_result(result, out)
+
+
+def add_arguments(parser):
+    add_config_arguments(parser)
+    parser.add_argument("--steps", type=int, default=20, help="steps per block")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of alternating blocks of --steps")
+    add_out_argument(parser)
+
+
+def run(args) -> int:
+    load_bench_config(args)
+    bench_pipeline(args.config, config_overrides(args), steps=args.steps, rounds=args.rounds, out=args.out)
+    return 0

@@ -562,3 +562,65 @@ def wait_ready(proc, port: int, timeout: float = 900.0):
         time.sleep(0.3)
     stop_server(proc)
     raise RuntimeError(f"mindgr serve: not ready after {timeout:.0f} s")
+
+
+# ---- `mindgr bench serve`: its arguments and its run --------------------------------------------------
+
+def add_arguments(parser):
+    parser.add_argument("--run", help="run directory to serve")
+    parser.add_argument("--rates", default="25,50,100,200,400", help="open-loop arrival rates (requests/s)")
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds of arrivals per rate")
+    parser.add_argument("--max-requests", type=int, default=2000, help="at most this many requests per rate")
+    parser.add_argument("--p99-bound-ms", type=float, default=100.0, help="the p99 latency bound")
+    parser.add_argument("--k", type=int, default=10, help="items per request")
+    parser.add_argument("--batch-shapes", default="1,4,16,64", help="the server's batch shapes")
+    parser.add_argument("--threads", type=int, help="the server's MindSpore threads")
+    parser.add_argument("--index", default="exact", choices=["exact", "faiss-ivf"], help="the server's index")
+    parser.add_argument("--index-recall", action="store_true",
+                        help="instead of the load test, recall@k of faiss-ivf vs exact on the test users")
+    gr = parser.add_argument_group("--gr: a random-weight GR model of Beauty's shape, the decoding engine vs "
+                                   "the naive baseline side by side (no --run)")
+    gr.add_argument("--gr", action="store_true", help="run this grid instead of the load test of a run")
+    gr.add_argument("--beams", default="16,64,256", help="beam widths")
+    gr.add_argument("--prompts", default="50,200,1000", help="prompt lengths (tokens)")
+    gr.add_argument("--items", type=int, default=12101, help="catalogue size")
+    gr.add_argument("--dim", type=int, default=128, help="decoder width")
+    gr.add_argument("--blocks", type=int, default=4, help="decoder blocks")
+    gr.add_argument("--min-requests", type=int, default=6, help="at least this many requests per rate")
+    gr.add_argument("--bound-factor", type=float, default=5.0,
+                    help="p99 bound = this x the slower side's unloaded p50 (unless --gr-p99-bound-ms)")
+    gr.add_argument("--gr-p99-bound-ms", type=float, help="one fixed p99 bound for every cell")
+    gr.add_argument("--cell-budget", type=float, default=240.0, help="seconds of load per cell")
+    gr.add_argument("--rate-multiples", default="0.25,0.5,1,1.5,2,3,4,6,8,12",
+                    help="rates as multiples of each side's 1 / unloaded latency")
+    gr.add_argument("--gr-batch-shapes", default="1,2,4", help="user-batch shapes of both servers")
+    gr.add_argument("--gr-big-batch-shapes", default="1,2", help="shapes where beam x prompt >= 256 x 1000")
+    gr.add_argument("--memory-fraction", type=float, default=0.6,
+                    help="kill a server whose resident memory exceeds this fraction of the host's available "
+                         "memory (that cell records it; the grid goes on)")
+    gr.add_argument("--overlap-ab", action="store_true",
+                    help="engine with overlap on vs off, instead of engine vs naive")
+    parser.add_argument("--out", help="also write the figures as JSON to this path")
+
+
+def run(args) -> int:
+    if args.gr:
+        ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+        bench_serve_gr(beams=ints(args.beams), prompts=ints(args.prompts), items=args.items, dim=args.dim,
+                       blocks=args.blocks, k=args.k, duration=args.duration, max_requests=args.max_requests,
+                       min_requests=args.min_requests, bound_factor=args.bound_factor,
+                       p99_bound_ms=args.gr_p99_bound_ms, cell_budget_s=args.cell_budget,
+                       shapes=args.gr_batch_shapes, big_shapes=args.gr_big_batch_shapes, threads=args.threads,
+                       sides=("overlap-on", "overlap-off") if args.overlap_ab else ("engine", "naive"),
+                       multiples=[float(x) for x in args.rate_multiples.split(",")],
+                       memory_fraction=args.memory_fraction, out=args.out)
+        return 0
+    if not args.run:
+        raise ValueError("bench serve: --run RUN is required")
+    if args.index_recall:
+        bench_index_recall(args.run, k=args.k, threads=args.threads, out=args.out)
+        return 0
+    bench_serve(args.run, rates=[float(r) for r in args.rates.split(",")], duration=args.duration,
+                max_requests=args.max_requests, p99_bound_ms=args.p99_bound_ms, k=args.k,
+                shapes=args.batch_shapes, threads=args.threads, index=args.index, out=args.out)
+    return 0

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from mindgr.bench import write_result
+from mindgr.bench import add_config_arguments, add_out_argument, config_overrides, load_bench_config, write_result
 from mindgr.config import load_config
 
 
@@ -181,3 +181,21 @@ def _train_with_config(config, overrides, tau, out_dir: Path, name: str) -> Path
     if timed_out or code != 0:
         raise RuntimeError(f"bench sparse: run {name} failed (exit {code}):\n{err[-3000:]}")
     return out_dir / name
+
+
+def add_arguments(parser):
+    add_config_arguments(parser)
+    parser.add_argument("--topologies", default="2x2,8x8", help="modelled nodes x local ranks")
+    parser.add_argument("--model-steps", type=int, default=5, help="steps whose ids the traffic model uses")
+    parser.add_argument("--runs", default="", help="measured run directories to report (comma separated)")
+    parser.add_argument("--train", action="store_true", help="train the staleness runs on 4 processes first")
+    parser.add_argument("--taus", default="0,1,2", help="--train: staleness values")
+    parser.add_argument("--out-dir", default="runs/bench-sparse", help="--train: where the runs go")
+    add_out_argument(parser)
+
+
+def run(args) -> int:
+    load_bench_config(args)
+    bench_sparse(args.config, config_overrides(args), topologies=args.topologies, steps=args.model_steps,
+                 runs=args.runs, train=args.train, out_dir=args.out_dir, taus=args.taus, out=args.out)
+    return 0

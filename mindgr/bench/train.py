@@ -1,11 +1,13 @@
-"""`mindgr bench train`: real tokens/s, step time and MFU of the compiled training step of a config."""
+"""`mindgr bench train`: real tokens/s, step time and MFU of the compiled training step of a config
+(with --backends: several op backends side by side, mindgr.bench.backends)."""
 from __future__ import annotations
 
 import tempfile
 
 import numpy as np
 
-from mindgr.bench import quiet_run, write_result
+from mindgr.bench import (add_config_arguments, add_out_argument, config_overrides, load_bench_config, quiet_run,
+                          write_result)
 
 
 def _kernel_isa(backend: str) -> str | None:
@@ -58,3 +60,23 @@ def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -
     if result["peak_busy"]:
         print(f"  note: the host was busy while the peak was measured ({result['peak_busy']}): MFU reads high")
     return write_result(result, out)
+
+
+def add_arguments(parser):
+    add_config_arguments(parser)
+    parser.add_argument("--steps", type=int, default=20, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first, compile included")
+    parser.add_argument("--backends", help="compare op backends side by side, e.g. reference,cpu")
+    parser.add_argument("--no-memory", action="store_true", help="--backends: skip the per-backend memory runs")
+    add_out_argument(parser)
+
+
+def run(args) -> int:
+    cfg = load_bench_config(args)   # a bad config: one line before anything is built
+    if args.backends:
+        from mindgr.bench.backends import bench_backends
+        bench_backends(args.config, config_overrides(args), args.backends.split(","), steps=args.steps,
+                       memory=not args.no_memory, out=args.out)
+        return 0
+    bench_train(cfg, steps=args.steps, warmup=args.warmup, out=args.out)
+    return 0

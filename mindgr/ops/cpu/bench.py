@@ -1,4 +1,5 @@
 """Side-by-side timing of the jagged HSTU attention: C++ CPU kernels vs the padded MindSpore reference.
+Its command is `mindgr bench ops` (mindgr.bench.ops); from Python:
 
     from mindgr.ops.cpu.bench import bench_attention, lognormal_lengths
     bench_attention(lognormal_lengths(32, 1024), H=4, d=64, N=1024, repeats=3)
@@ -149,15 +150,3 @@ def bench_attention(lengths, H: int, d: int, N: int, repeats: int = 3, reference
         ms.set_context(mode=mode)
     return result
 
-
-if __name__ == "__main__":
-    import json
-    import sys
-
-    which = sys.argv[1] if len(sys.argv) > 1 else "small"
-    if which == "small":
-        res = bench_attention(lognormal_lengths(128, 200, seed=0), H=2, d=32, N=200, repeats=5)
-    else:
-        res = bench_attention(lognormal_lengths(32, 1024, seed=0), H=4, d=64, N=1024, repeats=3,
-                              reference="--no-reference" not in sys.argv)
-    print(json.dumps(res, indent=1))
