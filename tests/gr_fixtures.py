@@ -1,7 +1,6 @@
-"""Shared pieces of the generative-retrieval tests: random code tables, the backend they run on, and the
-graph-mode fixture (import `graph_mode` into a test module to use it there)."""
+"""Shared pieces of the generative-retrieval tests: random code tables and the backend they run on (a module
+selects GRAPH mode and that backend with `pytestmark = pytest.mark.graph_mode("auto")`, tests/conftest.py)."""
 import numpy as np
-import pytest
 
 
 def fast_backend():
@@ -31,16 +30,3 @@ def random_codes(rng, num_items, level_sizes):
             rows.append(t)
     return np.concatenate([np.zeros((1, len(sizes)), np.int32), np.asarray(rows, np.int32)])
 
-
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    """Graph mode on the CPU, the fast backend for the module, the previous backend restored after it."""
-    import mindspore as ms
-    from mindgr.ops import get_backend, set_backend
-    from mindgr.runtime import select_device
-    ms.set_context(mode=ms.GRAPH_MODE)
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    previous = get_backend()
-    fast_backend()
-    yield
-    set_backend(previous)

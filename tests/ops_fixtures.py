@@ -5,8 +5,8 @@ Tolerance (fp32): for every compared tensor, max|cpu - reference| <= rtol * max|
 RTOL = 2e-5 by default, i.e. relative to the scale of that output (the kernels and the reference sum in
 different orders; observed errors are ~1e-6 of the scale).
 
-Use: `pytestmark = needs_compiler` and `from ops_fixtures import graph_mode` (an autouse fixture: the
-import is what activates it in the test module).
+Use: `pytestmark = [needs_compiler, pytest.mark.graph_mode("cpu")]` (GRAPH mode with the kernels built and
+selected for the module, then the previous mode and backend restored: tests/conftest.py).
 """
 import functools
 import os
@@ -20,23 +20,6 @@ RTOL = 2e-5
 needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
                                     reason="g++ not found: the C++ CPU kernels cannot be built")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    """GRAPH mode for the module; the kernels must build (g++ is present when this runs)."""
-    import mindspore as ms
-    from mindgr.ops import cpu
-    reason = cpu.unavailable_reason()
-    assert reason is None, reason
-    try:  # before any kernel runs, so that a Trainer in the same process may set it again
-        from mindgr.runtime import select_device
-        select_device()  # CPU, once per process (set_device fails after kernels ran)
-    except RuntimeError:  # the runtime was started by an earlier module without a device: CPU anyway
-        pass
-    mode = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=mode)
 
 
 def assert_close(got, want, name, rtol=RTOL):

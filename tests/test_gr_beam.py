@@ -8,7 +8,9 @@ from mindspore import Tensor
 from mindgr.ids.beam import BeamError, beam_ranks, beam_search, topk_items
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder, RecomputeScorer, item_log_probs
-from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
+from gr_fixtures import fast_backend, random_codes  # noqa: F401
+
+pytestmark = pytest.mark.graph_mode("auto")
 
 
 

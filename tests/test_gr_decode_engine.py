@@ -17,9 +17,10 @@ from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder
 from mindgr.ops import set_backend
 from mindgr.ids.decode import DecodingEngine, select_partial
-from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
+from gr_fixtures import fast_backend, random_codes  # noqa: F401
 
-pytestmark = pytest.mark.slow  # engine vs naive over several models and beam widths (~20 s)
+# slow: engine vs naive over several models and beam widths (~20 s)
+pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 
 
 

@@ -26,7 +26,9 @@ from mindgr.models.generative import GRDecoder  # noqa: E402
 from mindgr.models.ntp import (NTPLoss, _row, batch_tensors, pack_rows, prompt_tokens,  # noqa: E402
                                user_rows)
 from mindgr.ops import set_backend  # noqa: E402
-from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: E402,F401
+from gr_fixtures import fast_backend, random_codes  # noqa: E402,F401
+
+pytestmark = pytest.mark.graph_mode("auto")
 
 SIZES = [4, 3, 2]
 D, H, DQK, DV, NBLK = 8, 2, 3, 4, 2

@@ -5,23 +5,18 @@ the merger on equals exhaustive scoring in test_gr_beam.py."""
 import numpy as np
 import pytest
 
-import mindspore as ms
 from mindspore import Tensor
 
 from mindgr.models.generative import GRDecoder
 from mindgr.models.ntp import drop_item_slots, group_width, prompt_tokens, tokens_per_prompt_item, user_rows
-from mindgr.ops import set_backend
 from gr_fixtures import random_codes
 
 SIZES = [4, 4, 3, 2]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindgr.runtime import select_device
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    set_backend("reference")
+pytestmark = pytest.mark.graph_mode("reference")
+
+
 
 
 @pytest.mark.parametrize("merger,factor", [("none", 1), ("item", 4), ("item_id", 4), ("pairs", 2)])

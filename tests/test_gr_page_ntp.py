@@ -13,7 +13,9 @@ from mindspore import Tensor
 
 from mindgr.models.generative import GRDecoder, item_log_probs
 from mindgr.models.ntp import NTPLoss, RowError, batch_tensors, pack_rows, user_rows
-from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
+from gr_fixtures import fast_backend, random_codes  # noqa: F401
+
+pytestmark = pytest.mark.graph_mode("auto")
 
 SIZES = [3, 3, 2]
 

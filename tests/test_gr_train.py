@@ -7,9 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from gr_fixtures import graph_mode, random_codes  # noqa: F401  (graph_mode: module fixture)
+from gr_fixtures import random_codes
 from mindgr.config import load_config
 from mindgr.runtime import select_device
+
+pytestmark = pytest.mark.graph_mode("auto")
 
 select_device()
 

@@ -15,9 +15,10 @@ from mindgr.models.ntp import NTPLoss, RowError, batch_tensors, pack_rows, user_
 from mindgr.models.tree import TreeCaps, TreeNTPLoss, pack_tree, tree_tensors, tree_tokens, tree_user
 from mindgr.ops import set_backend
 from test_gr_decoder import LossGrad, randomize
-from gr_fixtures import fast_backend, graph_mode, random_codes  # noqa: F401
+from gr_fixtures import fast_backend, random_codes  # noqa: F401
 
-pytestmark = pytest.mark.slow  # one graph compile per layout equality case (~40 s in all)
+# slow: one graph compile per layout equality case (~40 s in all)
+pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 
 SIZES = [4, 3, 2, 3]
 D, H, DQK, DV, NBLK = 8, 2, 3, 4, 2

@@ -20,7 +20,6 @@ for _p in (str(_HERE.parent), str(_HERE)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-import mindspore as ms  # noqa: E402
 from mindspore import Tensor  # noqa: E402
 
 import fuxi_numpy as fn  # noqa: E402
@@ -37,15 +36,7 @@ HAVE_CXX = shutil.which("g++") is not None
 BACKENDS = ["reference", pytest.param("cpu", marks=pytest.mark.skipif(not HAVE_CXX, reason="g++ not found"))]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    try:
-        ms.set_device("CPU")
-    except RuntimeError:
-        pass
-    yield
-    set_backend("reference")
+pytestmark = pytest.mark.graph_mode("reference")
 
 
 def make_batch(rng, lengths):

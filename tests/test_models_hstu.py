@@ -28,13 +28,11 @@ for _p in (str(_HERE.parent), str(_HERE)):
     if _p not in sys.path:  # make `mindgr` and `hstu_numpy` importable however pytest is launched
         sys.path.insert(0, _p)
 
-import mindspore as ms  # noqa: E402
 from mindspore import Tensor  # noqa: E402
 
 import hstu_numpy as hn  # noqa: E402
 from block_grad import BlockGrad  # noqa: E402
 from mindgr.models.hstu import HSTU, HSTUBlock  # noqa: E402
-from mindgr.ops import set_backend  # noqa: E402
 
 N, D, DQK, DV, NB = 4, 8, 3, 4, 16
 T_CAP, B_CAP = 12, 4
@@ -42,12 +40,9 @@ T_CAP, B_CAP = 12, 4
 LAYOUTS = [[0, 4, 1, 3], [2, 1, 0, 4], [4, 1, 3, 0]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindgr.runtime import select_device
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    set_backend("reference")
+pytestmark = pytest.mark.graph_mode("reference")
+
+
 
 
 def make_batch(rng, lengths):

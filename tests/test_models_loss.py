@@ -18,22 +18,17 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
     sys.path.insert(0, _ROOT)
 
-import mindspore as ms  # noqa: E402
 from mindspore import Parameter, Tensor, nn, ops  # noqa: E402
 
 from mindgr.models.losses import SampledSoftmaxLoss  # noqa: E402
-from mindgr.ops import set_backend  # noqa: E402
 
 V, D, T, R, B = 12, 6, 10, 5, 3
 TAU = 0.05
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindgr.runtime import select_device
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    set_backend("reference")
+pytestmark = pytest.mark.graph_mode("reference")
+
+
 
 
 def _unit(x):

@@ -16,22 +16,18 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
     sys.path.insert(0, _ROOT)
 
-import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
 from mindgr.models.sasrec import SASRec  # noqa: E402
-from mindgr.ops import reference, set_backend  # noqa: E402
+from mindgr.ops import reference  # noqa: E402
 
 N, T_CAP, H, DQK, DV = 4, 12, 2, 3, 4
 LAYOUTS = [[0, 4, 1, 3], [2, 1, 0, 4], [4, 1, 3, 0]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindgr.runtime import select_device
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    set_backend("reference")
+pytestmark = pytest.mark.graph_mode("reference")
+
+
 
 
 def offsets_of(lengths):

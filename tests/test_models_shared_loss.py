@@ -9,20 +9,15 @@ logits bounded by 1/tau = 20: float16 keeps ~3 significant digits of each cosine
 import numpy as np
 import pytest
 
-import mindspore as ms
 from mindspore import Tensor
 
 from mindgr.models.losses import SharedNegativesLoss
-from mindgr.ops import set_backend
 from test_models_loss import TAU, D, T, V, TinyEncoder, _batch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    from mindgr.runtime import select_device
-    select_device()  # CPU, once per process (set_device fails after kernels ran)
-    set_backend("reference")
+pytestmark = pytest.mark.graph_mode("reference")
+
+
 
 
 def numpy_shared(emb, w, ids, targets, cand, corr, tau):

@@ -22,9 +22,9 @@ import sys
 import numpy as np
 import pytest
 
-from ops_fixtures import RTOL, assert_close, graph_mode, needs_compiler  # noqa: E402,F401
+from ops_fixtures import RTOL, assert_close, needs_compiler  # noqa: E402,F401
 
-pytestmark = needs_compiler
+pytestmark = [needs_compiler, pytest.mark.graph_mode("cpu")]
 
 import mindspore as ms  # noqa: E402
 from mindspore import nn, ops  # noqa: E402

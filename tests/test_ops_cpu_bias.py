@@ -11,9 +11,9 @@ row order, see bias_attention.cc). Tolerance as in ops_fixtures (2e-5 of each ou
 import numpy as np
 import pytest
 
-from ops_fixtures import assert_close, graph_mode, needs_compiler  # noqa: F401
+from ops_fixtures import assert_close, needs_compiler  # noqa: F401
 
-pytestmark = needs_compiler
+pytestmark = [needs_compiler, pytest.mark.graph_mode("cpu")]
 
 import mindspore as ms  # noqa: E402
 from mindspore import nn  # noqa: E402

@@ -13,10 +13,11 @@ and the block run in PyNative (same kernels and bprops, no compile per shape: te
 """
 
 import numpy as np
+import pytest
 
-from ops_fixtures import RTOL, assert_close, graph_mode, needs_compiler, pynative  # noqa: F401
+from ops_fixtures import RTOL, assert_close, needs_compiler, pynative  # noqa: F401
 
-pytestmark = needs_compiler
+pytestmark = [needs_compiler, pytest.mark.graph_mode("cpu")]
 
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402

@@ -19,9 +19,9 @@ import json
 import numpy as np
 import pytest
 
-from ops_fixtures import assert_close, graph_mode, needs_compiler  # noqa: E402,F401
+from ops_fixtures import assert_close, needs_compiler  # noqa: E402,F401
 
-pytestmark = needs_compiler
+pytestmark = [needs_compiler, pytest.mark.graph_mode("cpu")]
 
 import mindspore as ms  # noqa: E402
 from mindspore import nn  # noqa: E402

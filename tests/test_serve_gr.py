@@ -6,21 +6,16 @@ per batch (for overload and drain). Lists are checked against direct engine call
 thread scheduling of the kernels) and between the engine and the naive baseline.
 """
 import asyncio
-import os
-import sys
 
 import httpx
 import numpy as np
 import pytest
 
 from conftest import REPO
+from mindgr.bench.serve import free_port, launch_server, server_log, stop_server, wait_ready
 
-sys.path.insert(0, os.path.dirname(__file__))
-from gr_fixtures import graph_mode  # noqa: E402,F401
-
-from mindgr.bench.serve import free_port, launch_server, server_log, stop_server, wait_ready  # noqa: E402
-
-pytestmark = pytest.mark.slow  # two real servers (~35 s on a quiet host, 90 s at load average 13)
+# slow: two real servers (~35 s on a quiet host, 90 s at load average 13)
+pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 
 SPEC = "items=300,prompt=40,dim=16,blocks=2,heads=2,seed=0,levels=8x8x8x4"
 BEAM = 8

@@ -2,11 +2,12 @@
 back (mindspore.load + nn.GraphCell), give bit-identical outputs to the in-memory cells, and a decoding
 engine running on the loaded graphs gives the same lists; the code table and trie arrays round-trip."""
 import numpy as np
-
-from gr_fixtures import graph_mode  # noqa: F401
+import pytest
 
 from mindgr.serve import generative as gr
 from mindgr.serve.export import export_generative, load_generative_export
+
+pytestmark = pytest.mark.graph_mode("auto")
 
 
 def test_gr_export_round_trip_is_bit_identical(tmp_path):

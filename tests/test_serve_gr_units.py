@@ -5,10 +5,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from gr_fixtures import graph_mode  # noqa: F401
-
 from mindgr.serve import generative as gr
 from mindgr.serve.recommend import RequestError
+
+pytestmark = pytest.mark.graph_mode("auto")
 
 
 @pytest.fixture(scope="module")
