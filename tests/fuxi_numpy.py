@@ -63,3 +63,65 @@ def fuxi_encoder(ids, positions, offsets, timestamps, item_emb, pos_emb, blocks,
                        None if drop is None else drop[1 + 2 * i], None if drop is None else drop[2 + 2 * i],
                        request_times)
     return l2_normalize(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# A second, independent form: the published implementation's padded formulation (one [B, N, N]
+# attention map per channel, the time gaps from the "next time" convention on a padded [B, N + 1]
+# time array whose slot after each row holds its request time), written from the equations and
+# sharing nothing with the loops above but silu/bucket. It returns every intermediate tensor so a
+# test can compare MindGR's block with it one tensor at a time.
+
+def _pad(vals, offsets, n):
+    b = len(offsets) - 1
+    out = np.zeros((b, n) + vals.shape[1:], np.float64)
+    for r in range(b):
+        s, e = int(offsets[r]), int(offsets[r + 1])
+        out[r, : e - s] = vals[s:e]
+    return out
+
+
+def _unpad(padded, offsets, t):
+    out = np.zeros((t,) + padded.shape[2:], np.float64)
+    for r in range(len(offsets) - 1):
+        s, e = int(offsets[r]), int(offsets[r + 1])
+        out[s:e] = padded[r, : e - s]
+    return out
+
+
+def dense_block(x, offsets, timestamps, p, h, dqk, dv, n, request_times=None):
+    """-> dict of u, v, q, k [T, ...], pos, ts, sem [T, H, dv], a [T, C*H*dv], o, hid, y [T, .]."""
+    t, b = x.shape[0], len(offsets) - 1
+    c = 3 if p["w_ts"] is not None else 2
+    z = silu(rms_norm(x) @ p["w_uvqk"])
+    cw = c * h * dv
+    u, v, q, k = np.split(z, [cw, cw + h * dv, cw + h * dv + h * dqk], axis=1)
+    vp = _pad(v.reshape(t, h, dv), offsets, n)                       # [B, N, H, dv]
+    qp, kp = _pad(q.reshape(t, h, dqk), offsets, n), _pad(k.reshape(t, h, dqk), offsets, n)
+    causal = np.tril(np.ones((n, n)))
+    idx = np.arange(n)
+    pos_map = p["w_pos"][n - 1 + idx[None, :] - idx[:, None]] * causal          # [N, N]
+    sem_map = silu(np.einsum("bihd,bjhd->bhij", qp, kp)) / n * causal            # [B, H, N, N]
+    out = {"u": u, "v": v, "q": q, "k": k,
+           "pos": _unpad(np.einsum("ij,bjhd->bihd", pos_map, vp), offsets, t),
+           "sem": _unpad(np.einsum("bhij,bjhd->bihd", sem_map, vp), offsets, t)}
+    chans = [out["pos"]]
+    if p["w_ts"] is not None:
+        ext = np.zeros((b, n + 1), np.int64)                          # the time after each position
+        for r in range(b):
+            s, e = int(offsets[r]), int(offsets[r + 1])
+            ext[r, : e - s] = timestamps[s:e]
+            ext[r, e - s] = timestamps[e - 1] if request_times is None and e > s else (
+                request_times[r] if request_times is not None else 0)
+        nb = len(p["w_ts"]) - 1
+        gaps = ext[:, 1:, None] - ext[:, None, :-1]                   # tq_i - t_j, [B, N, N]
+        ts_map = p["w_ts"][np.vectorize(lambda g: bucket(g, nb))(gaps)] * causal
+        out["ts"] = _unpad(np.einsum("bij,bjhd->bihd", ts_map, vp), offsets, t)
+        chans.append(out["ts"])
+    chans.append(out["sem"])
+    out["a"] = np.stack(chans, 2).reshape(t, cw)                      # per head: pos, ts, sem
+    out["o"] = u * rms_norm(out["a"])
+    out["hid"] = x + out["o"] @ p["w_o"] + p["b_o"]
+    g = rms_norm(out["hid"])
+    out["y"] = out["hid"] + (silu(g @ p["w_1"] + p["b_1"]) * (g @ p["w_2"] + p["b_2"])) @ p["w_3"] + p["b_3"]
+    return out

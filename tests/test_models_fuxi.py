@@ -259,3 +259,65 @@ def test_request_time_reaches_the_temporal_channel():
     np.testing.assert_allclose(out.asnumpy()[:total], ref[:total], rtol=1e-4, atol=1e-5)
     old = fn.fuxi_encoder(ids, positions, offsets, ts, item_emb, pos_emb, _numpy_blocks(enc), h, DQK, DV, N)
     assert np.abs(ref[:total] - old[:total]).max() > 1e-3     # the request times do matter here
+
+
+class _Channels(ms.nn.Cell):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def construct(self, x, offsets, timestamps, request_times):
+        u, a = self.block.gate_and_channels(x, offsets, timestamps, request_times)
+        return u, a, self.block(x, offsets, timestamps, request_times)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("time_bias", [True, False])
+def test_block_tensor_by_tensor_against_the_published_padded_form(backend, time_bias):
+    """MindGR's block against fuxi_numpy.dense_block (the published implementation's padded [B, N, N]
+    maps, written apart from the loop oracle) one tensor at a time: the gate u, each channel of each
+    head (positional, temporal, semantic), the block output; then gradients of every parameter and x
+    as directional derivatives of the padded form. N = 16 with long-tailed rows (16, 9, 5, 1, 0)."""
+    set_backend(backend)
+    n, h, t_cap = 16, 2, 36
+    rng = np.random.default_rng([21, int(time_bias)])
+    block = FuXiBlock(rng, D, h, DQK, DV, n, NB, time_bias, D * FFN, "blk")
+    values = randomize(block, rng)
+    lengths = [16, 0, 1, 9, 5]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    total = int(offsets[-1])
+    gaps = rng.choice([0, 1, 2, 3, 5, 9, 30, 10 ** 6], p=[.3, .1, .1, .1, .1, .1, .15, .05], size=t_cap)
+    ts = (1_600_000_000 + np.cumsum(gaps * np.where(rng.random(t_cap) < 0.1, -1, 1))).astype(np.int64)
+    req = ts[np.maximum(offsets[1:] - 1, 0)] + np.array([7, 0, 10 ** 5, 2, 0])
+    x = rng.standard_normal((t_cap, D)).astype(np.float32)
+    u, a, y = (r.asnumpy() for r in _Channels(block)(Tensor(x), Tensor(offsets), Tensor(ts), Tensor(req)))
+    ref = fn.dense_block(x.astype(np.float64), offsets, ts, values, h, DQK, DV, n, request_times=req)
+    c = 3 if time_bias else 2
+    np.testing.assert_allclose(u[:total], ref["u"][:total], rtol=1e-5, atol=1e-6)
+    per_head = a[:total].reshape(total, h, c, DV)
+    names = ["pos", "ts", "sem"] if time_bias else ["pos", "sem"]
+    for ch, name in enumerate(names):
+        np.testing.assert_allclose(per_head[:, :, ch], ref[name][:total], rtol=1e-4, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(y[:total], ref["y"][:total], rtol=1e-4, atol=1e-5)
+    # the loop oracle and the padded form are one function
+    loop = fn.fuxi_block(x.astype(np.float64), offsets, ts, values, h, DQK, DV, n, request_times=req)
+    np.testing.assert_allclose(loop[:total], ref["y"][:total], rtol=1e-10, atol=1e-10)
+
+    grad_cell = BlockGrad(block)
+    cot = rng.standard_normal((t_cap, D)).astype(np.float32)
+    cot[total:] = 0.0
+    (_, _), (gx, gw) = grad_cell(Tensor(x), Tensor(offsets), Tensor(ts), Tensor(cot))
+    grads = {"x": gx.asnumpy(), **{short(p): g.asnumpy() for p, g in zip(grad_cell.weights, gw)}}
+    p = dict(values, x=x.astype(np.float64))
+    eps = 1e-5
+
+    def f(q):  # the block without request times (BlockGrad's call), summed against the cotangent
+        return (fn.dense_block(q["x"], offsets, ts, q, h, DQK, DV, n)["y"] * cot).sum()
+
+    for name, g in grads.items():
+        d = rng.standard_normal(g.shape)
+        plus, minus = dict(p), dict(p)
+        plus[name], minus[name] = p[name] + eps * d, p[name] - eps * d
+        fd = (f(plus) - f(minus)) / (2 * eps)
+        an = float((g.astype(np.float64) * d).sum())
+        assert abs(an - fd) <= 3e-4 * float(np.abs(g * d).sum()) + 1e-6, (name, an, fd)

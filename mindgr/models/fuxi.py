@@ -65,7 +65,9 @@ class FuXiBlock(nn.Cell):
         self.b_3 = param(np.zeros(dim, np.float32), f"{prefix}.b_3")
         self.zero_pos = ops.zeros((2 * max_len - 1,), ms.float32)  # the semantic channel has no bias
 
-    def construct(self, x, offsets, timestamps, request_times=None, drop_attn=None, drop_ffn=None):
+    def gate_and_channels(self, x, offsets, timestamps, request_times=None):
+        """(u [T, C*H*dv], a [T, C*H*dv]): the gate and the channels before their RMSNorm, per head in the
+        order positional, temporal, semantic (the tests compare them with the published form)."""
         t = x.shape[0]
         hv, hqk = self.h * self.dv, self.h * self.dqk
         z = ops.silu(ops.matmul(rms_norm(x), self.w_uvqk))
@@ -76,7 +78,10 @@ class FuXiBlock(nn.Cell):
         biased = jagged_bias_attention(v, offsets, timestamps, self.w_pos, self.w_ts, self.max_len,
                                        request_times)                                 # [T,H,C-1,dv]
         semantic = jagged_hstu_attention(q, k, v, offsets, timestamps, self.zero_pos, None, self.max_len)
-        a = ops.concat((biased, semantic[:, :, None, :]), 2).reshape(t, self.channels * hv)
+        return u, ops.concat((biased, semantic[:, :, None, :]), 2).reshape(t, self.channels * hv)
+
+    def construct(self, x, offsets, timestamps, request_times=None, drop_attn=None, drop_ffn=None):
+        u, a = self.gate_and_channels(x, offsets, timestamps, request_times)
         o = u * rms_norm(a)
         if drop_attn is not None:
             o = apply_dropout(o, drop_attn)
