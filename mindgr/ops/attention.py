@@ -31,5 +31,5 @@ def jagged_bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int, req
 
 
 def jagged_softmax_attention(q, k, v, offsets, max_len: int):
-    # Only the reference provides it (SASRec is the baseline, not an accelerated path).
+    # cpu: softmax_attention.cc (online softmax, no [B, N, N] tensor); elsewhere the padded reference
     return ACTIVE["softmax_attention"](q, k, v, offsets, max_len)

@@ -3,6 +3,7 @@
     hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len, request_times=None) -> [T, H, dv]
     bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len, request_times=None) -> [T, H, C, dv]
                                                                                    (bias_attention.cc)
+    softmax_attention(q, k, v, offsets, max_len) -> [T, H, dv]     (softmax_attention.cc: online softmax)
     jagged_to_padded(values, offsets, max_len) -> [B, N, *F]
     padded_to_jagged(padded, offsets, num_tokens) -> [T, *F]
     sampled_logits(out, table, ids, score_all=False) -> [T, R]  (score_all: ignored)
@@ -28,6 +29,8 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrBiasAttnFwdNoTs(v, offsets, w_pos, carrier_N) -> out [T, H, 1, dv]
     MindgrBiasAttnBwd(v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N, dout) -> dv, dw_pos, dw_ts
     MindgrBiasAttnBwdNoTs(v, offsets, w_pos, carrier_N, dout) -> dv, dw_pos
+    MindgrSoftmaxAttnFwd(q, k, v, offsets, carrier_N) -> out [T, H, dv], lse [T, H]
+    MindgrSoftmaxAttnBwd(q, k, v, offsets, carrier_N, out, lse, dout) -> dq, dk, dv
     MindgrJaggedToPadded(values, offsets, carrier_N) -> padded      (gradient: MindgrPaddedToJagged)
     MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
     MindgrSampledLogits(out, table, ids) -> logits                  (gradient: MindgrSampledLogitsBwd)
@@ -78,6 +81,7 @@ _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBw
             "MindgrBiasAttnFwd", "MindgrBiasAttnFwdNoTs", "MindgrBiasAttnBwd", "MindgrBiasAttnBwdNoTs",
             "MindgrLayerNorm", "MindgrLayerNormBwd", "MindgrGatedLayerNorm", "MindgrGatedLayerNormBwd",
             "MindgrSiluSplit", "MindgrSiluSplitBwd", "MindgrL2Normalize", "MindgrL2NormalizeBwd",
+            "MindgrSoftmaxAttnFwd", "MindgrSoftmaxAttnBwd",
             "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
             "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe", "mindgr_parallel_probe")
 
@@ -303,6 +307,28 @@ class _Primitives:
                         lambda v, o, wp, c: [v[0], v[1], 1, v[2]],
                         lambda v, o, wp, c: v, bprop)
         return self._get("bias_fwd", make)
+
+    # Causal softmax attention (softmax_attention.cc); the forward also returns lse [T, H] ----------
+    @property
+    def softmax_bwd(self):
+        return self._get("softmax_bwd", lambda: _aot(
+            "MindgrSoftmaxAttnBwd",
+            lambda q, k, v, o, c, out, lse, d: (q, k, v),
+            lambda q, k, v, o, c, out, lse, d: (q, k, v)))
+
+    @property
+    def softmax_fwd(self):
+        def make():
+            bwd = self.softmax_bwd
+
+            def bprop(q, k, v, off, car, out, dout):
+                dq, dk, dv = bwd(q, k, v, off, car, out[0], out[1], dout[0])
+                return dq, dk, dv, ops.zeros_like(off), ops.zeros_like(car)
+
+            return _aot("MindgrSoftmaxAttnFwd",
+                        lambda q, k, v, o, c: (v, [q[0], q[1]]),
+                        lambda q, k, v, o, c: (v, v), bprop)
+        return self._get("softmax_fwd", make)
 
     # Jagged <-> padded (each one's gradient is the other) -------------------------------------
     @property
@@ -561,6 +587,16 @@ def bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int, request_ti
     return _as(out, dtype)
 
 
+def softmax_attention(q, k, v, offsets, max_len: int):
+    """Causal softmax attention per row and head, scores q.k / sqrt(d), rows cut to max_len; see reference.
+    Online softmax over blocks of keys (no [B, N, N] tensor); the backward recomputes the weights from
+    the forward's log-sum-exp. Deterministic and independent of the thread count."""
+    dtype = q.dtype
+    out = _P.softmax_fwd(_as(q, ms.float32), _as(k, ms.float32), _as(v, ms.float32), offsets,
+                         _zeros_carrier(max_len))
+    return _as(out[0], dtype)
+
+
 def jagged_to_padded(values, offsets, max_len: int):
     """values [T, *F] -> [B, N, *F], zeros past each row's length (rows longer than N are cut)."""
     return _P.j2p(values, offsets, _zeros_carrier(max_len))
@@ -653,8 +689,9 @@ def silu_split(x, widths):
     return tuple(_as(o, dtype) for o in outs)
 
 
-# The backend registry's view of this module (mindgr.ops.backend); softmax_attention is reference-only.
-PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention, "jagged_to_padded": jagged_to_padded,
+# The backend registry's view of this module (mindgr.ops.backend).
+PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention,
+            "softmax_attention": softmax_attention, "jagged_to_padded": jagged_to_padded,
             "padded_to_jagged": padded_to_jagged, "sampled_logits": sampled_logits,
             "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse,
             "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm, "silu_split": silu_split,
