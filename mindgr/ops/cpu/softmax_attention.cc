@@ -9,7 +9,9 @@
 //   dq_i = sum_j ds_ij k_j / sqrt(d),  dk_j = sum_i ds_ij q_i / sqrt(d),  dv_j = sum_i p_ij dout_i
 // Both passes work on packed, zero-padded copies of one (row, head): q, k, v, dout as [L][d rounded
 // up to vectors], and k (and v for the backward) transposed, [d][L rounded up], so that the scores of
-// VL keys are one vector FMA per feature.
+// VL keys are one vector FMA per feature.  Queries go in groups of QT = 4: each vector of transposed
+// keys loaded serves the 4 queries (4 independent FMA chains), and the backward adds the group's 4
+// rank-1 updates to a key's dk and dv rows in one read-modify-write.
 //
 // Work items are (row, head) pairs, taken by threads from a shared counter, longest rows first.  An
 // item writes only its own tokens' slice of head h (outputs and gradients alike; there are no weights
@@ -66,15 +68,45 @@ struct Problem {
   }
 };
 
-// scores[j0 .. j0 + n) = (q . k_j) * scale for the packed query qi [D] and transposed keys kt [D][np]; n a
-// multiple of VL (keys past the row are zero and masked by the caller).
-inline void block_scores(const float* qi, const float* kt, int D, int np, int j0, int n, float scale,
-                         float* scores) {
+// The scores of QT queries at once: out[r * ostride + j] = (q_r . k_{j0 + j}) * scale for r < QT, j < n (a
+// multiple of VL).  Each vector of keys loaded from kt serves all QT queries (the transposed keys are
+// read once per QT queries instead of once per query), and the QT sums are independent FMA chains.
+constexpr int QT = 4;
+inline void tile_scores(const float* const* q, const float* kt, int D, int np, int j0, int n, float scale,
+                        float* out, size_t ostride) {
+  const vf sv = vbcast(scale);
   for (int j = 0; j < n; j += VL) {
-    vf acc = vzero();
+    vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
     const float* kc = kt + j0 + j;
-    for (int c = 0; c < D; ++c) acc += vbcast(qi[c]) * vload(kc + size_t(c) * np);
-    vstore(scores + j, acc * vbcast(scale));
+    for (int c = 0; c < D; ++c) {
+      const vf x = vload(kc + size_t(c) * np);
+      a0 += vbcast(q[0][c]) * x;
+      a1 += vbcast(q[1][c]) * x;
+      a2 += vbcast(q[2][c]) * x;
+      a3 += vbcast(q[3][c]) * x;
+    }
+    vstore(out + j, a0 * sv);
+    vstore(out + ostride + j, a1 * sv);
+    vstore(out + 2 * ostride + j, a2 * sv);
+    vstore(out + 3 * ostride + j, a3 * sv);
+  }
+}
+
+// out[0 .. nv * VL) += sum_{j < n} w[j] * rows[j * stride ..]: per vector of features, four partial sums
+// over the keys (independent chains), added in a fixed order.
+inline void add_weighted_rows(const float* w, const float* rows, size_t stride, int n, int nv, float* out) {
+  for (int c = 0; c < nv; ++c) {
+    vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+    const float* r = rows + c * VL;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+      a0 += vbcast(w[j]) * vload(r + j * stride);
+      a1 += vbcast(w[j + 1]) * vload(r + (j + 1) * stride);
+      a2 += vbcast(w[j + 2]) * vload(r + (j + 2) * stride);
+      a3 += vbcast(w[j + 3]) * vload(r + (j + 3) * stride);
+    }
+    for (; j < n; ++j) a0 += vbcast(w[j]) * vload(r + j * stride);
+    vstore(out + c * VL, vload(out + c * VL) + ((a0 + a1) + (a2 + a3)));
   }
 }
 
@@ -108,7 +140,7 @@ bool forward(const Problem& p, float* out, float* lse) {
   std::memset(out, 0, sizeof(float) * size_t(p.T) * p.H * p.DV);
   std::memset(lse, 0, sizeof(float) * size_t(p.T) * p.H);
   const int N = p.N, NP = p.NP(), D = p.D, DP = p.DP, DVP = p.DVP, NVV = DVP / VL;
-  const size_t scratch = size_t(N) * DP + size_t(D) * NP + size_t(N) * DVP + size_t(N) * DVP + KB;
+  const size_t scratch = size_t(N) * DP + size_t(D) * NP + size_t(N) * DVP + size_t(N) * DVP + size_t(QT) * KB;
   const float neg_inf = -std::numeric_limits<float>::infinity();  // the running maximum before any key
   return for_items(p, scratch, [&](int b, int h, float* sc) {
     const int L = p.len(b);
@@ -117,39 +149,51 @@ bool forward(const Problem& p, float* out, float* lse) {
     float* kt = qs + size_t(N) * DP;           // [D][NP]
     float* vs = kt + size_t(D) * NP;           // [N][DVP]
     float* os = vs + size_t(N) * DVP;          // [N][DVP]
-    float* scores = os + size_t(N) * DVP;      // [KB]
+    float* scores = os + size_t(N) * DVP;      // [QT][KB]
     p.pack(p.q, D, DP, b, h, qs);
     p.pack_t(p.k, D, NP, b, h, kt);
     p.pack(p.v, p.DV, DVP, b, h, vs);
-    for (int i = 0; i < L; ++i) {
-      float* acc = os + size_t(i) * DVP;
-      std::fill(acc, acc + DVP, 0.0f);
-      float m = neg_inf, l = 0.0f;
-      for (int j0 = 0; j0 <= i; j0 += KB) {
-        const int n = std::min(KB, round_up(i + 1 - j0, VL));    // whole vectors; keys > i masked below
-        block_scores(qs + size_t(i) * DP, kt, D, NP, j0, n, p.scale, scores);
-        const int last = std::min(i + 1 - j0, n);                // keys j0 .. j0 + last - 1 are causal
-        float m_new = m;
-        for (int j = 0; j < last; ++j) m_new = std::max(m_new, scores[j]);
-        const float alpha = std::exp(m - m_new);                 // 0 on the first block (m = -inf)
-        const vf mb = vbcast(m_new);
-        for (int j = 0; j < n; j += VL) vstore(scores + j, vexp(vload(scores + j) - mb));
-        for (int j = last; j < n; ++j) scores[j] = 0.0f;        // masked keys weigh exactly 0
-        vf lv = vzero();
-        for (int j = 0; j < n; j += VL) lv += vload(scores + j);
-        l = l * alpha + hsum(lv);
-        const vf av = vbcast(alpha);
-        for (int c = 0; c < NVV; ++c) vstore(acc + c * VL, vload(acc + c * VL) * av);
-        for (int j = 0; j < last; ++j) {
-          const vf w = vbcast(scores[j]);
-          const float* vj = vs + size_t(j0 + j) * DVP;
-          for (int c = 0; c < NVV; ++c) vstore(acc + c * VL, vload(acc + c * VL) + w * vload(vj + c * VL));
-        }
-        m = m_new;
+    for (int i0 = 0; i0 < L; i0 += QT) {
+      const int nq = std::min(QT, L - i0), ilast = i0 + nq - 1;
+      const float* qrow[QT];
+      float m[QT], l[QT];
+      for (int r = 0; r < QT; ++r) {
+        qrow[r] = qs + size_t(i0 + std::min(r, nq - 1)) * DP;   // a missing query repeats the last (unused)
+        m[r] = neg_inf;
+        l[r] = 0.0f;
+        if (r < nq) std::fill(os + size_t(i0 + r) * DVP, os + size_t(i0 + r + 1) * DVP, 0.0f);
       }
-      const vf inv = vbcast(1.0f / l);
-      for (int c = 0; c < NVV; ++c) vstore(acc + c * VL, vload(acc + c * VL) * inv);
-      lse[(s + i) * p.H + h] = m + std::log(l);
+      for (int j0 = 0; j0 <= ilast; j0 += KB) {
+        const int n = std::min(KB, round_up(ilast + 1 - j0, VL));
+        tile_scores(qrow, kt, D, NP, j0, n, p.scale, scores, KB);
+        for (int r = 0; r < nq; ++r) {
+          const int i = i0 + r;
+          if (j0 > i) continue;
+          float* sr = scores + r * KB;
+          float* acc = os + size_t(i) * DVP;
+          const int last = std::min(i + 1 - j0, n);              // keys j0 .. j0 + last - 1 are causal
+          const int nv = round_up(last, VL);
+          float m_new = m[r];
+          for (int j = 0; j < last; ++j) m_new = std::max(m_new, sr[j]);
+          const float alpha = std::exp(m[r] - m_new);            // 0 on the first block (m = -inf)
+          const vf mb = vbcast(m_new);
+          for (int j = 0; j < nv; j += VL) vstore(sr + j, vexp(vload(sr + j) - mb));
+          for (int j = last; j < nv; ++j) sr[j] = 0.0f;          // masked keys weigh exactly 0
+          vf lv = vzero();
+          for (int j = 0; j < nv; j += VL) lv += vload(sr + j);
+          l[r] = l[r] * alpha + hsum(lv);
+          const vf av = vbcast(alpha);
+          for (int c = 0; c < NVV; ++c) vstore(acc + c * VL, vload(acc + c * VL) * av);
+          add_weighted_rows(sr, vs + size_t(j0) * DVP, DVP, last, NVV, acc);
+          m[r] = m_new;
+        }
+      }
+      for (int r = 0; r < nq; ++r) {
+        float* acc = os + size_t(i0 + r) * DVP;
+        const vf inv = vbcast(1.0f / l[r]);
+        for (int c = 0; c < NVV; ++c) vstore(acc + c * VL, vload(acc + c * VL) * inv);
+        lse[(s + i0 + r) * p.H + h] = m[r] + std::log(l[r]);
+      }
     }
     p.unpack(os, p.DV, DVP, b, h, out);
   });
@@ -161,7 +205,7 @@ bool backward(const Problem& p, const float* out, const float* lse, const float*
   std::memset(dk, 0, sizeof(float) * size_t(p.T) * p.H * p.D);
   std::memset(dv, 0, sizeof(float) * size_t(p.T) * p.H * p.DV);
   const int N = p.N, NP = p.NP(), D = p.D, DP = p.DP, DV = p.DV, DVP = p.DVP, NV = DP / VL, NVV = DVP / VL;
-  const size_t scratch = 3 * size_t(N) * DP + size_t(D) * NP + size_t(DV) * NP + 3 * size_t(N) * DVP + 2 * size_t(NP);
+  const size_t scratch = 3 * size_t(N) * DP + size_t(D) * NP + size_t(DV) * NP + 3 * size_t(N) * DVP + 2 * size_t(QT) * NP;
   return for_items(p, scratch, [&](int b, int h, float* sc) {
     const int L = p.len(b);
     const int64_t s = p.off[b];
@@ -173,8 +217,8 @@ bool backward(const Problem& p, const float* out, const float* lse, const float*
     float* gs = vt + size_t(DV) * NP;          // [N][DVP] dout
     float* os = gs + size_t(N) * DVP;          // [N][DVP] out
     float* dvs = os + size_t(N) * DVP;         // [N][DVP]
-    float* pr = dvs + size_t(N) * DVP;         // [NP] weights p_ij of one query
-    float* ds = pr + NP;                       // [NP] dp_ij, then ds_ij
+    float* prt = dvs + size_t(N) * DVP;        // [QT][NP] s_ij, then p_ij, of QT queries
+    float* dst = prt + size_t(QT) * NP;        // [QT][NP] dp_ij, then ds_ij
     p.pack(p.q, D, DP, b, h, qs);
     p.pack(p.k, D, DP, b, h, ks);
     p.pack_t(p.k, D, NP, b, h, kt);
@@ -185,38 +229,63 @@ bool backward(const Problem& p, const float* out, const float* lse, const float*
     std::fill(dvs, dvs + size_t(L) * DVP, 0.0f);
     std::vector<float> dqi(DP);
     const vf scale = vbcast(p.scale);
-    for (int i = 0; i < L; ++i) {
-      const float* gi = gs + size_t(i) * DVP;
-      vf dd = vzero();
-      for (int c = 0; c < NVV; ++c) dd += vload(gi + c * VL) * vload(os + size_t(i) * DVP + c * VL);
-      const float di = hsum(dd);
-      const int n = round_up(i + 1, VL);
-      block_scores(qs + size_t(i) * DP, kt, D, NP, 0, n, p.scale, pr);
-      const vf li = vbcast(lse[(s + i) * p.H + h]);
-      for (int j = 0; j < n; j += VL) vstore(pr + j, vexp(vload(pr + j) - li));
-      for (int j = i + 1; j < n; ++j) pr[j] = 0.0f;
-      // dp_j = dout_i . v_j for the keys' vectors, from the transposed v
-      for (int j = 0; j < n; j += VL) {
-        vf acc = vzero();
-        for (int c = 0; c < DV; ++c) acc += vbcast(gi[c]) * vload(vt + size_t(c) * NP + j);
-        vstore(ds + j, vload(pr + j) * (acc - vbcast(di)));
+    for (int i0 = 0; i0 < L; i0 += QT) {
+      const int nq = std::min(QT, L - i0), ilast = i0 + nq - 1;
+      const float *qrow[QT], *grow[QT];
+      for (int r = 0; r < QT; ++r) {
+        const int i = i0 + std::min(r, nq - 1);                  // a missing query repeats the last (unused)
+        qrow[r] = qs + size_t(i) * DP;
+        grow[r] = gs + size_t(i) * DVP;
       }
-      std::fill(dqi.begin(), dqi.end(), 0.0f);
-      const float* qi = qs + size_t(i) * DP;
-      for (int j = 0; j <= i; ++j) {
-        const vf w = vbcast(ds[j]), pw = vbcast(pr[j]);
-        const float* kj = ks + size_t(j) * DP;
+      const int n = round_up(ilast + 1, VL);
+      tile_scores(qrow, kt, D, NP, 0, n, p.scale, prt, NP);     // s_ij
+      tile_scores(grow, vt, DV, NP, 0, n, 1.0f, dst, NP);       // dp_ij = dout_i . v_j
+      for (int r = 0; r < nq; ++r) {
+        const int i = i0 + r;
+        const float* gi = grow[r];
+        float* pr = prt + size_t(r) * NP;
+        float* ds = dst + size_t(r) * NP;
+        vf dd = vzero();
+        for (int c = 0; c < NVV; ++c) dd += vload(gi + c * VL) * vload(os + size_t(i) * DVP + c * VL);
+        const vf di = vbcast(hsum(dd));                          // D_i = dout_i . out_i
+        const vf li = vbcast(lse[(s + i) * p.H + h]);
+        const int ni = round_up(i + 1, VL);
+        for (int j = 0; j < ni; j += VL) {
+          const vf pj = vexp(vload(pr + j) - li);
+          vstore(pr + j, pj);
+          vstore(ds + j, pj * (vload(ds + j) - di));             // ds_ij = p_ij (dp_ij - D_i)
+        }
+        for (int j = i + 1; j < n; ++j) pr[j] = ds[j] = 0.0f;   // keys after i (and the group's) weigh 0
+        std::fill(dqi.begin(), dqi.end(), 0.0f);
+        add_weighted_rows(ds, ks, DP, i + 1, NV, dqi.data());
+        float* dst_q = dq + ((s + i) * p.H + h) * size_t(D);
+        for (int c = 0; c < NV; ++c) vstore(dqi.data() + c * VL, vload(dqi.data() + c * VL) * scale);
+        std::memcpy(dst_q, dqi.data(), sizeof(float) * D);
+      }
+      for (int r = nq; r < QT; ++r) {                            // missing queries weigh 0
+        std::fill(prt + size_t(r) * NP, prt + size_t(r) * NP + n, 0.0f);
+        std::fill(dst + size_t(r) * NP, dst + size_t(r) * NP + n, 0.0f);
+      }
+      // dk_j += sum_r ds_rj q_r and dv_j += sum_r p_rj dout_r over the group's QT queries: one
+      // read-modify-write of each key row per group instead of one per query
+      for (int j = 0; j <= ilast; ++j) {
+        const vf w0 = vbcast(dst[j]), w1 = vbcast(dst[NP + j]), w2 = vbcast(dst[2 * NP + j]),
+                 w3 = vbcast(dst[3 * NP + j]);
         float* dkj = dks + size_t(j) * DP;
         for (int c = 0; c < NV; ++c) {
-          vstore(dqi.data() + c * VL, vload(dqi.data() + c * VL) + w * vload(kj + c * VL));
-          vstore(dkj + c * VL, vload(dkj + c * VL) + w * vload(qi + c * VL));
+          const int o = c * VL;
+          vstore(dkj + o, vload(dkj + o) + ((w0 * vload(qrow[0] + o) + w1 * vload(qrow[1] + o)) +
+                                            (w2 * vload(qrow[2] + o) + w3 * vload(qrow[3] + o))));
         }
+        const vf p0 = vbcast(prt[j]), p1 = vbcast(prt[NP + j]), p2 = vbcast(prt[2 * NP + j]),
+                 p3 = vbcast(prt[3 * NP + j]);
         float* dvj = dvs + size_t(j) * DVP;
-        for (int c = 0; c < NVV; ++c) vstore(dvj + c * VL, vload(dvj + c * VL) + pw * vload(gi + c * VL));
+        for (int c = 0; c < NVV; ++c) {
+          const int o = c * VL;
+          vstore(dvj + o, vload(dvj + o) + ((p0 * vload(grow[0] + o) + p1 * vload(grow[1] + o)) +
+                                            (p2 * vload(grow[2] + o) + p3 * vload(grow[3] + o))));
+        }
       }
-      float* dst = dq + ((s + i) * p.H + h) * size_t(D);
-      for (int c = 0; c < NV; ++c) vstore(dqi.data() + c * VL, vload(dqi.data() + c * VL) * scale);
-      std::memcpy(dst, dqi.data(), sizeof(float) * D);
     }
     for (int j = 0; j < L; ++j)
       for (int c = 0; c < NV; ++c) vstore(dks + size_t(j) * DP + c * VL, vload(dks + size_t(j) * DP + c * VL) * scale);
