@@ -11,9 +11,9 @@ reproducible and give bitwise the same results for 1, 2 and 3 threads. Tolerance
 import numpy as np
 import pytest
 
-from ops_fixtures import assert_close, graph_mode, needs_compiler  # noqa: F401
+from ops_fixtures import assert_close, needs_compiler  # noqa: F401
 
-pytestmark = needs_compiler
+pytestmark = [needs_compiler, pytest.mark.graph_mode("cpu")]
 
 import mindspore as ms  # noqa: E402
 from mindspore import nn  # noqa: E402
@@ -136,7 +136,8 @@ def test_sasrec_encoder_on_cpu_equals_the_reference_backend():
     """The whole SASRec encoder (the op as the model calls it): outputs and every parameter's gradient
     with the cpu backend against the reference backend, same seed and inputs, dropout masks on."""
     from mindgr.models.sasrec import SASRec
-    from mindgr.ops import set_backend
+    from mindgr.ops.backend import get_backend, set_backend
+    previous = get_backend()
     rng = np.random.default_rng(9)
     num_items, dim, max_len, tokens = 30, 16, 12, 40
     lengths = [12, 0, 1, 7, 5, 9]
@@ -169,6 +170,6 @@ def test_sasrec_encoder_on_cpu_equals_the_reference_backend():
                                                         masks, cot)])
             results[backend] = [out.asnumpy()[:total]] + [g.asnumpy() for g in grads]
     finally:
-        set_backend("reference")
+        set_backend(previous)
     for k, (want, got) in enumerate(zip(results["reference"], results["cpu"])):
         assert_close(got, want, f"output/grad {k}", rtol=1e-4)
