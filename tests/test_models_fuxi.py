@@ -20,7 +20,7 @@ for _p in (str(_HERE.parent), str(_HERE)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from mindspore import Tensor  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
 
 import fuxi_numpy as fn  # noqa: E402
 from block_grad import BlockGrad  # noqa: E402
@@ -261,7 +261,7 @@ def test_request_time_reaches_the_temporal_channel():
     assert np.abs(ref[:total] - old[:total]).max() > 1e-3     # the request times do matter here
 
 
-class _Channels(ms.nn.Cell):
+class _Channels(nn.Cell):
     def __init__(self, block):
         super().__init__()
         self.block = block
