@@ -14,9 +14,12 @@ LayerNorm has none; N = the configured max length; C = 3 channels, 2 with model.
       y = h + (SiLU(g @ W_1 + b_1) * (g @ W_2 + b_2)) @ W_3 + b_3          (SwiGLU, hidden D * ffn_multiply)
 Input: item_emb * sqrt(D) + pos_emb, dropout; output L2-normalised (as HSTU).
 
-Where the issue is silent this follows HSTU's convention in MindGR: the time bucket is
-clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_time_buckets) with query time t_{i+1} (the last position
-uses its own time), w_pos has 2N-1 entries, rows are cut to N. The positional and temporal channels run
+This is the published implementation's math (checked tensor by tensor against a transcription of its
+padded form: tests/test_models_fuxi.py, tests/fuxi_numpy.py dense_block), with HSTU's conventions in
+MindGR: the time bucket is clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_time_buckets) with query time
+t_{i+1} (the last position: the request time with model.request_time, else its own time), w_pos has
+2N-1 entries, rows are cut to N. Known differences, small: b_1, b_2, b_3 (zero-initialised) exist here
+only, and the semantic channel divides by N = max_len, the published code by its padded length. The positional and temporal channels run
 as one jagged bias-only op (mindgr.ops.attention.jagged_bias_attention: no [B, N, N] tensor on the cpu
 backend); the semantic channel is the HSTU op with a zero position bias and no time bias, which is
 exactly SiLU(q k^T) / N. Dropout masks are drawn on the host: site 0 the input, then per block the gated
