@@ -113,3 +113,42 @@ def test_sasrec_forward_is_causal_per_row():
     other = ids.copy()
     other[total:] = rng.integers(1, num_items + 1, T_CAP - total)
     np.testing.assert_allclose(run(other)[:total], base[:total], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["reference", pytest.param("cpu", marks=pytest.mark.skipif(
+    __import__("shutil").which("g++") is None, reason="g++ not found"))])
+def test_affine_layer_norm_equals_mindspore_layernorm(backend):
+    """SASRec's AffineLayerNorm (normalisation through the ops backend) against nn.LayerNorm with the
+    same gamma / beta: output and the gradients of x, gamma and beta; parameter names kept."""
+    import mindspore as ms
+    from mindgr.models.sasrec import AffineLayerNorm
+    from mindgr.ops.backend import get_backend, set_backend
+    previous = get_backend()
+    set_backend(backend)
+    try:
+        rng = np.random.default_rng(6)
+        x = (rng.standard_normal((9, 8)) * 3 + 1).astype(np.float32)
+        cot = rng.standard_normal((9, 8)).astype(np.float32)
+        gamma, beta = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+        results = []
+        for cell in (AffineLayerNorm(8, 1e-8), nn.LayerNorm((8,), epsilon=1e-8)):
+            cell.gamma.set_data(Tensor(gamma))
+            cell.beta.set_data(Tensor(beta))
+
+            class Loss(nn.Cell):
+                def __init__(self, inner):
+                    super().__init__()
+                    self.inner = inner
+
+                def construct(self, a, c):
+                    return (self.inner(a) * c).sum()
+
+            fn = ms.value_and_grad(Loss(cell), grad_position=0, weights=[cell.gamma, cell.beta])
+            loss, (gx, (gg, gb)) = fn(Tensor(x), Tensor(cot))
+            results.append([loss.asnumpy(), gx.asnumpy(), gg.asnumpy(), gb.asnumpy()])
+        for got, want in zip(*results):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    finally:
+        set_backend(previous)
+    names = {p.name for p in SASRec(15, 8, num_blocks=1, num_heads=1, max_len=N).trainable_params()}
+    assert {"blocks.0.ln_attn.gamma", "blocks.0.ln_ffn.beta", "ln_out.gamma", "ln_out.beta"} <= names

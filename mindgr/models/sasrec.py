@@ -9,14 +9,30 @@ from mindspore import nn, ops
 
 from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
 from mindgr.ops.attention import jagged_softmax_attention
+from mindgr.ops.norm import layer_norm
+
+
+class AffineLayerNorm(nn.Cell):
+    """LayerNorm with a learned scale and shift (gamma, beta: the names and math of nn.LayerNorm), its
+    normalisation through the ops backend (cpu: one fused pass each way; measured faster than
+    MindSpore's LayerNorm in the SASRec step)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.gamma = param(np.ones(dim, np.float32), "gamma")
+        self.beta = param(np.zeros(dim, np.float32), "beta")
+
+    def construct(self, x):
+        return layer_norm(x, self.eps) * self.gamma + self.beta
 
 
 class SASRecBlock(nn.Cell):
     def __init__(self, rng, dim, num_heads, ffn_dim, max_len, prefix):
         super().__init__()
         self.h, self.d, self.max_len = num_heads, dim // num_heads, max_len
-        self.ln_attn = nn.LayerNorm((dim,), epsilon=1e-8)
-        self.ln_ffn = nn.LayerNorm((dim,), epsilon=1e-8)
+        self.ln_attn = AffineLayerNorm(dim, 1e-8)
+        self.ln_ffn = AffineLayerNorm(dim, 1e-8)
         self.w_qkv = param(xavier_uniform(rng, dim, 3 * dim), f"{prefix}.w_qkv")
         self.b_qkv = param(np.zeros(3 * dim, np.float32), f"{prefix}.b_qkv")
         self.w_o = param(xavier_uniform(rng, dim, dim), f"{prefix}.w_o")
@@ -55,7 +71,7 @@ class SASRec(ItemSequenceEncoder):
         ffn_dim = ffn_dim or dim
         self.blocks = nn.CellList([SASRecBlock(rng, dim, num_heads, ffn_dim, max_len, f"blocks.{i}")
                                    for i in range(num_blocks)])
-        self.ln_out = nn.LayerNorm((dim,), epsilon=1e-8)
+        self.ln_out = AffineLayerNorm(dim, 1e-8)
         self.ln_out.gamma.name, self.ln_out.beta.name = "ln_out.gamma", "ln_out.beta"
         self.num_blocks = num_blocks
         self.dropout_sites = 1 + 3 * num_blocks
