@@ -203,8 +203,9 @@ class ParallelConfig:
     log_dir: str = ""                         # msrun logs; "" = RUN_DIR/msrun
     # Sharded item embeddings (docs/sparse.md). none: the table is replicated and its dense gradient
     # all-reduced; hierarchical: rows sharded over the local ranks of a node group, replicated across node
-    # groups; flat: rows sharded over all ranks.
-    sparse: str = field(default="none", metadata=_rng(choices=["none", "hierarchical", "flat"]))
+    # groups; flat: rows sharded over all ranks; frequency: the head of the id distribution as hierarchical,
+    # the rest flat with a two-stage (node-deduplicated) exchange.
+    sparse: str = field(default="none", metadata=_rng(choices=["none", "hierarchical", "flat", "frequency"]))
     nodes: int = field(default=0, metadata=_rng(lo=0))        # node groups; 0 = from msrun (nodes of the job)
     local_ranks: int = field(default=0, metadata=_rng(lo=0))  # ranks per node group; 0 = world / nodes
     staleness: int = field(default=1, metadata=_rng(lo=0, hi=16))  # tau: cross-node embedding update delay
@@ -212,6 +213,10 @@ class ParallelConfig:
     sparse_update: str = field(default="lazy", metadata=_rng(choices=["lazy", "dense"]))  # rows Adam touches
     intra_gbps: float = field(default=600.0, metadata=_rng(lo=0.0, lo_open=True))  # GB/s inside a node
     inter_gbps: float = field(default=25.0, metadata=_rng(lo=0.0, lo_open=True))   # GB/s between nodes
+    # frequency layout: rows replicated per node group; -1 = chosen by the byte model from the id statistics
+    hot_rows: int = field(default=-1, metadata=_rng(lo=-1))
+    # a row is replicated when that costs at most this much more inter-node bytes than fetching it
+    hot_tolerance: float = field(default=0.05, metadata=_rng(lo=0.0))
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Checkpoints of a sharded table: one file per shard (rows and Adam moments), readable by any layout.
 
 `NAME.table-SofN.npz` holds shard S of N: the rows with ids S, S+N, S+2N, ... (row-wise round robin) and
-their moments. Replicas are identical, so only node group 0 writes. Loading into a layout of N' shards
+their moments, or, when the file has an `ids` array (the frequency layout: every rank's cold rows, node
+group 0's hot rows too), the rows of those ids; the layout's hot ids are kept in shard 0's file (`hot`).
+Replicas are identical, so only one copy of each row is written. Loading into a layout of N' shards
 takes, for each of its ids, the row from the file that holds it: the same ids with any rank count
 (reshard), bit for bit. Files are written atomically (mindgr.paths.atomic_write).
 
@@ -30,11 +32,17 @@ def shard_path(directory: Path, name: str, shard: int, shards: int) -> Path:
     return Path(directory) / f"{name}.table-{shard}of{shards}.npz"
 
 
-def save_shard(directory: Path, name: str, shard: int, shards: int, num_rows: int, rows, m, v) -> Path:
+def save_shard(directory: Path, name: str, shard: int, shards: int, num_rows: int, rows, m, v, ids=None,
+               hot=None) -> Path:
+    """Write shard `shard` of `shards`: the round-robin rows, or the rows of `ids` when given."""
     path = shard_path(directory, name, shard, shards)
     path.parent.mkdir(parents=True, exist_ok=True)
+    extra = {} if ids is None else {"ids": np.asarray(ids, np.int64)}
+    if hot is not None:
+        extra["hot"] = np.asarray(hot, np.int64)
     atomic_write(path, lambda tmp: np.savez(tmp, rows=rows, m=m, v=v, num_rows=np.int64(num_rows),
-                                            shard=np.int64(shard), shards=np.int64(shards)), tmp_suffix=".tmp.npz")
+                                            shard=np.int64(shard), shards=np.int64(shards), **extra),
+                 tmp_suffix=".tmp.npz")
     return path
 
 
@@ -67,24 +75,36 @@ def drop_other_layouts(directory: Path, name: str, shards: int):
                 p.unlink(missing_ok=True)
 
 
-def load_shard(directory: Path, name: str, num_rows: int, shards: int, shard: int):
-    """(rows, m, v) of shard `shard` of `shards` (ids shard, shard + shards, ...) from any saved layout."""
+def load_shard(directory: Path, name: str, num_rows: int, shards: int, shard: int, ids=None):
+    """(rows, m, v) of shard `shard` of `shards` (ids shard, shard + shards, ...), or of the rows `ids` in
+    that order when given, from any saved layout."""
     files = shard_files(directory, name)
     saved = len(files)
-    want = owned_rows(num_rows, shards, shard)
-    out = None
+    implicit = owned_rows(num_rows, shards, shard)
+    want = implicit if ids is None else np.asarray(ids, np.int64)
+    round_robin = ids is None or np.array_equal(want, implicit)
+    order = np.argsort(want, kind="stable")
+    sorted_want = want[order]
+    out, found = None, np.zeros(len(want), bool)
     for k, path in enumerate(files):
-        if saved == shards and k != shard:
-            continue                                     # same layout: only this shard's own file
         with np.load(path) as z:
+            explicit = "ids" in z.files
+            if saved == shards and k != shard and round_robin and not explicit:
+                continue                                 # same round-robin layout: only this shard's file
             if int(z["num_rows"]) != num_rows:
                 raise CheckpointError(f"{path}: table of {int(z['num_rows'])} rows, the model has {num_rows}")
-            mine = want[want % saved == k]               # the ids of `want` this file holds
+            held = z["ids"] if explicit else owned_rows(num_rows, saved, k)   # the ids this file holds
+            at = np.searchsorted(sorted_want, held)
+            hit = at < len(want)
+            hit[hit] = sorted_want[at[hit]] == held[hit]
             if out is None:
                 out = [np.zeros((len(want), z["rows"].shape[1]), np.float32) for _ in range(3)]
-            at = np.searchsorted(want, mine)
+            dest = order[at[hit]]
+            found[dest] = True
             for arr, key in zip(out, ("rows", "m", "v")):
-                arr[at] = z[key][mine // saved]
+                arr[dest] = z[key][hit]
+    if out is None or not found.all():
+        raise CheckpointError(f"{directory}: checkpoint {name}'s table shards miss {int((~found).sum())} rows")
     return tuple(out)
 
 

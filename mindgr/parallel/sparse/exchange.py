@@ -57,6 +57,17 @@ def exchange_replicas(slots: np.ndarray, grads: np.ndarray, group, members: list
     return all_slots[order], all_sums[order]
 
 
+def exchange_hot(slots: np.ndarray, grads: np.ndarray, hot_slots: int, group, members: list, traffic: Traffic):
+    """The frequency layout's cross-node exchange: slots below `hot_slots` are replicated hot rows whose
+    sums cover one node (exchange_replicas finishes them); the cold slots' sums already cover the job
+    (HotColdTable.push) and pass through."""
+    if hot_slots == 0:                  # the same on every replica of this shard: none of them exchanges
+        return slots, grads
+    hot = slots < hot_slots
+    hs, hg = exchange_replicas(slots[hot], grads[hot], group, members, traffic)
+    return np.concatenate([hs, slots[~hot]]), np.concatenate([hg, grads[~hot]])
+
+
 class BoundedStaleness:
     """Schedules the cross-node exchange of each step's gradient and its application at step t + tau."""
 

@@ -8,16 +8,54 @@ its own fields included), then consumed by the sharded-table strategy (mindgr.pa
   hierarchical  the shards are the local ranks of a node group; every node group holds the whole table
                 and the ranks with the same local index replicate one shard (the cross-node exchange)
   flat          every rank of the job owns one shard; nothing is replicated (no cross-node exchange)
+  frequency     chosen from the data's id statistics (HotCold): the hot rows, the head of the id
+                distribution, are laid out as hierarchical (sharded over a node's local ranks by their
+                frequency rank, replicated across node groups, exchanged across nodes); the cold rows are
+                sharded over all ranks (round robin in id order) and fetched in two stages through a
+                gateway rank of the node (mindgr.parallel.sparse.table.HotColdTable). The hot set is the
+                plan's data (TableLayout.hot); the cut is mindgr.parallel.sparse.traffic.hot_cut.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from mindgr.config import ConfigError
 from mindgr.parallel.plan import rank_capacities
 from mindgr.parallel.sparse.topology import Topology
 
-KINDS = ("hierarchical", "flat")
+KINDS = ("hierarchical", "flat", "frequency")
+
+
+class HotCold:
+    """Row ownership of the frequency layout. Hot row at frequency rank p (position in `hot`): owner local
+    rank p % L of every node group, hot slot p // L. Cold row at position q of the remaining ids (id order):
+    owner world rank q % W, cold slot q // W. A rank's table holds its hot rows first, then its cold ones."""
+
+    def __init__(self, hot: np.ndarray, num_rows: int, nodes: int, local_ranks: int):
+        self.hot = np.asarray(hot, np.int64)
+        self.num_rows, self.nodes, self.local_ranks = num_rows, nodes, local_ranks
+        self.world = nodes * local_ranks
+        if len(np.unique(self.hot)) != len(self.hot) or (len(self.hot) and
+                                                         (self.hot.min() < 0 or self.hot.max() >= num_rows)):
+            raise ValueError(f"hot rows must be distinct ids in [0, {num_rows})")
+        self.is_hot = np.zeros(num_rows, bool)
+        self.is_hot[self.hot] = True
+        self.cold = np.flatnonzero(~self.is_hot)
+        self.pos = np.empty(num_rows, np.int64)
+        self.pos[self.hot] = np.arange(len(self.hot))
+        self.pos[self.cold] = np.arange(len(self.cold))
+
+    def hot_ids(self, local: int) -> np.ndarray:
+        return self.hot[local::self.local_ranks]
+
+    def cold_ids(self, rank: int) -> np.ndarray:
+        return self.cold[rank::self.world]
+
+    def rank_ids(self, rank: int) -> np.ndarray:
+        """Ids of the rows `rank` holds, in its table's order (hot, then cold)."""
+        return np.concatenate([self.hot_ids(rank % self.local_ranks), self.cold_ids(rank)])
 
 
 @dataclass(frozen=True)
@@ -37,6 +75,8 @@ class TableLayout:
     rank_rows: int              # per-rank sequence (row) capacity of a step
     unique_capacity: int        # U_cap: distinct ids one rank-step may hold
     staleness: int              # tau of the cross-node exchange (parallel.staleness; 0 for flat)
+    hot: np.ndarray | None = field(default=None, compare=False, repr=False)  # frequency: hot ids, by rank
+    cut: dict = field(default_factory=dict, compare=False)                  # frequency: how hot was chosen
 
     @property
     def rows(self) -> int:
@@ -46,6 +86,15 @@ class TableLayout:
     @property
     def replicated(self) -> bool:
         return len(self.replicas) > 1
+
+    def hot_cold(self) -> HotCold | None:
+        return HotCold(self.hot, self.num_rows, self.nodes, self.local_ranks) if self.kind == "frequency" else None
+
+    def owned_ids(self) -> np.ndarray:
+        """Ids of the rows this rank holds, in the order of its table."""
+        if self.kind == "frequency":
+            return self.hot_cold().rank_ids(self.rank)
+        return np.arange(self.shard, self.num_rows, self.shards, dtype=np.int64)
 
 
 def unique_capacity(cfg, num_items: int, rank_tokens: int) -> int:
@@ -57,10 +106,11 @@ def unique_capacity(cfg, num_items: int, rank_tokens: int) -> int:
 
 
 def plan_table(topo: Topology, cfg, num_items: int, token_capacity: int, row_capacity: int,
-               kind: str | None = None) -> TableLayout:
+               kind: str | None = None, freq: np.ndarray | None = None) -> TableLayout:
     """The layout of `kind` (default config parallel.sparse) for rank topo.rank of `topo`, with the step's
     global capacities `token_capacity` x `row_capacity` split over the ranks as the data-parallel planner
-    splits them."""
+    splits them. The frequency layout needs `freq`, the unigram frequency of every row among training
+    targets ([V + 1], mindgr.train.negatives.item_frequencies): every rank computes the same plan."""
     kind = kind or cfg.parallel.sparse
     if kind not in KINDS:
         raise ConfigError(f"config: parallel.sparse = {kind!r} is not a sharded layout (one of {', '.join(KINDS)})")
@@ -68,14 +118,44 @@ def plan_table(topo: Topology, cfg, num_items: int, token_capacity: int, row_cap
     if kind == "hierarchical":
         shards, shard, members = topo.local_ranks, topo.local, tuple(topo.intra_ranks)
         replicas, staleness = tuple(topo.inter_ranks), cfg.parallel.staleness
+    elif kind == "frequency":
+        shards, shard, members = world, rank, tuple(range(world))
+        replicas, staleness = tuple(topo.inter_ranks), cfg.parallel.staleness
     else:
         shards, shard, members = world, rank, tuple(range(world))
         replicas, staleness = (rank,), 0
     num_rows = num_items + 1
     rows_per_shard = tuple(len(range(k, num_rows, shards)) for k in range(shards))
     rank_tokens, rank_rows = rank_capacities(token_capacity, row_capacity, world, cfg.parallel.capacity_slack)
+    hot, cut = None, {}
+    if kind == "frequency":
+        hot, cut = _hot_rows(topo, cfg, num_rows, rank_tokens, freq)
+        plan = HotCold(hot, num_rows, topo.nodes, topo.local_ranks)
+        rows_per_shard = tuple(len(plan.rank_ids(r)) for r in range(world))
     return TableLayout(kind=kind, world=world, nodes=topo.nodes, local_ranks=topo.local_ranks, rank=rank,
                        shards=shards, shard=shard, members=members, replicas=replicas, num_rows=num_rows,
                        rows_per_shard=rows_per_shard, rank_tokens=rank_tokens, rank_rows=rank_rows,
                        unique_capacity=unique_capacity(cfg, num_items, rank_tokens),
-                       staleness=staleness)
+                       staleness=staleness, hot=hot, cut=cut)
+
+
+def _hot_rows(topo: Topology, cfg, num_rows: int, rank_tokens: int, freq) -> tuple[np.ndarray, dict]:
+    """The hot ids (most touched first) and how they were chosen: parallel.hot_rows of them, or the byte
+    model's cut (traffic.hot_cut) when it is -1."""
+    from mindgr.parallel.sparse.traffic import hot_cut, hot_share
+    p = cfg.parallel
+    if freq is None:
+        raise ValueError("plan_table: the frequency layout needs the id frequencies of the training data")
+    if len(freq) != num_rows:
+        raise ValueError(f"plan_table: {len(freq)} id frequencies for a table of {num_rows} rows")
+    cut = hot_cut(freq, rank_tokens, cfg.loss.num_negatives, topo.nodes, topo.local_ranks, cfg.model.dim,
+                  p.hot_tolerance)
+    hot, order = cut.pop("hot"), cut.pop("order")
+    if p.hot_rows >= 0:                       # a fixed count: the head of the same ranking
+        hot = order[: min(p.hot_rows, num_rows)]
+        cut["rule"] = f"parallel.hot_rows = {p.hot_rows}"
+    else:
+        cut["rule"] = f"byte model, tolerance {p.hot_tolerance:g}"
+    cut["hot_rows"] = int(len(hot))
+    cut["hot_share_of_rank_ids"] = hot_share(freq, rank_tokens, cfg.loss.num_negatives, hot)
+    return hot.astype(np.int64), cut

@@ -38,7 +38,7 @@ class SparseModel:
         from mindgr.models import build_encoder
         from mindgr.models.losses import use_score_all
         from mindgr.parallel.dp import ReduceApply
-        from mindgr.parallel.sparse.init import ShardDraw, owned_rows
+        from mindgr.parallel.sparse.init import ShardDraw
         from mindgr.parallel.sparse.row_adam import RowAdam
         from mindgr.parallel.sparse.step import DenseState, EncodeRows, RowsGrads, RowsLoss
         from mindgr.parallel.sparse.table import ShardedTable
@@ -46,10 +46,15 @@ class SparseModel:
         self.layout = layout
         self.num_rows = layout.num_rows
         self.group = group
-        draw = ShardDraw(owned_rows(self.num_rows, layout.shards, layout.shard))
+        draw = ShardDraw(layout.owned_ids())
         self.encoder = build_encoder(cfg.model, num_items, cfg.data.max_len, cfg.run.seed, item_init=draw)
-        self.table = ShardedTable(draw.rows, self.num_rows, layout.shards, layout.shard, group,
-                                  list(layout.members), traffic)
+        if layout.kind == "frequency":                  # group: the topology's Groups (intra and inter)
+            from mindgr.parallel.sparse.table import HotColdTable
+            self.table = HotColdTable(draw.rows, layout.hot_cold(), layout.rank, group.intra,
+                                      group.topo.intra_ranks, group.inter, list(layout.replicas), traffic)
+        else:
+            self.table = ShardedTable(draw.rows, self.num_rows, layout.shards, layout.shard, group,
+                                      list(layout.members), traffic)
         dense = [p for p in self.encoder.trainable_params() if p.name != "item_emb"]
         self.optimizer = build_optimizer(dense, cfg.train)
         t = cfg.train
@@ -68,6 +73,8 @@ class SparseModel:
         """The whole raw table, assembled from the shards of this rank's shard group (a collective)."""
         from mindgr.parallel.sparse.init import owned_rows
         shards, t = self.layout.shards, self.table
+        if hasattr(t, "assemble"):
+            return t.assemble(self.layout.rank // self.layout.local_ranks)
         if shards == 1:
             return t.rows.copy()
         sizes = [len(owned_rows(self.num_rows, shards, k)) for k in range(shards)]
@@ -118,12 +125,17 @@ class ShardedTableStrategy(DataParallelStrategy):
         hosts = host_names(world) if p.nodes == 0 and p.local_ranks == 0 else None
         self.topo = resolve(p.nodes, p.local_ranks, world, rank, hosts)
         tr = self.data.train
-        self.layout = plan_table(self.topo, self.cfg, self.data.num_items, tr.token_capacity, tr.row_capacity)
+        freq = None
+        if p.sparse == "frequency":                      # the plan's id statistics: the training targets
+            from mindgr.train.negatives import item_frequencies
+            freq = item_frequencies(self.data.split.train, self.data.num_items)
+        self.layout = plan_table(self.topo, self.cfg, self.data.num_items, tr.token_capacity, tr.row_capacity,
+                                 freq=freq)
         lay = self.layout
         return StepShape(tr.token_capacity, tr.row_capacity, lay.rank_tokens, lay.rank_rows, lay.unique_capacity)
 
     def build_model(self):
-        from mindgr.parallel.sparse.exchange import BoundedStaleness, exchange_replicas
+        from mindgr.parallel.sparse.exchange import BoundedStaleness, exchange_hot, exchange_replicas
         from mindgr.parallel.sparse.topology import Groups
         from mindgr.parallel.sparse.traffic import Bandwidth, Traffic
         p, world, layout = self.cfg.parallel, self.ctx.world, self.layout
@@ -132,12 +144,21 @@ class ShardedTableStrategy(DataParallelStrategy):
         if layout.kind == "hierarchical":
             self.groups = Groups(self.topo)
             group, inter = self.groups.intra, (self.groups.inter, list(layout.replicas))
+        elif layout.kind == "frequency":                 # hot rows as hierarchical, cold rows flat
+            self.groups = Groups(self.topo)
+            group, inter = self.groups, (self.groups.inter, list(layout.replicas))
         else:                                            # flat: every rank owns a shard, no replicas
             group, inter = None, (None, list(layout.replicas))
         model = SparseModel(self.cfg, self.data.num_items, layout, group, self.traffic)
+        exchange = exchange_replicas
+        if layout.kind == "frequency":
+            exchange = (lambda s, g, *a: exchange_hot(s, g, model.table.hot_slots, *a))
         self.stale = BoundedStaleness(layout.staleness,
-                                      lambda s, g: exchange_replicas(s, g, inter[0], inter[1], self.traffic),
+                                      lambda s, g: exchange(s, g, inter[0], inter[1], self.traffic),
                                       model.row_opt.apply)
+        if layout.cut:
+            self.run.log.info(f"sparse: frequency layout, {layout.cut['hot_rows']} hot rows "
+                              f"({layout.cut['rule']}; ~{layout.cut['hot_share_of_rank_ids']:.1%} of a rank's ids)")
         self.sparse_win = {"intra": [], "inter": [], "lookup_s": [], "exchange_wait_s": [], "unique": []}
         self.run.log.info(f"sparse: {p.sparse} item table, {self.topo.nodes} node groups x {self.topo.local_ranks} "
                           f"local ranks, {layout.shards} shards of ~{len(model.table.rows)} rows x "
@@ -255,12 +276,17 @@ class ShardedTableStrategy(DataParallelStrategy):
         return state
 
     def _writes_table(self) -> bool:
-        """Replicas are identical: the ranks of node group 0 (all ranks when flat) write the shards."""
-        return self.cfg.parallel.sparse == "flat" or self.topo.node == 0
+        """Replicas are identical: the ranks of node group 0 (all ranks when flat or frequency) write."""
+        return self.cfg.parallel.sparse in ("flat", "frequency") or self.topo.node == 0
 
     def _save_table(self, name: str):
         m, ckpt_dir = self.model, self.run.ckpt_dir
-        if self._writes_table():
+        if m.layout.kind == "frequency":       # every rank its cold rows, node group 0 its hot rows too
+            keep = slice(None) if self.topo.node == 0 else slice(m.table.hot_slots, None)
+            table_ckpt.save_shard(ckpt_dir, name, m.layout.shard, m.layout.shards, m.num_rows, m.table.rows[keep],
+                                  m.row_opt.m[keep], m.row_opt.v[keep], ids=m.table.ids[keep],
+                                  hot=m.layout.hot if self.ctx.rank == 0 else None)
+        elif self._writes_table():
             table_ckpt.save_shard(ckpt_dir, name, m.layout.shard, m.layout.shards, m.num_rows,
                                   m.table.rows, m.row_opt.m, m.row_opt.v)
         comm.barrier()                         # every shard is on disk before the checkpoint is committed
@@ -270,7 +296,7 @@ class ShardedTableStrategy(DataParallelStrategy):
     def _load_table(self, name: str):
         m = self.model
         rows, mom1, mom2 = table_ckpt.load_shard(self.run.ckpt_dir, name, m.num_rows, m.layout.shards,
-                                                 m.layout.shard)
+                                                 m.layout.shard, ids=m.layout.owned_ids())
         m.table.rows[...], m.row_opt.m[...], m.row_opt.v[...] = rows, mom1, mom2
 
     def restore(self, tensors: dict, path):
@@ -302,6 +328,8 @@ class ShardedTableStrategy(DataParallelStrategy):
         meta = super().meta()
         meta["parallel"]["table"] = {"layout": self.cfg.parallel.sparse, "shards": self.layout.shards,
                                      "rows": self.model.num_rows, "staleness": self.stale.tau}
+        if self.layout.cut:
+            meta["parallel"]["table"]["hot"] = self.layout.cut
         return meta
 
     def training_done(self):

@@ -13,6 +13,11 @@ ids U_r; D = row width, 4 bytes per float):
                 reducer replica: reduce to it, then it sends the sum to the others).
   flat          rows sharded over all W ranks: requests, rows and gradients go to any rank, so
                 (nodes-1)/nodes of them cross nodes.
+  frequency     hot rows (the head of the id distribution) as hierarchical; cold rows sharded over all W
+                ranks and fetched in two stages: a rank's cold ids go to the rank of its own node with the
+                owner's local index (its gateway), which de-duplicates them for the node and exchanges them
+                with the owner (same local index, other node); rows come back and gradients go out along
+                the same routes, the gateway summing its node's gradients of a row before they cross.
   dp            the table replicated everywhere, its dense gradient all-reduced every step
                 (hierarchical ring: 2 (nodes-1)/nodes x table bytes leave each node).
 Time model: a step's exchange takes max over nodes of (bytes inside / intra bandwidth) plus max over
@@ -77,11 +82,63 @@ class Bandwidth:
                      + np.max(node_inter, initial=0) / (self.inter_gbps * 1e9))
 
 
-def model_step(rank_ids: list, nodes: int, local_ranks: int, dim: int, num_rows: int) -> dict:
+def touch_probabilities(freq: np.ndarray, rank_tokens: int, num_negatives: int, ranks: int) -> np.ndarray:
+    """P(row i is among the distinct ids of `ranks` ranks in one step), every row: each rank looks up
+    `rank_tokens` ids and as many targets (unigram `freq`, [V+1], row 0 = padding) and `num_negatives`
+    uniform ids per token; row 0 is always there."""
+    freq = np.asarray(freq, np.float64)
+    num_items = len(freq) - 1
+    log_miss = 2.0 * rank_tokens * np.log1p(-np.minimum(freq, 1.0 - 1e-12))
+    log_miss[1:] += rank_tokens * num_negatives * np.log1p(-1.0 / num_items)
+    p = -np.expm1(ranks * log_miss)
+    p[0] = 1.0
+    return p
+
+
+def row_costs(p_node: np.ndarray, p_job: np.ndarray, nodes: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Expected inter-node bytes per step of each row (summed over nodes) when replicated on every node
+    (hot: reduce to the row's reducer replica, which sends the sum back to the other nodes) and when held
+    once and fetched in two stages (cold: every other node that touches it gets the row, sends its
+    gradient back); p_node / p_job: the row is touched by a given node / by any rank of the job."""
+    rb = row_bytes(dim)
+    hot = (nodes - 1) * (ID_BYTES + rb) * (p_node + p_job)
+    cold = (nodes - 1) * (ID_BYTES + 2 * rb) * p_node
+    return hot, cold
+
+
+def hot_cut(freq: np.ndarray, rank_tokens: int, num_negatives: int, nodes: int, local_ranks: int, dim: int,
+            tolerance: float) -> dict:
+    """The hot rows of the frequency layout: the rows whose replication costs at most (1 + tolerance) x
+    the inter-node bytes of fetching them (row_costs, from touch_probabilities), in descending touch
+    probability; every row on one node (nothing crosses nodes, and replicas inside a node save the
+    gateway hop). A replicated row never costs fewer bytes than a fetched one (both move the row twice
+    per remote node that touches it; the replica also sends it to nodes that did not): the gain is that
+    its exchange runs off the step's critical path (in the background with staleness >= 1) and needs no
+    fetch before the step, so the cut keeps only rows where the byte price of that is small."""
+    world = nodes * local_ranks
+    p_node = touch_probabilities(freq, rank_tokens, num_negatives, local_ranks)
+    p_job = touch_probabilities(freq, rank_tokens, num_negatives, world)
+    order = np.argsort(-p_node, kind="stable")
+    if nodes == 1:
+        hot = order
+    else:
+        h, c = row_costs(p_node, p_job, nodes, dim)
+        hot = order[h[order] <= (1.0 + tolerance) * c[order]]
+    return {"hot": hot.astype(np.int64), "order": order}
+
+
+def hot_share(freq: np.ndarray, rank_tokens: int, num_negatives: int, hot: np.ndarray) -> float:
+    """Expected share of a rank's distinct ids per step that are hot rows."""
+    p_rank = touch_probabilities(freq, rank_tokens, num_negatives, 1)
+    return float(p_rank[hot].sum() / max(p_rank.sum(), 1e-12))
+
+
+def model_step(rank_ids: list, nodes: int, local_ranks: int, dim: int, num_rows: int, hot=None) -> dict:
     """Bytes per node (intra, inter) of one step for each layout, from every rank's de-duplicated ids.
 
-    Follows exactly the messages mindgr.parallel.sparse sends (hierarchical and flat), so with the ids of a
-    real run it reproduces that run's counters; dp is the all-reduce of the dense table gradient.
+    Follows exactly the messages mindgr.parallel.sparse sends (hierarchical and flat; frequency when `hot`,
+    the replicated rows in frequency order, is given), so with the ids of a real run it reproduces that
+    run's counters; dp is the all-reduce of the dense table gradient.
     """
     world = nodes * local_ranks
     assert len(rank_ids) == world
@@ -125,8 +182,57 @@ def model_step(rank_ids: list, nodes: int, local_ranks: int, dim: int, num_rows:
                 for m in range(nodes):                       # phase 2: every reducer sends its sums
                     inter[m] += len(reduced[m]) * (ib + rb) * (nodes - 1)
         out[layout] = {"intra": intra, "inter": inter}
+    if hot is not None:
+        out["frequency"] = _model_frequency(rank_ids, nodes, local_ranks, dim, num_rows, hot)
     table = num_rows * rb
     dp_inter = np.full(nodes, 2.0 * (nodes - 1) / nodes * table) if nodes > 1 else np.zeros(nodes)
     dp_intra = np.full(nodes, 2.0 * (local_ranks - 1) / local_ranks * table)
     out["dp"] = {"intra": dp_intra, "inter": dp_inter}
     return out
+
+
+def _model_frequency(rank_ids, nodes, local_ranks, dim, num_rows, hot) -> dict:
+    """Bytes per node of the frequency layout (mindgr.parallel.sparse.table.HotColdTable's messages)."""
+    from mindgr.parallel.sparse.layout import HotCold
+    plan = HotCold(np.asarray(hot, np.int64), num_rows, nodes, local_ranks)
+    world, L = nodes * local_ranks, local_ranks
+    rb, ib = row_bytes(dim), ID_BYTES
+    intra, inter = np.zeros(nodes), np.zeros(nodes)
+    hot_ids, gate_ids = [], {}
+    for r, ids in enumerate(rank_ids):
+        ids = np.asarray(ids, np.int64)
+        node = r // L
+        is_hot, pos = plan.is_hot[ids], plan.pos[ids]
+        # hot: (id + gradient) to the owner inside the node, the row back
+        owner = pos[is_hot] % L
+        n = int((owner != r % L).sum())
+        intra[node] += n * (ib + 2 * rb)
+        hot_ids.append(ids[is_hot])
+        # cold stage 1: (id + gradient) to the gateway (local index of the owner), the row back
+        gate = (pos[~is_hot] % world) % L
+        n = int((gate != r % L).sum())
+        intra[node] += n * (ib + 2 * rb)
+        for g in np.unique(gate):
+            gate_ids.setdefault((node, int(g)), []).append(ids[~is_hot][gate == g])
+    # cold stage 2: each gateway's distinct ids to their owners on other nodes (id + gradient), rows back
+    for (node, g), parts in gate_ids.items():
+        owner_node = (plan.pos[np.unique(np.concatenate(parts))] % world) // L
+        inter[node] += int((owner_node != node).sum()) * (ib + rb)
+        for m in np.flatnonzero(np.bincount(owner_node, minlength=nodes)):
+            if m != node:
+                inter[m] += int((owner_node == m).sum()) * rb
+    if nodes > 1 and len(plan.hot):             # hot rows: the two-phase exchange over the node replicas
+        by_node = [np.unique(np.concatenate([hot_ids[r] for r in range(n * L, (n + 1) * L)] or
+                                            [np.zeros(0, np.int64)])) for n in range(nodes)]
+        for l in range(L):
+            reduced = [set() for _ in range(nodes)]
+            for n in range(nodes):
+                p = plan.pos[by_node[n]]
+                slots = p[p % L == l] // L
+                red = slots % nodes
+                inter[n] += int((red != n).sum()) * (ib + rb)
+                for m in range(nodes):
+                    reduced[m].update(slots[red == m].tolist())
+            for m in range(nodes):
+                inter[m] += len(reduced[m]) * (ib + rb) * (nodes - 1)
+    return {"intra": intra, "inter": inter}
