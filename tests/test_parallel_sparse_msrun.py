@@ -1,10 +1,13 @@
 """The sharded item table under msrun, each check its own job (a failed collective desynchronises ranks).
 
 - the self-check on 2 ranks (2 nodes x 1) and 4 ranks (2 nodes x 2): sharded lookup and gradients equal
-  the unsharded table's, the traffic model reproduces the counters, staleness bound, reshard round-trip;
+  the unsharded table's (hierarchical, flat and frequency: its two-stage exchange on the real collectives),
+  the traffic model reproduces the counters, staleness bound, reshard round-trip;
 - tau = 0 with every-row Adam on 4 ranks (2 x 2) trains exactly like the replicated table: the same
   losses as one process (which data parallel reproduces: test_parallel_dp.py) for 12 steps;
-- tau = 2 on 2 ranks: updates applied exactly 2 steps late, replicas of the table identical.
+- tau = 2 on 2 ranks: updates applied exactly 2 steps late, replicas of the table identical;
+- the frequency layout on 4 ranks (2 x 2) trains the losses of flat sharding, and its checkpoint resumes
+  as flat.
 """
 import json
 import sys
@@ -48,7 +51,7 @@ def test_sharded_table_selftest(tmp_path, nproc):
         assert lines, f"rank {r} printed no result"
         res = json.loads(lines[-1][len("SPARSETEST "):])
         assert res["world"] == nproc and res["nodes"] == 2 and res["local_ranks"] == nproc // 2
-        assert len(res["checks"]) == 10 and all(res["checks"].values()), res
+        assert len(res["checks"]) == 14 and all(res["checks"].values()), res
 
 
 def _base(tiny_overrides, steps):
@@ -93,3 +96,26 @@ def test_staleness_two_is_exact_and_replicas_agree(tmp_path, tiny_overrides):
         assert states[0]["table"]["rows_crc32"] == states[1]["table"]["rows_crc32"]
     assert sorted(p.name for p in (run / "checkpoints").glob("*.table-*")) == [
         "ckpt-step00000005.table-0of1.npz", "ckpt-step00000010.table-0of1.npz"]
+
+
+def test_frequency_layout_trains_like_flat_and_resumes_as_flat(tmp_path, tiny_overrides):
+    """Frequency layout (20 of 61 rows hot, the rest flat through the two-stage exchange) on 2 x 2 at
+    staleness 0: the losses of flat sharding; its checkpoint (explicit row ids) resumed as flat continues
+    them."""
+    common = ["parallel.nodes=2", "parallel.staleness=0", "parallel.sparse_update=dense"]
+    _train(4, _base(tiny_overrides, 8) + [f"run.out_dir={tmp_path / 'flat'}", "parallel.sparse=flat", *common])
+    freq = _base(tiny_overrides, 4) + [f"run.out_dir={tmp_path / 'freq'}", "parallel.sparse=frequency",
+                                       "parallel.hot_rows=20", *common]
+    _train(4, freq)
+    run = tmp_path / "freq" / "tiny"
+    meta = [json.loads(p.read_text()) for p in (run / "checkpoints").glob("ckpt-step*.json")]
+    assert meta, "no checkpoint"
+    assert len(list((run / "checkpoints").glob("ckpt-step00000004.table-*of4.npz"))) == 4
+    windows = [r for r in _rows(run / "metrics.jsonl") if "loss" in r]
+    assert all(r["sparse_inter_bytes"] > 0 and r["staleness_max"] == 0 for r in windows[1:])
+    _train(4, ["--resume", *[o for o in freq if not o.startswith(("train.max_steps", "parallel.sparse="))],
+               "train.max_steps=8", "parallel.sparse=flat"])
+    a, b = _losses(tmp_path / "flat" / "tiny"), _losses(run)
+    assert sorted(a) == sorted(b) == list(range(1, 9))
+    for step in a:
+        assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])

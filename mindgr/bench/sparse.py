@@ -26,45 +26,66 @@ from mindgr.bench import add_config_arguments, add_out_argument, config_override
 from mindgr.config import load_config
 
 
-def _rank_ids(cfg, steps: int, world: int, measured_world: int = 4):
+class _Batches:
+    """The config's data, sampler and planners, built once for every modelled topology."""
+
+    def __init__(self, cfg, measured_world: int = 4):
+        import copy
+        from mindgr.parallel.balance import CostModel
+        from mindgr.parallel.plan import RankPlanner, rank_capacities
+        from mindgr.train.data import RunData
+        from mindgr.train.negatives import item_frequencies
+        from mindgr.train.local import HostSampler
+        cfg = copy.deepcopy(cfg)
+        cfg.model.dropout = 0.0                                   # masks do not change the ids: skip them
+        self.data = data = RunData(cfg)
+        tr = data.train
+        self.measured_world = measured_world
+        self.tokens, rows = rank_capacities(tr.token_capacity, tr.row_capacity, measured_world,
+                                            cfg.parallel.capacity_slack)
+        self.planners = [RankPlanner(tr, measured_world, r, self.tokens, rows, CostModel(a=1.0, b=0.0), "cost",
+                                     cfg.run.seed) for r in range(measured_world)]
+        self.freq = item_frequencies(data.split.train, data.num_items)
+        self.sampler = HostSampler(cfg, data.num_items, SimpleNamespace(dropout_sites=1, dropout_width=1),
+                                   tr.token_capacity, self.freq)
+        self.epoch_batches = [(0, b) for b in data.plan.iter_batches(0)]
+
+    def batches(self, need: int):
+        """`need` consecutive (epoch, (b, indices)) of the training schedule, epoch after epoch."""
+        out, epoch = list(self.epoch_batches), 0
+        while len(out) < need:
+            epoch += 1
+            if epoch > 64:
+                raise ValueError(f"bench sparse: {need} batches need more than 64 epochs of this data")
+            out += [(epoch, b) for b in self.data.plan.iter_batches(epoch)]
+        return out[:need]
+
+
+def _rank_ids(src: _Batches, steps: int, world: int):
     """For each of `steps` steps, the distinct ids of each of `world` ranks (weak scaling from
     `measured_world` ranks per global batch); the table's rows; the (tokens, rows) capacities of the
     `world`-rank job's global batch (W / measured_world global batches of the config)."""
-    import copy
-    from mindgr.parallel.balance import CostModel
-    from mindgr.parallel.plan import RankPlanner, local_rows, rank_capacities
-    from mindgr.train.data import RunData
-    from mindgr.train.negatives import item_frequencies
-    from mindgr.train.local import HostSampler
-    cfg = copy.deepcopy(cfg)
-    cfg.model.dropout = 0.0                                   # masks do not change the ids: skip them
-    data = RunData(cfg)
-    tr = data.train
-    tokens, rows = rank_capacities(tr.token_capacity, tr.row_capacity, measured_world, cfg.parallel.capacity_slack)
-    planners = [RankPlanner(tr, measured_world, r, tokens, rows, CostModel(a=1.0, b=0.0), "cost", cfg.run.seed)
-                for r in range(measured_world)]
-    sampler = HostSampler(cfg, data.num_items, SimpleNamespace(dropout_sites=1, dropout_width=1),
-                          tr.token_capacity, item_frequencies(data.split.train, data.num_items))
-    batches = list(data.plan.iter_batches(0))
-    per_step = world // measured_world
-    need = steps * per_step
-    if need > len(batches):
-        raise ValueError(f"bench sparse: {steps} steps of {world} ranks need {need} batches, the epoch has "
-                         f"{len(batches)}: lower --steps")
+    from mindgr.parallel.plan import local_rows
+    tr = src.data.train
+    per_step = max(1, world // src.measured_world)
+    batches = src.batches(steps * per_step)
     out = []
     for s in range(steps):
         ranks = []
-        for b, indices in batches[s * per_step: (s + 1) * per_step]:
-            negatives, _ = sampler.draw(0, b)
+        for epoch, (b, indices) in batches[s * per_step: (s + 1) * per_step]:
+            negatives, _ = src.sampler.draw(epoch, b)
             batch_ids = tr.batch(indices)
-            for p in planners:
-                share = p.share(0, b, indices)
-                neg = local_rows(negatives, share.token_src, tokens, fill=1)
+            for p in src.planners:
+                share = p.share(epoch, b, indices)
+                neg = local_rows(negatives, share.token_src, src.tokens, fill=1)
                 ids = batch_ids.ids[share.token_src]
                 tgt = batch_ids.targets[share.token_src]
                 ranks.append(np.unique(np.concatenate([[0], ids, tgt, neg.ravel()]).astype(np.int64)))
-        out.append(ranks)
-    return out, data.num_items + 1, (tr.token_capacity * per_step, tr.row_capacity * per_step)
+        out.append(ranks[:world])
+    return out, src.data.num_items + 1, (tr.token_capacity * per_step, tr.row_capacity * per_step)
+
+
+LAYOUTS = ("flat", "hierarchical", "frequency", "dp")
 
 
 def model_topologies(cfg, topologies, steps: int) -> list[dict]:
@@ -73,13 +94,17 @@ def model_topologies(cfg, topologies, steps: int) -> list[dict]:
     from mindgr.parallel.sparse.traffic import Bandwidth, model_step
     bw = Bandwidth(cfg.parallel.intra_gbps, cfg.parallel.inter_gbps)
     dim = cfg.model.dim
+    src = _Batches(cfg)
     rows = []
     for nodes, local in topologies:
         world = nodes * local
-        per_step, num_rows, capacity = _rank_ids(cfg, steps, world)
+        per_step, num_rows, capacity = _rank_ids(src, steps, world)
+        plans = {layout: plan_table(Topology(nodes, local, 0), cfg, num_rows - 1, *capacity, layout, freq=src.freq)
+                 for layout in LAYOUTS if layout != "dp"}
+        hot = plans["frequency"].hot
         acc = {}
         for ids in per_step:
-            for layout, b in model_step(ids, nodes, local, dim, num_rows).items():
+            for layout, b in model_step(ids, nodes, local, dim, num_rows, hot=hot).items():
                 a = acc.setdefault(layout, {"intra": 0.0, "inter": 0.0, "seconds": 0.0})
                 a["intra"] += b["intra"].sum() / steps
                 a["inter"] += b["inter"].sum() / steps
@@ -88,15 +113,20 @@ def model_topologies(cfg, topologies, steps: int) -> list[dict]:
         node_uniq = np.mean([np.mean([len(np.unique(np.concatenate(ids[n * local:(n + 1) * local])))
                                       for n in range(nodes)]) for ids in per_step])
         step_uniq = np.mean([len(np.unique(np.concatenate(ids))) for ids in per_step])
-        for layout, a in acc.items():
-            # the trainer's plan for this topology (rank 0's; every shard is within one row of it)
-            plan = (plan_table(Topology(nodes, local, 0), cfg, num_rows - 1, *capacity, layout)
-                    if layout != "dp" else None)
-            rows.append({"table_rows_per_rank": plan.rows if plan else num_rows,
-                         "unique_capacity": plan.unique_capacity if plan else None,"topology": f"{nodes}x{local}", "layout": layout, "intra_MB": a["intra"] / 1e6,
-                         "inter_MB": a["inter"] / 1e6, "model_ms": a["seconds"] * 1e3,
-                         "unique_ids_per_rank": float(uniq),
-                         "unique_ids_per_node": float(node_uniq), "unique_ids_per_step": float(step_uniq), "table_rows": num_rows, "dim": dim})
+        hot_set = np.zeros(num_rows, bool)
+        hot_set[hot] = True
+        hot_share = np.mean([np.mean([hot_set[x].mean() for x in ids]) for ids in per_step])
+        for layout in LAYOUTS:
+            a = acc[layout]
+            plan = plans.get(layout)               # the trainer's plan for this topology (rank 0's)
+            rows.append({"topology": f"{nodes}x{local}", "layout": layout,
+                         "table_rows_per_rank": plan.rows if plan else num_rows,
+                         "unique_capacity": plan.unique_capacity if plan else None,
+                         "intra_MB": a["intra"] / 1e6, "inter_MB": a["inter"] / 1e6, "model_ms": a["seconds"] * 1e3,
+                         "unique_ids_per_rank": float(uniq), "unique_ids_per_node": float(node_uniq),
+                         "unique_ids_per_step": float(step_uniq), "table_rows": num_rows, "dim": dim,
+                         **({"hot_rows": int(len(hot)), "hot_share_of_rank_ids": float(hot_share),
+                             "hot_cut": plan.cut} if layout == "frequency" else {})})
     return rows
 
 
@@ -127,6 +157,8 @@ def bench_sparse(config, overrides, topologies: str = "2x2,8x8", steps: int = 5,
     print(f"modelled traffic per step (weak scaling from 2x2; {steps} steps; intra {cfg.parallel.intra_gbps:g} GB/s, "
           f"inter {cfg.parallel.inter_gbps:g} GB/s per node) [{time.perf_counter() - t0:.0f}s]")
     print("MB summed over nodes; distinct ids per rank / per node group / in the whole step")
+    print("layouts: flat; hierarchical (every row replicated per node group); frequency (hot rows replicated, "
+          "cold rows flat, two-stage exchange); dp (replicated table, dense all-reduce)")
     print(f"{'topology':>8} {'layout':>12} {'intra MB':>10} {'inter MB':>10} {'model ms':>9} {'ids/rank':>9} "
           f"{'ids/node':>9} {'ids/step':>9} {'rows/rank':>10} {'U_cap':>7}")
     for r in modelled:
@@ -136,11 +168,16 @@ def bench_sparse(config, overrides, topologies: str = "2x2,8x8", steps: int = 5,
     ratios = {}
     for t in dict.fromkeys(r["topology"] for r in modelled):
         by = {r["layout"]: r for r in modelled if r["topology"] == t}
-        ratios[t] = {"flat_over_hierarchical_inter": by["flat"]["inter_MB"] / max(by["hierarchical"]["inter_MB"], 1e-12),
-                     "dp_over_hierarchical_inter": by["dp"]["inter_MB"] / max(by["hierarchical"]["inter_MB"], 1e-12)}
-        print(f"{t}: inter-node bytes flat / hierarchical = {ratios[t]['flat_over_hierarchical_inter']:.2f}x, "
-              f"data parallel / hierarchical = {ratios[t]['dp_over_hierarchical_inter']:.2f}x")
-
+        inter = {k: max(v["inter_MB"], 1e-12) for k, v in by.items()}
+        ratios[t] = {"flat_over_frequency_inter": inter["flat"] / inter["frequency"],
+                     "flat_over_hierarchical_inter": inter["flat"] / inter["hierarchical"],
+                     "dp_over_frequency_inter": inter["dp"] / inter["frequency"]}
+        f = by["frequency"]
+        print(f"{t}: frequency layout: {f['hot_rows']} hot rows ({f['hot_cut']['rule']}), "
+              f"{f['hot_share_of_rank_ids']:.1%} of a rank's distinct ids; inter-node bytes flat / frequency = "
+              f"{ratios[t]['flat_over_frequency_inter']:.2f}x, flat / hierarchical = "
+              f"{ratios[t]['flat_over_hierarchical_inter']:.2f}x, data parallel / frequency = "
+              f"{ratios[t]['dp_over_frequency_inter']:.2f}x")
     measured = []
     run_dirs = [Path(p.split("=", 1)[-1]) for p in runs.split(",") if p]
     if train:

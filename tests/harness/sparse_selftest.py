@@ -101,6 +101,30 @@ def main(argv=None) -> int:
                                             np.array_equal(measured[:, 1], model["inter"]))
         table.traffic = traffic
 
+    # frequency layout (a third of the rows hot): lookup, two-stage route-back + hot exchange == the sum of
+    # every rank's gradients (each cold row at its one owner, each hot row at one replica per node), and
+    # the traffic model == the counters of the real exchange
+    from mindgr.parallel.sparse.exchange import exchange_hot
+    from mindgr.parallel.sparse.layout import HotCold
+    from mindgr.parallel.sparse.table import HotColdTable
+    plan = HotCold(np.random.default_rng([SEED, 7]).permutation(V)[: V // 3], V, topo.nodes, L)
+    counter = Traffic(topo.node_of(np.arange(world)), rank)
+    freq = HotColdTable(full[plan.rank_ids(rank)].copy(), plan, rank, groups.intra, topo.intra_ranks, groups.inter,
+                        topo.inter_ranks, counter)
+    res["lookup_frequency"] = np.array_equal(freq.lookup(ids), full[ids])
+    s_, g_ = freq.push(grads)
+    s_, g_ = exchange_hot(s_, g_, freq.hot_slots, groups.inter, topo.inter_ranks, counter)
+    held = freq.ids[s_]
+    res["grads_frequency"] = bool(np.array_equal(np.sort(held), np.intersect1d(freq.ids, touched)) and
+                                  np.allclose(g_, _expected_sum(world, held), rtol=1e-5, atol=1e-6))
+    sent = comm.all_gather(np.array([counter.step_intra, counter.step_inter], np.int64)[None])
+    node = topo.node_of(np.arange(world))
+    measured = np.array([sent[node == n].sum(0) for n in range(topo.nodes)])
+    model = model_step([_rank_data(r)[0] for r in range(world)], topo.nodes, L, D, V, hot=plan.hot)["frequency"]
+    res["traffic_model_frequency"] = bool(np.array_equal(measured[:, 0], model["intra"]) and
+                                          np.array_equal(measured[:, 1], model["inter"]))
+    res["assemble_frequency"] = np.array_equal(freq.assemble(topo.node), full)
+
     # replicas apply the same update and stay bit-identical
     opt = RowAdam(hier.rows, 0.01, 0.9, 0.98, 1e-8, 0.01, lazy=True)
     opt.apply(slots, sums)
