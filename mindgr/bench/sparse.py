@@ -147,7 +147,7 @@ def _read_run(run: Path) -> dict:
             "valid_hr@10": ev["valid"].get("hr@10")}
 
 
-def bench_sparse(config, overrides, topologies: str = "2x2,8x8", steps: int = 5, runs: str = "",
+def bench_sparse(config, overrides, topologies: str = "2x2,8x8,64x8", steps: int = 5, runs: str = "",
                  train: bool = False, out_dir: str = "runs/bench-sparse", taus: str = "0,1,2", out=None) -> dict:
     from mindgr.bench.distributed_common import machine_load
     cfg = load_config(config, overrides)
@@ -222,7 +222,7 @@ def _train_with_config(config, overrides, tau, out_dir: Path, name: str) -> Path
 
 def add_arguments(parser):
     add_config_arguments(parser)
-    parser.add_argument("--topologies", default="2x2,8x8", help="modelled nodes x local ranks")
+    parser.add_argument("--topologies", default="2x2,8x8,64x8", help="modelled nodes x local ranks")
     parser.add_argument("--model-steps", type=int, default=5, help="steps whose ids the traffic model uses")
     parser.add_argument("--runs", default="", help="measured run directories to report (comma separated)")
     parser.add_argument("--train", action="store_true", help="train the staleness runs on 4 processes first")

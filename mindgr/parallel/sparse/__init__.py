@@ -1,12 +1,14 @@
 """Sharded item embeddings for multi-process training (docs/sparse.md).
 
     topology      nodes x local_ranks: which ranks share a node group, the intra and inter groups
-    layout        TableLayout, the plan of the sharded table (plan_table: topology + config -> layout)
+    layout        TableLayout, the plan of the sharded table (plan_table: topology + config [+ id statistics]
+                  -> layout); HotCold, the frequency layout's row ownership
     init          the item table's initial rows, drawn exactly as the replicated model draws them
-    table         ShardedTable: row ownership, lookup of de-duplicated ids, gradient route-back
+    table         ShardedTable: row ownership, lookup of de-duplicated ids, gradient route-back;
+                  HotColdTable: the frequency layout's table, cold rows through a gateway per node
     row_adam      AdamWeightDecay applied row by row on an owner's shard (lazy or every row)
     exchange      the cross-node gradient exchange, synchronous or one step behind (bounded staleness)
-    traffic       bytes per step inside / across nodes and the two-bandwidth cost model
+    traffic       bytes per step inside / across nodes, the two-bandwidth cost model, the hot-row cut
     step          the compiled step that takes the gathered rows as an input and returns their gradient
     strategy      ShardedTableStrategy: the data-parallel strategy with the item table sharded
 The shards' checkpoint files (save / load, resharding to another rank count) are mindgr.train.table_checkpoint.
