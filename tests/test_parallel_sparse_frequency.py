@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from mindgr.config import load_config
-from mindgr.parallel.sparse.layout import HotCold, plan_table
+from mindgr.parallel.sparse.hotcold import HotCold
+from mindgr.parallel.sparse.layout import plan_table
 from mindgr.parallel.sparse.topology import Topology
 from mindgr.parallel.sparse.traffic import Traffic, hot_cut, model_step
 from mindgr.train import table_checkpoint as ck

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     # every rank's gradients (each cold row at its one owner, each hot row at one replica per node), and
     # the traffic model == the counters of the real exchange
     from mindgr.parallel.sparse.exchange import exchange_hot
-    from mindgr.parallel.sparse.layout import HotCold
+    from mindgr.parallel.sparse.hotcold import HotCold
     from mindgr.parallel.sparse.table import HotColdTable
     plan = HotCold(np.random.default_rng([SEED, 7]).permutation(V)[: V // 3], V, topo.nodes, L)
     counter = Traffic(topo.node_of(np.arange(world)), rank)

@@ -2,7 +2,8 @@
 
     topology      nodes x local_ranks: which ranks share a node group, the intra and inter groups
     layout        TableLayout, the plan of the sharded table (plan_table: topology + config [+ id statistics]
-                  -> layout); HotCold, the frequency layout's row ownership
+                  -> layout)
+    hotcold       HotCold: the frequency layout's row ownership (hot rows per node group, cold per job)
     init          the item table's initial rows, drawn exactly as the replicated model draws them
     table         ShardedTable: row ownership, lookup of de-duplicated ids, gradient route-back;
                   HotColdTable: the frequency layout's table, cold rows through a gateway per node

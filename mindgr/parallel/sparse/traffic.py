@@ -193,7 +193,7 @@ def model_step(rank_ids: list, nodes: int, local_ranks: int, dim: int, num_rows:
 
 def _model_frequency(rank_ids, nodes, local_ranks, dim, num_rows, hot) -> dict:
     """Bytes per node of the frequency layout (mindgr.parallel.sparse.table.HotColdTable's messages)."""
-    from mindgr.parallel.sparse.layout import HotCold
+    from mindgr.parallel.sparse.hotcold import HotCold
     plan = HotCold(np.asarray(hot, np.int64), num_rows, nodes, local_ranks)
     world, L = nodes * local_ranks, local_ranks
     rb, ib = row_bytes(dim), ID_BYTES
