@@ -5,7 +5,7 @@ import pytest
 
 from mindspore import Tensor
 
-from mindgr.ids.beam import BeamError, beam_ranks, beam_search, topk_items
+from mindgr.generate.beam import BeamError, beam_ranks, beam_search, topk_items
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder, RecomputeScorer, item_log_probs
 from gr_fixtures import fast_backend, random_codes  # noqa: F401

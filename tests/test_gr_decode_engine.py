@@ -12,11 +12,11 @@ import pytest
 
 from mindspore import Tensor
 
-from mindgr.ids.beam import select_full_sort
+from mindgr.generate.beam import select_full_sort
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder
 from mindgr.ops import set_backend
-from mindgr.ids.decode import DecodingEngine, select_partial
+from mindgr.generate.engine import DecodingEngine, select_partial
 from gr_fixtures import fast_backend, random_codes  # noqa: F401
 
 # slow: engine vs naive over several models and beam widths (~20 s)
@@ -76,7 +76,7 @@ def test_cache_bytes_grow_with_prompt_plus_beams_times_steps():
     seen = {}
     for p_cap, beam in [(6, 4), (12, 8)]:
         eng = DecodingEngine(dec, trie, codes, beam, p_cap, num_users=2)
-        eng.backend.prefill([(np.zeros((2, 1), np.int32), np.zeros(2, np.float32))] * 2)   # allocates the cache
+        eng.state.prefill([(np.zeros((2, 1), np.int32), np.zeros(2, np.float32))] * 2)   # allocates the cache
         got = eng.cache_nbytes()
         assert got["prompt"] == per_token * 2 * p_cap
         assert got["beams"] == per_token * 2 * beam * steps

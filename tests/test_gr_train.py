@@ -75,7 +75,7 @@ def test_train_eval_ranks_file_better_than_chance(gr_setup, capsys):
 
 def test_eval_equals_plain_beam_search(gr_setup):
     """The engine's lists (mindgr eval's decoder) equal ids/beam.py's plain search on the same checkpoint."""
-    from mindgr.ids.beam import beam_ranks, beam_search
+    from mindgr.generate.beam import beam_ranks, beam_search
     from mindgr.models.generative import RecomputeScorer, max_prompt_tokens
     from mindgr.train.data import RunData
     from mindgr.train.generative import load_generative_run
@@ -101,7 +101,7 @@ def test_trie_softmax_run_trains_and_decodes_renormalised(gr_setup):
     fixture's run, so its first loss is strictly lower: each softmax runs over a subset of the same
     logits), its loaded decoder carries the rule, and eval's lists equal the plain beam search
     renormalised over the trie's children."""
-    from mindgr.ids.beam import beam_ranks, beam_search
+    from mindgr.generate.beam import beam_ranks, beam_search
     from mindgr.models.generative import RecomputeScorer, max_prompt_tokens
     from mindgr.train.data import RunData
     from mindgr.train.generative import GenerativeTrainer, load_generative_run
@@ -292,7 +292,7 @@ def test_recommend_and_export_the_trained_run(gr_setup, tmp_path, capsys):
     """The trained run served by its run directory: `mindgr recommend --run` gives the decoding engine's lists
     on load_generative_run's model, and `mindgr export --run` writes graphs that give the same lists."""
     from mindgr.cli import main
-    from mindgr.ids.decode import DecodingEngine
+    from mindgr.generate.engine import DecodingEngine
     from mindgr.serve.export import load_generative_export
     from mindgr.serve.generative import is_generative_run
     from mindgr.train.generative import load_generative_run
@@ -316,7 +316,7 @@ def test_recommend_and_export_the_trained_run(gr_setup, tmp_path, capsys):
     manifest, graphs, codes, _, _ = load_generative_export(out)
     assert manifest["kind"] == "generative" and manifest["data"]["fingerprint"] is not None
     np.testing.assert_array_equal(codes, run.codes)
-    eng.backend.prefill_net, eng.backend.step_net = graphs[1]
+    eng.state.prefill_net, eng.state.step_net = graphs[1]
     items2, _ = eng.search([np.asarray(hist)[-run.max_history:]], 6)
     np.testing.assert_array_equal(items2, items)
     json.dumps(manifest)

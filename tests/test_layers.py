@@ -7,6 +7,8 @@ only ones, each with its reason; a listed exception that no longer occurs fails 
 shrinks as the code is fixed).
 """
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import REPO
@@ -14,9 +16,9 @@ from conftest import REPO
 # component -> layer (docs/ARCHITECTURE.md); a new package must be placed here before it can be imported.
 LAYERS = {
     "__init__": 0, "config": 0, "paths": 0,
-    "datasets": 1, "ops": 1,
+    "datasets": 1, "ops": 1, "ids": 1,
     "runtime": 2, "models": 2,
-    "ids": 3,
+    "generate": 3,
     "train": 4,
     "parallel": 5,
     "serve": 6,
@@ -135,3 +137,68 @@ def test_the_checker_finds_what_it_must():
     assert "mindgr.ops.backend" in graph["mindgr.ops.attention"]     # from-imports resolve to modules
     assert "mindgr.runtime" in graph["mindgr.train.trainer"]
     assert "mindgr.train.table_checkpoint" in graph["mindgr.train.trainer"]   # lazy imports count
+
+
+# packages that must stay free of MindSpore (numpy / pyarrow only): what they build runs without a device
+NO_MINDSPORE = ("mindgr.ids",)
+
+
+def _imports_mindspore(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(n == "mindspore" or n.startswith("mindspore.") for n in names):
+            return True
+    return False
+
+
+def _with_packages(module: str) -> set:
+    """The module and the packages Python imports before it (mindgr.ids.trie -> mindgr, mindgr.ids)."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def _mindspore_importers(root: str, graph: dict, files: dict) -> list:
+    """The modules importing mindspore among `root` and every mindgr module it imports, transitively
+    (their packages' __init__ included; imports inside functions count)."""
+    seen, todo = set(), [root]
+    while todo:
+        for m in _with_packages(todo.pop()):
+            if m in files and m not in seen:
+                seen.add(m)
+                todo.extend(graph[m])
+    return sorted(m for m in seen if _imports_mindspore(files[m]))
+
+
+def _numpy_only_modules(graph) -> list:
+    return sorted(m for m in graph if any(m == p or m.startswith(p + ".") for p in NO_MINDSPORE))
+
+
+def test_numpy_only_packages_import_no_mindspore():
+    """No module of a NO_MINDSPORE package imports mindspore, directly or through the mindgr modules it
+    imports."""
+    graph = _graph()
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    bad = [f"{root} imports mindspore" + (f" through {m}" if m != root else "")
+           for root in _numpy_only_modules(graph) for m in _mindspore_importers(root, graph, files)]
+    assert not bad, "\n".join(bad)
+
+
+def test_numpy_only_packages_load_without_mindspore():
+    """The same at run time: importing every module of those packages loads no mindspore."""
+    code = ("import importlib, sys\n"
+            f"for m in {_numpy_only_modules(_graph())!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m == 'mindspore' or m.startswith('mindspore.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout[:300]
+
+
+def test_the_mindspore_check_finds_what_it_must():
+    graph = _graph()
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    assert _imports_mindspore(PACKAGE / "models" / "kv_cache.py")          # `from mindspore import ...`
+    assert not _imports_mindspore(PACKAGE / "ids" / "trie.py")
+    # the engine imports no mindspore itself, but reaches it through the models it decodes
+    assert not _imports_mindspore(PACKAGE / "generate" / "engine.py")
+    assert "mindgr.models.kv_cache" in _mindspore_importers("mindgr.generate.engine", graph, files)
+    assert _mindspore_importers("mindgr.paths", graph, files) == []

@@ -26,13 +26,13 @@ def test_gr_export_round_trip_is_bit_identical(tmp_path):
     eng = rec.engines[0][1]
     hist = [np.array([3, 9, 17])]
     want_items, want_scores = eng.search(hist, 4)
-    step_inputs = eng.backend.last_step_inputs
-    want_step = [t.asnumpy() for t in eng.backend.step_net(*step_inputs)]
+    step_inputs = eng.state.last_step_inputs
+    want_step = [t.asnumpy() for t in eng.state.step_net(*step_inputs)]
     prefill, step = graphs[1]
     got_step = [t.asnumpy() for t in step(*step_inputs)]
     for a, b in zip(got_step, want_step):
         np.testing.assert_array_equal(a, b)                       # bit-identical on the CPU
-    eng.backend.prefill_net, eng.backend.step_net = prefill, step
+    eng.state.prefill_net, eng.state.step_net = prefill, step
     items, scores = eng.search(hist, 4)
     np.testing.assert_array_equal(items, want_items)
     np.testing.assert_array_equal(scores, want_scores)

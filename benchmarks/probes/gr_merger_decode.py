@@ -6,7 +6,7 @@ import numpy as np
 from mindgr.train.data import RunData
 from mindgr.train.generative import load_generative_run
 from mindgr.train.gr_eval import beam_width
-from mindgr.ids.decode import DecodingEngine
+from mindgr.generate.engine import DecodingEngine
 from mindgr.models.generative import max_prompt_tokens, prompts_of
 runs = [load_generative_run(r, threads=1) for r in sys.argv[1:3]]
 users = int(sys.argv[3]) if len(sys.argv) > 3 else 256

@@ -50,7 +50,8 @@ def build(args):
 
 
 def measure(args):
-    from mindgr.ids.decode import DecodeStepCell, DecodingEngine
+    from mindgr.generate.engine import DecodingEngine
+    from mindgr.models.kv_cache import DecodeStepCell
     dec, trie, codes, backend, rng = build(args)
     steps = dec.num_levels - 1
     results = []
@@ -66,7 +67,7 @@ def measure(args):
             b = naive.search(hist, 10)
             for net in parts.values():
                 net.set_train(False)
-                net(*eng.backend.last_step_inputs)
+                net(*eng.state.last_step_inputs)
             warm = time.perf_counter() - t0
             assert (a[0] == b[0]).all(), "engine and naive lists differ"
             rec = {k: [] for k in ("e_model", "e_prompt", "e_beam", "e_select", "e_masks", "e_prefill",
@@ -86,7 +87,7 @@ def measure(args):
                         rec["e_prefill"].append(e.timings["prefill"])
                 for name, net in parts.items():
                     t1 = time.perf_counter()
-                    net(*eng.backend.last_step_inputs)[0].asnumpy()
+                    net(*eng.state.last_step_inputs)[0].asnumpy()
                     rec[f"e_{name}"].append(time.perf_counter() - t1)
             med = {k: float(np.median(v)) * 1e3 for k, v in rec.items()}
             bytes_ = eng.cache_nbytes()

@@ -5,7 +5,8 @@ What was chosen, and why:
   `mindgr.models.hstu.HSTUBlock`: MindGR's fused jagged attention is the fast path we have on every
   backend, and HSTU's pointwise SiLU attention has no softmax normaliser, so the attention of a decoded
   token is exactly (its part over the prompt) + (its part over its own beam's tokens): that is what lets
-  the decoding engine (mindgr.ids.decode) keep the prompt's K/V once and each beam's few tokens apart.
+  the decoder's cached forward (prefill / step below, HSTUBlock.cached_step) keep the prompt's K/V once
+  and each beam's few tokens apart.
   No time bias (semantic-ID tokens of one item share a timestamp); relative position bias only.
 - Token input: a code embedding per (level, code) plus a level embedding, times sqrt(D) as in HSTU.
   Codes are numbered globally: gid = level_offsets[level] + code, level_offsets = cumsum(level_sizes).
@@ -22,11 +23,12 @@ What was chosen, and why:
   not only the sum of its codes' factors. Decoded tokens are never merged: the decoder still emits every code.
 - Trie softmax (`trie_softmax`): the decoder's scoring rule, not a weight. When set, the model was trained
   with each code's softmax over the codes the prefix trie allows after the item's earlier codes (NTPLoss
-  groups), so decoding must renormalise over those same codes (mindgr.ids.beam.beam_search); the logits
+  groups), so decoding must renormalise over those same codes (mindgr.generate.beam.beam_search); the logits
   of codes the trie never allows there were never trained.
 
 construct(slots [T, G] int32, merged [T] float32 (1 = merged token), offsets [B+1] int32, drop=None)
-    -> hidden [T, D]; logits(hidden) -> [T, sum K].
+    -> hidden [T, D]; logits(hidden) -> [T, sum K]. Generation (mindgr.models.generation's contract):
+prompts, decode_state (-> mindgr.models.kv_cache.KVCacheState) and the graph methods prefill / step.
 """
 from __future__ import annotations
 
@@ -109,6 +111,43 @@ class GRDecoder(nn.Cell):
     def logits(self, hidden):
         """[..., sum K] plain logits over every level's codes (mask to one level before a softmax)."""
         return ops.matmul(hidden, self.w_head) + self.b_head
+
+    # ---- generation (the contract in mindgr.models.generation; mindgr.generate calls only these) ---------
+
+    def prompts(self, histories, codes, max_prompt_tokens: int):
+        """Per user (slots, merged) of its prompt (prompts_of)."""
+        return prompts_of(self, histories, codes, max_prompt_tokens)
+
+    def decode_state(self, num_users: int, beam: int, max_prompt_tokens: int, runner=None, parts: str = "both"):
+        """The decoding state of a batch of users: the shared prompt K/V cache and per-beam records
+        (mindgr.models.kv_cache.KVCacheState, which compiles prefill and step below)."""
+        from mindgr.models.kv_cache import KVCacheState
+        return KVCacheState(self, num_users, beam, max_prompt_tokens, parts, runner)
+
+    def prefill(self, slots, merged, offsets, last, num_users: int, p_cap: int):
+        """The cached forward over the prompts (one per p_cap tokens) -> (level-0 logits [U, sum K] at the
+        tokens `last`, prompt K [blocks, U, P, H, dqk], prompt V [blocks, U, P, H, dv])."""
+        x = self.embed(slots, merged)
+        ts = ops.zeros((x.shape[0],), ms.int64)
+        ks, vs = [], []
+        for i in range(self.num_blocks):
+            x, k, v = self.blocks[i].prompt_forward(x, offsets, ts, num_users, p_cap)
+            ks.append(k)
+            vs.append(v)
+        return self.logits(ops.gather(layer_norm(x), last, 0)), ops.stack(ks), ops.stack(vs)
+
+    def step(self, slots, kp, vp, pidx, pmask, kr, vr, onehot, anc, ridx, rmask, num_users: int, beam: int,
+             steps: int, parts: str = "both"):
+        """One decoded code per (user, beam) -> (logits [U*Bm, sum K], record K, record V), every block's
+        HSTUBlock.cached_step over its slice of the caches ([blocks, ...])."""
+        x = self.embed(slots, ops.zeros((slots.shape[0],), ms.float32))
+        new_k, new_v = [], []
+        for i in range(self.num_blocks):
+            x, k, v = self.blocks[i].cached_step(x, kp[i], vp[i], pidx, pmask, kr[i], vr[i], onehot, anc, ridx,
+                                                 rmask, num_users, beam, steps, parts)
+            new_k.append(k)
+            new_v.append(v)
+        return self.logits(layer_norm(x)), ops.stack(new_k), ops.stack(new_v)
 
 
 def log_softmax(z: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:

@@ -10,8 +10,10 @@ request time when request_time=True (config model.request_time, the published co
 the event being predicted), else that position's own time (MindGR's earlier convention; mindgr.ops.attention).
 """
 import numpy as np
+import mindspore as ms
 from mindspore import nn, ops
 
+from mindgr.models import layers
 from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
 from mindgr.ops.attention import jagged_hstu_attention
 from mindgr.ops.linear import linear
@@ -49,6 +51,62 @@ class HSTUBlock(nn.Cell):
         if drop_mask is not None:
             o = apply_dropout(o, drop_mask)
         return x + linear(o, self.w_out) + self.b_out
+
+    # ---- the cached forward: what a decoder built from these blocks generates with -------------------------
+    # HSTU's attention is pointwise SiLU with no softmax normaliser, so a decoded token's attention is exactly
+    # (its part over the prompt) + (its part over its own earlier decoded tokens): the prompt's keys and
+    # values are kept once and each decoded token's in an append-only record (mindgr.models.kv_cache).
+    # Plain MindSpore ops here (no ops backend): the shapes are the decoder's, not the jagged training ones.
+
+    def _uvqk_plain(self, x):
+        """u, v, q, k [T, H*d] of inputs x [T, D]: the block's projection, SiLU(LN(x) W_uvqk) split."""
+        hv, hqk = self.h * self.dv, self.h * self.dqk
+        z = ops.silu(ops.matmul(layers.layer_norm(x), self.w_uvqk))
+        return ops.split(z, [hv, hv, hqk, hqk], 1)
+
+    def prompt_forward(self, x, offsets, timestamps, rows: int, row_len: int):
+        """The block over prompts laid out one per `row_len` tokens -> (y [T, D], K [rows, row_len, H, dqk],
+        V [rows, row_len, H, dv]): its output and the keys / values decoded tokens attend to."""
+        _, v, _, k = self._uvqk_plain(x)
+        y = self.construct(x, offsets, timestamps)     # (graph mode cannot call `self`)
+        return y, k.reshape(rows, row_len, self.h, self.dqk), v.reshape(rows, row_len, self.h, self.dv)
+
+    def cached_step(self, x, kp, vp, pidx, pmask, kr, vr, onehot, anc, ridx, rmask, users: int, beam: int,
+                    steps: int, parts: str = "both"):
+        """One decoded token per (user, beam), x [U*Bm, D] -> (y [U*Bm, D], record K, record V).
+
+        kp / vp [U, P, H, d]: the prompt's keys / values (prompt_forward), shared by the user's beams;
+        pidx [U, P] int32 / pmask [U, P]: each prompt key's position-bias index and validity;
+        kr / vr [S, U, Bm, H, d]: the append-only records, one slot per decoded level; this token's k / v
+        are written at the slot where onehot [S] is 1 (a blend: a scatter into a graph input is not an
+        in-place update in graph mode); anc [U*Bm*S] int32: flat record rows of each beam's ancestry (itself
+        at this slot, its parent at the slot before, ...), followed by parent indices on the host so that a
+        forked beam copies nothing; ridx [S] int32 / rmask [S]: the records' bias index and validity.
+        parts: "both", or "prompt" / "beam" (one attention part only: for timing the split)."""
+        u, b, s, h, dqk, dv = users, beam, steps, self.h, self.dqk, self.dv
+        inv_n = 1.0 / float(self.max_len)
+        uu, v, q, k = self._uvqk_plain(x)
+        q4 = q.reshape(u, b, h, dqk)
+        attn = ops.zeros((u, b, h, dv), ms.float32)
+        if parts != "beam":
+            # the prompt part: one [beam, dqk] x [dqk, P] product per (user, head) over the shared keys
+            sp = ops.matmul(q4.transpose(0, 2, 1, 3), kp.transpose(0, 2, 3, 1))           # [U, H, Bm, P]
+            wp = ops.silu(sp + ops.gather(self.w_pos, pidx, 0)[:, None, None, :])
+            wp = wp * (pmask * inv_n)[:, None, None, :]
+            attn = attn + ops.matmul(wp, vp.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+        # this step's record, then the ancestry part (ancestors found through the parent indices)
+        oh = onehot.reshape(s, 1, 1, 1, 1)
+        kr = kr * (1.0 - oh) + oh * k.reshape(1, u, b, h, dqk)
+        vr = vr * (1.0 - oh) + oh * v.reshape(1, u, b, h, dv)
+        if parts != "prompt":
+            ka = ops.gather(kr.reshape(s * u * b, h, dqk), anc, 0).reshape(u, b, s, h, dqk)
+            va = ops.gather(vr.reshape(s * u * b, h, dv), anc, 0).reshape(u, b, s, h, dv)
+            sb = (q4.reshape(u, b, 1, h, dqk) * ka).sum(-1)                                 # [U, Bm, S, H]
+            wb = ops.silu(sb + ops.gather(self.w_pos, ridx, 0)[None, None, :, None])
+            wb = wb * (rmask * inv_n)[None, None, :, None]
+            attn = attn + (wb[..., None] * va).sum(2)
+        o = uu * layers.layer_norm(attn.reshape(u * b, h * dv))
+        return x + ops.matmul(o, self.w_out) + self.b_out, kr, vr
 
 
 class HSTU(ItemSequenceEncoder):

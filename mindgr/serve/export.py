@@ -14,7 +14,8 @@ Written into DIR:
 load_export(DIR) reads it back with mindspore.load + nn.GraphCell.
 
 Generative runs (export_generative / export_generative_run; load_generative_export): per user-batch shape U
-  prefill-u{U}.mindir      the decoding engine's PrefillCell (prompt batch -> level-0 logits, prompt K, V)
+  prefill-u{U}.mindir      the GR decoder's PrefillCell (mindgr.models.kv_cache: prompt batch -> level-0
+                           logits, prompt K, V)
   step-u{U}-b{beam}.mindir its DecodeStepCell (one token per beam -> logits, updated record K, V; the
                            one-hot record update and the ancestry gather are in the graph)
   codes.npy, trie.npz      the code table [V+1, Lt] and the trie's keys / masks per level
@@ -151,8 +152,7 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
     import mindspore as ms
     import numpy as np
     from mindspore import Tensor
-    from mindgr.ids.decode import DecodingEngine
-    from mindgr.models.generative import prompts_of
+    from mindgr.generate.engine import DecodingEngine
     from mindgr.serve.generative import GenerativeRecommender
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -161,10 +161,10 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
     graphs = {}
     for users in rec.shapes:
         eng: DecodingEngine = rec.engines[0][users]
-        be = eng.backend
+        be = eng.state                    # the decoder's KV-cache state (mindgr.models.kv_cache)
         # the inputs the engine really builds for a prefill and a step (their values do not matter)
         be.run = rec_calls = _Recorder()
-        be.prefill(prompts_of(dec, [np.ones(1, np.int64)] * users, eng.codes, p_cap))
+        be.prefill(dec.prompts([np.ones(1, np.int64)] * users, eng.codes, p_cap))
         pre_args = [Tensor(a) for a in rec_calls.calls[0]]
         be.step(1, np.zeros((users, beam), np.int64), [np.zeros((users, beam), np.int64)])
         step_args = be.last_step_inputs

@@ -153,7 +153,7 @@ class GenerativeRecommender(ServingModel):
 
     def __init__(self, bundle, beam: int = 16, decode: str = "engine", shapes=DEFAULT_GR_SHAPES,
                  overlap: bool = False, max_history: int = DEFAULT_MAX_HISTORY):
-        from mindgr.ids.decode import DecodingEngine
+        from mindgr.generate.engine import DecodingEngine
         from mindgr.models.ntp import tokens_per_prompt_item
         if decode not in DECODES:
             raise ValueError(f"decode: {decode!r} (expected one of {', '.join(DECODES)})")

@@ -306,7 +306,7 @@ class GenerativeTrainer(TrainLoop):
 
 
 def beam_width_of(cfg: Config) -> int:
-    from mindgr.ids.beam import BeamError
+    from mindgr.generate.beam import BeamError
     from mindgr.train.gr_eval import beam_width
     try:
         return beam_width(cfg.eval)

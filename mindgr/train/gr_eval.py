@@ -1,4 +1,4 @@
-"""Generative-retrieval evaluation: trie-constrained beam search (mindgr.ids.decode.DecodingEngine, the
+"""Generative-retrieval evaluation: trie-constrained beam search (mindgr.generate.engine.DecodingEngine, the
 engine the server uses) -> per-user ranks in the layout of full-ranking evaluation (mindgr.train.metrics).
 
 Each user's prompt is its last `max_history` items (the run's data.max_len, as in training). The engine
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from mindgr.ids.beam import BeamError, beam_ranks
+from mindgr.generate.beam import BeamError, beam_ranks
 from mindgr.train.metrics import ranking_metrics
 
 
@@ -78,7 +78,7 @@ def _engine(decoder, trie, codes, beam, p_cap, n_users, engine_options):
     the decoder's parameters, so a validation during training decodes with the current weights without
     compiling again); the last few are kept."""
     from collections import OrderedDict
-    from mindgr.ids.decode import DecodingEngine
+    from mindgr.generate.engine import DecodingEngine
     global _ENGINES
     if _ENGINES is None:
         _ENGINES = OrderedDict()

@@ -14,7 +14,7 @@ dead (score -inf, item 0).
 The scorer is any object with `step(level, prefixes [U, Bm, level] int64) -> log-probs [U, Bm, K_level]`
 and `advance(parent [U, Bm], code [U, Bm], alive [U, Bm])`, told which beam each new beam forked from:
 the reference one (mindgr.models.generative.RecomputeScorer) re-runs the decoder over every beam's whole
-sequence each step; the engine (mindgr.ids.decode) is the fast path of the same search.
+sequence each step; the engine (mindgr.generate.engine) is the fast path of the same search.
 
 beam_ranks(items, targets, histories, num_items) turns the lists into 0-based ranks as `mindgr eval`
 writes them (mindgr.train.metrics.target_ranks): history items other than the target are skipped; a

@@ -1,0 +1,59 @@
+"""What a decoder exposes to be generated from: the contract the decoding engine (mindgr.generate) relies on.
+
+The engine runs trie-constrained beam search and never looks inside the model: it asks the decoder for
+its decoding state and calls prefill once per batch of users, then step once per decoded level. How the
+state is kept is the model's business: the HSTU GR decoder keeps the prompt's K/V once and each beam's
+tokens in append-only records (mindgr.models.kv_cache); a linear-attention decoder would keep a recurrent
+state per beam and fork it by parent index. A new backbone implements this in its own model file.
+
+A generative decoder has
+    num_levels, level_offsets [Lt + 1]       the code layout (global code id = level_offsets[l] + code)
+    trie_softmax                             its scoring rule: renormalise each step over the trie's children
+    prompts(histories, codes, max_prompt_tokens) -> [per user prompt]   (the input of prefill)
+    decode_state(num_users, beam, max_prompt_tokens, runner=None) -> DecodeState
+and, for the engine's recompute baseline (mindgr.models.generative.RecomputeScorer), the plain forward
+construct(slots, merged, offsets) -> hidden and logits(hidden).
+"""
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+
+GENERATOR_ATTRIBUTES = ("num_levels", "level_offsets", "trie_softmax", "prompts", "decode_state")
+
+
+class DecodeState(abc.ABC):
+    """A decoder's serving state for a fixed batch capacity of users x beam.
+
+    runner(fn, *args) -> fn(*args) is where the model calls run (the calling thread by default; a server
+    passes one model thread so that the host work of one batch overlaps the model compute of another).
+    `timings` holds the seconds spent in "prefill" and "step" model calls."""
+
+    timings: dict
+
+    @abc.abstractmethod
+    def prefill(self, prompts) -> np.ndarray:
+        """Encode the users' prompts once (fewer prompts than users: the spare slots repeat one) ->
+        level-0 logits [U, sum K]."""
+
+    @abc.abstractmethod
+    def step(self, level: int, codes: np.ndarray, parents: list) -> np.ndarray:
+        """Level `level` >= 1: codes [U, Bm] chosen at level-1, one per beam; parents[t] [U, Bm] is the beam
+        (among level t-1's) each level-t beam forked from, t = 1..level-1 -> logits [U, Bm, sum K]."""
+
+    @abc.abstractmethod
+    def share_graphs(self, other: "DecodeState"):
+        """Run `other`'s compiled graphs (same decoder and shapes): two states, one compile."""
+
+    @abc.abstractmethod
+    def nbytes(self) -> dict:
+        """Bytes the state holds, by part (e.g. the shared prompt and the per-beam records)."""
+
+
+def check_generator(decoder):
+    """A one-line error when `decoder` does not expose the generation contract."""
+    missing = [a for a in GENERATOR_ATTRIBUTES if not hasattr(decoder, a)]
+    if missing:
+        raise TypeError(f"{type(decoder).__name__} is not a generative decoder: it lacks {', '.join(missing)} "
+                        "(mindgr.models.generation)")

@@ -1,0 +1,145 @@
+"""The GR decoder's decoding state: the prompts' K/V kept once, each beam's decoded tokens in append-only
+records forked by parent index (mindgr.models.generation's DecodeState for GRDecoder).
+
+- Prefill encodes each user's prompt once (one jagged batch through the decoder's HSTU blocks with the
+  fused attention) and keeps every block's prompt K/V in ONE cache [blocks, users, P_cap, H, d], never
+  replicated per beam.
+- Each step appends one token per beam to a record buffer [blocks, steps, users, beam, H, d] at slot
+  (level - 1); the beams' parent indices stay on the host. Forking a beam copies nothing: a decoded token
+  finds its ancestry by following parent indices (a gather at attention time, HSTUBlock.cached_step).
+- The position-bias indices and masks are HSTU's (relative position within the user's row: the prompt
+  at positions 0..n-1, decoded token t at n + t).
+
+Fixed shapes: one prefill graph per (users, P_cap) and one step graph per (users, beam, P_cap); the level
+enters as data (bias indices, masks, the record slot's one-hot), so every level reuses the same graph.
+The prompts' jagged batch lays each user at a fixed stride P_cap with a filler row after it, so the jagged
+layout is the padded cache layout and needs no gather. These two cells are also what `mindgr export`
+writes as MindIR (mindgr.serve.export): their inputs are the export format.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mindspore import Tensor, nn
+
+from mindgr.models.generation import DecodeState
+from mindgr.models.ntp import code_tokens
+
+
+class PrefillCell(nn.Cell):
+    """Prompt batch -> (level-0 logits [U, sum K], prompt K [blocks, U, P, H, dqk], prompt V [.., dv])."""
+
+    def __init__(self, decoder, num_users: int, p_cap: int):
+        super().__init__()
+        self.dec, self.u, self.p = decoder, num_users, p_cap
+
+    def construct(self, slots, merged, offsets, last):
+        return self.dec.prefill(slots, merged, offsets, last, self.u, self.p)
+
+
+class DecodeStepCell(nn.Cell):
+    """One decoded token per (user, beam) -> (logits [U*Bm, sum K], updated record K, record V).
+
+    parts: "both" (decoding), or "prompt" / "beam" (only that attention part: for the time split)."""
+
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, steps: int, parts: str = "both"):
+        super().__init__()
+        self.dec, self.u, self.b, self.p, self.s, self.parts = decoder, num_users, beam, p_cap, steps, parts
+
+    def construct(self, slots, kp, vp, pidx, pmask, kr, vr, onehot, anc, ridx, rmask):
+        return self.dec.step(slots, kp, vp, pidx, pmask, kr, vr, onehot, anc, ridx, rmask, self.u, self.b,
+                             self.s, self.parts)
+
+
+def _inline(fn, *args):
+    """The default runner: a model call on the calling thread."""
+    return fn(*args)
+
+
+class KVCacheState(DecodeState):
+    """Shared prompt K/V + append-only per-beam records with parent indices, for num_users x beam."""
+
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, parts: str = "both", runner=None):
+        self.dec, self.u, self.b, self.p = decoder, num_users, beam, p_cap
+        self.run = runner or _inline
+        self.steps = max(decoder.num_levels - 1, 1)
+        if p_cap + decoder.num_levels - 1 > decoder.max_len:
+            raise ValueError(f"prompt capacity {p_cap} + {decoder.num_levels - 1} decoded tokens exceeds the "
+                             f"decoder's max_len {decoder.max_len}")
+        self.prefill_net = PrefillCell(decoder, num_users, p_cap)
+        self.step_net = DecodeStepCell(decoder, num_users, beam, p_cap, self.steps, parts)
+        for net in (self.prefill_net, self.step_net):
+            net.set_train(False)
+        self.timings = {"prefill": 0.0, "step": 0.0}
+
+    def share_graphs(self, other: "KVCacheState"):
+        """Call `other`'s compiled cells (same decoder and shapes): one compile for two states."""
+        self.prefill_net, self.step_net = other.prefill_net, other.step_net
+
+    def prefill(self, prompts):
+        dec, u, p = self.dec, self.u, self.p
+        slots = np.full((u * p, dec.group), dec.pad_id, np.int32)
+        merged = np.zeros(u * p, np.float32)
+        bounds = [0]
+        self.lengths = np.zeros(u, np.int64)
+        for i in range(u):
+            ps, pm = prompts[i] if i < len(prompts) else prompts[0]    # spare capacity: any prompt
+            n = ps.shape[0]
+            slots[i * p:i * p + n], merged[i * p:i * p + n] = ps, pm
+            self.lengths[i] = n
+            bounds += [i * p + n, (i + 1) * p]                         # the user's row, then a filler row
+        offsets = np.asarray(bounds, np.int32)
+        last = (np.arange(u) * p + self.lengths - 1).astype(np.int32)
+        t0 = time.perf_counter()
+        logits = self.run(self._prefill_graph, slots, merged, offsets, last)
+        self.timings["prefill"] += time.perf_counter() - t0
+        return logits
+
+    def _prefill_graph(self, slots, merged, offsets, last):
+        """Every MindSpore call of a prefill (on the runner's thread): the graph, then empty records."""
+        logits, self.kp, self.vp = self.prefill_net(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
+        h = self.dec.blocks[0]
+        shape = (self.dec.num_blocks, self.steps, self.u, self.b, h.h)
+        self.kr = Tensor(np.zeros(shape + (h.dqk,), np.float32))
+        self.vr = Tensor(np.zeros(shape + (h.dv,), np.float32))
+        return logits.asnumpy()
+
+    def step(self, level, codes, parents):
+        """Level `level` >= 1: append codes [U, Bm] (chosen at level-1) as record slot level-1."""
+        dec, u, b, n = self.dec, self.u, self.b, self.dec.max_len
+        t = level - 1                                                  # the record slot written now
+        gids = (dec.level_offsets[t] + codes).reshape(-1)
+        slots, _ = code_tokens(gids, dec.group, dec.pad_id)
+        qpos = self.lengths + t                                        # [U] query position in the row
+        j = np.arange(self.p)
+        pidx = np.clip(n - 1 + j[None, :] - qpos[:, None], 0, 2 * n - 2).astype(np.int32)
+        pmask = (j[None, :] < self.lengths[:, None]).astype(np.float32)
+        r = np.arange(self.steps)
+        ridx = np.clip(n - 1 + r - t, 0, 2 * n - 2).astype(np.int32)
+        rmask = (r <= t).astype(np.float32)
+        onehot = (r == t).astype(np.float32)
+        # ancestry: record slot t is the beam itself, slot t-1 its parent, t-2 the parent's parent, ...
+        anc = np.zeros((u, b, self.steps), np.int64)
+        cur = np.broadcast_to(np.arange(b), (u, b)).copy()
+        for slot in range(t, -1, -1):
+            anc[:, :, slot] = cur
+            if slot > 0:
+                cur = np.take_along_axis(parents[slot], cur, 1)
+        flat = (r[None, None, :] * u + np.arange(u)[:, None, None]) * b + anc
+        t0 = time.perf_counter()
+        logits = self.run(self._step_graph, slots, pidx, pmask, onehot, flat.reshape(-1).astype(np.int32), ridx,
+                          rmask)
+        self.timings["step"] += time.perf_counter() - t0
+        return logits.reshape(u, b, -1)
+
+    def _step_graph(self, slots, pidx, pmask, onehot, anc, ridx, rmask):
+        args = (Tensor(slots), self.kp, self.vp, Tensor(pidx), Tensor(pmask), self.kr, self.vr, Tensor(onehot),
+                Tensor(anc), Tensor(ridx), Tensor(rmask))
+        self.last_step_inputs = args            # kept for timing the attention parts (mindgr.bench.decode)
+        logits, self.kr, self.vr = self.step_net(*args)
+        return logits.asnumpy()
+
+    def nbytes(self) -> dict:
+        """Bytes the cache really holds: the shared prompt part and the per-beam records."""
+        return {"prompt": int(self.kp.nbytes + self.vp.nbytes), "beams": int(self.kr.nbytes + self.vr.nbytes)}
