@@ -74,7 +74,7 @@ def test_train_eval_ranks_file_better_than_chance(gr_setup, capsys):
 
 
 def test_eval_equals_plain_beam_search(gr_setup):
-    """The engine's lists (mindgr eval's decoder) equal ids/beam.py's plain search on the same checkpoint."""
+    """The engine's lists (mindgr eval's decoder) equal generate/beam.py's plain search on the same checkpoint."""
     from mindgr.generate.beam import beam_ranks, beam_search
     from mindgr.models.generative import RecomputeScorer, max_prompt_tokens
     from mindgr.train.data import RunData
