@@ -56,7 +56,8 @@ class HSTUBlock(nn.Cell):
     # HSTU's attention is pointwise SiLU with no softmax normaliser, so a decoded token's attention is exactly
     # (its part over the prompt) + (its part over its own earlier decoded tokens): the prompt's keys and
     # values are kept once and each decoded token's in an append-only record (mindgr.models.kv_cache).
-    # Plain MindSpore ops here (no ops backend): the shapes are the decoder's, not the jagged training ones.
+    # The prompts go through the block's own forward (the jagged attention of the ops backend); the K/V kept
+    # and the step use plain MindSpore ops: a step's attention is dense per-user products, not a jagged batch.
 
     def _uvqk_plain(self, x):
         """u, v, q, k [T, H*d] of inputs x [T, D]: the block's projection, SiLU(LN(x) W_uvqk) split."""
