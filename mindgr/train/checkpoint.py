@@ -1,6 +1,14 @@
 """Atomic checkpoints: MindSpore safetensors of every parameter of the train step (weights and optimizer
 state) plus a JSON sidecar with the step, the data position and the file's sha256.
 
+The sidecar carries a second checksum, `sidecar_sha256`, over its own other fields (the step, the data
+cursor `next_batch`, `best`, ...): an edited sidecar is refused like a damaged weights file. Sidecars
+written before it existed have no such field and are still read.
+
+Every checkpoint read passes one check of its values (`nonfinite_reason`, also what ends a diverging
+run before it saves): NaN, inf or an overflowing weight is refused in one line by every command that
+loads a checkpoint (eval, compare, recommend, serve, export, ids build, resume).
+
 The sidecar is written last and is the commit marker: it names its weights file, and a checkpoint
 saved again under the same name (`best`, or a step saved twice) writes its weights to the file the
 committed sidecar does NOT name, then replaces the sidecar in one atomic rename, then deletes the old
@@ -31,10 +39,46 @@ def file_sha256(path: Path) -> str:
 
 
 SIDECAR_FIELDS = ("weights", "sha256", "bytes")
+SIDECAR_CHECKSUM = "sidecar_sha256"
+
+# A weight beyond sqrt(float32 max) overflows when multiplied by another such weight (LayerNorm's
+# squares, dot products): with train.lr=1e30 every weight sits at ~5e30 while the loss stays finite at
+# log(R+1), every score tied. Such weights count as non-finite.
+WEIGHT_LIMIT = 1.8e19
+
+
+def nonfinite_reason(named: dict) -> str | None:
+    """Why these weights cannot be used (the first float tensor holding NaN / inf, or a value beyond
+    WEIGHT_LIMIT), or None. `named` maps names to numpy arrays or MindSpore tensors / parameters. The one
+    check of the training loop (before every save) and of every checkpoint load."""
+    for name, value in named.items():
+        v = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+        if v.dtype.kind != "f" or v.size == 0 or name.endswith("learning_rate"):
+            continue
+        finite = np.isfinite(v)
+        if not finite.all():
+            kind = "NaN" if np.isnan(v).any() else "inf"
+            return f"parameter '{name}' holds non-finite values ({int(v.size - finite.sum())} of {v.size}, {kind})"
+        largest = float(np.abs(v).max())
+        if largest > WEIGHT_LIMIT:
+            return (f"parameter '{name}' reached {largest:.1e} (beyond {WEIGHT_LIMIT:.1e}, float32 products of "
+                    "it overflow)")
+    return None
+
+
+def _sidecar_digest(sidecar: dict) -> str:
+    """sha256 of every field but the checksum itself, in one canonical JSON form."""
+    body = {k: v for k, v in sidecar.items() if k != SIDECAR_CHECKSUM}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _write_sidecar(path: Path, sidecar: dict):
-    """The commit of a checkpoint: its JSON sidecar, flushed to disk, in one rename."""
+    """The commit of a checkpoint: its JSON sidecar (with the checksum of its fields), flushed to disk, in
+    one rename."""
+    sidecar = dict(sidecar)
+    sidecar.pop(SIDECAR_CHECKSUM, None)
+    sidecar[SIDECAR_CHECKSUM] = _sidecar_digest(sidecar)
     atomic_write(path, json.dumps(sidecar, indent=1, sort_keys=True), fsync=True)
 
 
@@ -54,6 +98,9 @@ def read_sidecar(path: Path) -> dict:
         raise CheckpointError(f"checkpoint {sidecar}: sidecar lacks {', '.join(missing)} (not a MindGR checkpoint?)")
     if not isinstance(meta["weights"], str) or Path(meta["weights"]).name != meta["weights"]:
         raise CheckpointError(f"checkpoint {sidecar}: weights = {meta['weights']!r}: expected a file name")
+    if SIDECAR_CHECKSUM in meta and meta[SIDECAR_CHECKSUM] != _sidecar_digest(meta):
+        raise CheckpointError(f"checkpoint {sidecar}: its fields do not match their {SIDECAR_CHECKSUM} (the "
+                              "sidecar was edited or corrupted); restore it or use another checkpoint")
     return meta
 
 
@@ -114,7 +161,12 @@ def load_checkpoint(path: Path) -> tuple[dict, dict]:
         loaded = ms.load_checkpoint(str(weights), format="safetensors")
     except Exception as e:  # MindSpore raises ValueError/RuntimeError with multi-line text
         raise CheckpointError(f"checkpoint {weights}: cannot be parsed ({type(e).__name__})") from None
-    return {k: v.asnumpy() for k, v in loaded.items()}, meta
+    tensors = {k: v.asnumpy() for k, v in loaded.items()}
+    reason = nonfinite_reason(tensors)
+    if reason:
+        raise CheckpointError(f"checkpoint {weights}: {reason}; the model diverged before it was saved, "
+                              "nothing can be served or evaluated from it")
+    return tensors, meta
 
 
 def restore_parameters(cell, tensors: dict, where: str):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from mindgr.paths import atomic_write
-from mindgr.train.checkpoint import CheckpointError
+from mindgr.train.checkpoint import CheckpointError, nonfinite_reason
 
 _NAME = re.compile(r"^(?P<name>.+)\.table-(?P<shard>\d+)of(?P<shards>\d+)\.npz$")
 
@@ -105,6 +105,9 @@ def load_shard(directory: Path, name: str, num_rows: int, shards: int, shard: in
                 arr[dest] = z[key][hit]
     if out is None or not found.all():
         raise CheckpointError(f"{directory}: checkpoint {name}'s table shards miss {int((~found).sum())} rows")
+    reason = nonfinite_reason(dict(zip(("rows", "m", "v"), out)))
+    if reason:   # the same refusal as a checkpoint's weights (mindgr.train.checkpoint.load_checkpoint)
+        raise CheckpointError(f"{Path(directory) / name}: table shard {reason}; the model diverged before it was saved")
     return tuple(out)
 
 
