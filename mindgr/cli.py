@@ -280,6 +280,11 @@ def cmd_recommend(args) -> int:
         except RequestError as e:
             raise RequestError(f"{label}: {e}") from None
     results = rec.recommend_many(queries)
+    for (label, _), q, (ids, _) in zip(users, queries, results):
+        try:
+            rec.check_complete(q, ids)     # fewer than k items: one line, as the server's 422
+        except RequestError as e:
+            raise RequestError(f"{label}: {e}") from None
     for (label, _), (ids, scores) in zip(users, results):
         r = rec.to_response(ids, scores)
         if args.users is None:
@@ -298,11 +303,13 @@ def cmd_serve(args) -> int:
         raise ValueError(f"mindgr serve needs the serve extra (pip install 'mindgr[serve]'): {e}") from None
     if (args.run is None) == (args.random_gr is None):
         raise ValueError("serve: give exactly one of --run RUN and --random-gr SPEC")
+    if args.max_body_bytes < 1:
+        raise ValueError(f"serve: --max-body-bytes {args.max_body_bytes} (expected a positive byte count)")
     return serve(args.run, args.host, args.port, args.checkpoint,
                  _batch_shapes(args.batch_shapes) if args.batch_shapes else None,
                  args.queue_size, args.max_wait_ms, args.index, args.nprobe, args.max_history,
                  args.graceful_timeout, args.test_batch_delay_ms, args.threads, args.decode, args.beam,
-                 args.overlap == "on", args.random_gr)
+                 args.overlap == "on", args.random_gr, args.max_body_bytes)
 
 
 def _add_serve_commands(sub):
@@ -346,6 +353,8 @@ def _add_serve_commands(sub):
     s.add_argument("--index", default="exact", choices=["exact", "faiss-ivf"], help="top-k over the item table")
     s.add_argument("--nprobe", type=int, default=8, help="faiss-ivf: cells searched per query")
     s.add_argument("--max-history", type=int, help="longest history accepted (default 4096 items)")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                   help="largest request body accepted (default 1 MiB); larger ones get 413 before parsing")
     s.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests")
     s.add_argument("--threads", type=int, help="MindSpore CPU threads (default: the run's parallel.threads)")
     s.add_argument("--test-batch-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)  # tests only

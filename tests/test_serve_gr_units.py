@@ -51,3 +51,22 @@ def test_gr_overlap_and_naive_give_the_engine_lists_concurrently(bundle):
         for (gi, gs), (wi, ws) in zip(got, want):
             np.testing.assert_array_equal(gi, wi)
             np.testing.assert_allclose(gs, ws, rtol=1e-5, atol=2e-5)
+
+
+def test_gr_fewer_than_k_items_is_refused_like_the_hstu_server(bundle):
+    """A history that holds every item of its own beam: excluding it leaves fewer than k items, and the
+    answer is a 422 reason (check_complete, the rule of both kinds of server), never a short list."""
+    rec = gr.GenerativeRecommender(bundle, beam=4, shapes=(1,))
+    tail = [gr.RAW_ID_BASE + i for i in (5, 9, 14, 30)]          # the prompt: the last prompt_items items
+    assert rec.prompt_items == len(tail)
+    beam_items, _ = rec.search([rec.catalogue.to_internal(tail)])
+    history = [int(x) for x in rec.catalogue.to_raw(beam_items[0][beam_items[0] > 0])] + tail
+    kept = rec.parse(history, k=3, exclude_history=False)
+    ids, _ = rec.recommend([kept])[0]
+    rec.check_complete(kept, ids)                                 # history kept: k items, accepted
+    q = rec.parse(history, k=3, exclude_history=True)
+    ids, _ = rec.recommend([q])[0]
+    assert len(ids) < 3
+    with pytest.raises(RequestError) as e:
+        rec.check_complete(q, ids)
+    assert e.value.status == 422 and "only" in str(e.value) and "--beam" in str(e.value)

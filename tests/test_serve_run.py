@@ -183,6 +183,45 @@ def test_wrong_content_type_is_415(server):
     assert r.status_code == 415 and "application/json" in r.json()["error"]
 
 
+def test_missing_content_type_is_415_and_unknown_paths_use_the_error_shape(server):
+    r = httpx.post(f"{server.url}/recommend", content=b'{"history": [1]}')
+    assert r.status_code == 415 and r.json() == {"error": "Content-Type missing: send application/json"}
+    r = httpx.get(f"{server.url}/nowhere")
+    assert r.status_code == 404 and list(r.json()) == ["error"]
+
+
+def test_an_oversized_body_is_413_before_parsing_and_health_answers_during_an_upload(server):
+    """A 50 MB declared body is refused from its header; a chunked upload in flight does not hold up
+    /health, and is cut with 413 once it passes the limit (1 MiB by default)."""
+    r = httpx.post(f"{server.url}/recommend", content=b" " * (50 << 20), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "limit 1048576" in r.json()["error"]
+
+    async def upload_and_probe():
+        sent, health = [0], []
+
+        async def body():
+            while sent[0] < (4 << 20):
+                if sent[0] == 64 << 10:                  # the upload is in flight: ask for /health
+                    async with httpx.AsyncClient() as probe:
+                        health.append((await probe.get(f"{server.url}/health")).status_code)
+                sent[0] += 16 << 10
+                yield b" " * (16 << 10)
+                await asyncio.sleep(0)
+
+        async with httpx.AsyncClient(timeout=60) as c:
+            try:
+                r = await c.post(f"{server.url}/recommend", content=body(), headers={"content-type": "application/json"})
+            except (httpx.WriteError, httpx.ReadError, httpx.RemoteProtocolError):
+                return health, None, sent[0]    # the server closed the connection after its 413
+        return health, r, sent[0]
+
+    health, r, sent = asyncio.run(upload_and_probe())
+    assert health == [200]
+    if r is not None:
+        assert r.status_code == 413 and "more than the limit 1048576" in r.json()["error"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
 def test_concurrent_requests_are_batched_and_answered_like_single_ones(server, users):
     bodies = users[:32]
     single = [httpx.post(f"{server.url}/recommend", json=b).json() for b in bodies[:8]]

@@ -197,3 +197,114 @@ def test_metrics_percentiles_and_counts():
     assert s["requests"]["by_status"] == {"200": 201, "422": 1} and s["requests"]["total"] == 202
     assert s["latency_ms"]["count"] == 100     # the window keeps the latest 100: 101..200 ms
     assert s["latency_ms"]["p50"] == pytest.approx(150.5) and s["latency_ms"]["p99"] == pytest.approx(199.01)
+
+
+# ---- the HTTP app around any served model: body limit, content type, one error shape, short lists ----------
+
+import asyncio  # noqa: E402
+
+from mindgr.serve.recommend import ServingModel  # noqa: E402
+
+
+class _ListModel(ServingModel):
+    """A served model without a network: item i's score is i; `short` answers one item fewer than asked."""
+    shapes, workers = [1, 4], 1
+
+    def __init__(self, short=False):
+        self.catalogue, self.short = Catalogue(RAW), short
+
+    def parse(self, history, timestamps=None, request_time=None, k=10, exclude_history=True):
+        return parse_query(self.catalogue, history, timestamps, request_time, k, exclude_history)
+
+    def warm_up(self):
+        pass
+
+    def recommend(self, queries, rows=None):
+        return [(np.arange(5, 5 - q.k + self.short, -1), np.arange(q.k - self.short, dtype=float)) for q in queries]
+
+
+def _client(model, limit=1000):
+    from fastapi.testclient import TestClient
+    from mindgr.serve.server import create_app
+    metrics = ServerMetrics()
+    return TestClient(create_app(model, DynamicBatcher(model, metrics, 8, 0), metrics, max_body_bytes=limit))
+
+
+JSON = {"content-type": "application/json"}
+
+
+def test_every_error_has_the_one_error_shape_and_the_right_status():
+    with _client(_ListModel()) as c:
+        assert c.post("/recommend", json={"history": [100, 7], "k": 2}).json() == {"items": [3, 9000],
+                                                                               "scores": [0.0, 1.0]}
+        cases = [(c.post("/recommend", content=b'{"history": [100]}'), 415, "Content-Type missing"),
+                 (c.post("/recommend", content=b"history=100", headers={"content-type": "text/plain"}), 415,
+                  "send application/json"),
+                 (c.post("/recommend", content=b'{"history": [1', headers=JSON), 400, "malformed JSON"),
+                 (c.post("/recommend", content=b'{"history": ["x"]}', headers=JSON), 422, "history.0"),
+                 (c.post("/recommend", json={"history": [100], "k": 9}), 422, "k: 9"),
+                 (c.get("/recommend"), 405, "method not allowed"),
+                 (c.get("/nowhere"), 404, "not found"),
+                 (c.post("/recommend", content=b" " * 1001, headers=JSON), 413, "limit 1000")]
+        for r, status, words in cases:
+            body = r.json()
+            assert r.status_code == status and list(body) == ["error"], (status, r.status_code, body)
+            assert words in body["error"] and "\n" not in body["error"], (words, body)
+        assert c.get("/health").status_code == 200
+
+
+def test_a_short_list_is_a_422_for_any_served_model():
+    with _client(_ListModel(short=True)) as c:
+        r = c.post("/recommend", json={"history": [100], "k": 3})
+        assert r.status_code == 422 and r.json() == {"error": "k: 3 asked, only 2 items can be recommended "
+                                                              "for this history"}
+
+
+def _asgi(guard_limit, headers, chunks):
+    """Run _BodyGuard over `chunks` (a request body in pieces): (status, error, body the app saw, pieces read)."""
+    from mindgr.serve.server import _BodyGuard
+    seen, sent, reads = [], [], [0]
+
+    async def app(scope, receive, send):
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        seen.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive():
+        i = reads[0]
+        reads[0] += 1
+        return {"type": "http.request", "body": chunks[i], "more_body": i + 1 < len(chunks)}
+
+    async def send(m):
+        sent.append(m)
+
+    scope = {"type": "http", "method": "POST", "path": "/recommend",
+             "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+    asyncio.run(_BodyGuard(app, guard_limit)(scope, receive, send))
+    import json
+    status = sent[0]["status"]
+    error = json.loads(sent[1]["body"]).get("error") if status != 200 else None
+    return status, error, seen, reads[0]
+
+
+def test_the_body_limit_is_enforced_before_the_body_is_read_or_parsed():
+    piece = b"x" * 4096
+    # a declared Content-Length over the limit: refused without reading a byte
+    status, error, seen, reads = _asgi(10_000, {"content-type": "application/json",
+                                                "content-length": str(50 << 20)}, [piece] * 3)
+    assert (status, seen, reads) == (413, [], 0) and "52428800 bytes" in error
+    # chunked (no Content-Length), 50 MB on its way: reading stops at the first piece past the limit
+    status, error, seen, reads = _asgi(10_000, {"content-type": "application/json"}, [piece] * 12800)
+    assert (status, seen, reads) == (413, [], 3) and "limit 10000" in error
+    # under the limit, in pieces: the app gets the whole body at once
+    status, _, seen, reads = _asgi(10_000, {"content-type": "application/json"}, [b'{"history"', b": [1]}"])
+    assert (status, seen, reads) == (200, [b'{"history": [1]}'], 2)
+    # a missing content type: 415 before reading
+    status, error, seen, reads = _asgi(10_000, {}, [b"{}"])
+    assert (status, seen, reads) == (415, [], 0) and "Content-Type missing" in error

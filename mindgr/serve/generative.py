@@ -14,7 +14,8 @@ shape_for, max_rows, warm_up, recommend, to_response), so the same DynamicBatche
   prompt K/V, per-beam records, partial top-k, reused trie masks), `decode="naive"` the baseline (every
   beam's whole sequence recomputed each step, full sort, masks rebuilt per step). Same lists.
 - The search keeps `beam` complete items at the last level; exclude_history then drops history items
-  and the first k remain (the list is shorter than k only if the beam holds fewer than k other items).
+  and the first k remain. When the beam holds fewer than k such items the answer is refused (HTTP 422,
+  `check_complete`, the HSTU server's rule): a list never silently holds fewer than k items.
 - Overlap (`overlap=True`): two batcher workers each run their own batch's search, and every MindSpore
   call of both goes through one model thread (ModelThread), so that one batch's host-side work (masks,
   selection, packing) runs while the other batch's graph computes. Off: one worker, model calls inline.
@@ -235,6 +236,10 @@ class GenerativeRecommender(ServingModel):
             out.append((it[keep][:q.k], sc[keep][:q.k]))
         return out
 
+    def short_reason(self, query, found: int) -> str:
+        left = "left after excluding the history " if query.exclude_history else ""
+        return (f"k: {query.k} asked, only {found} of the beam's {self.beam} items are {left}(serve with a "
+                "wider --beam, or ask for fewer)")
 
     def close(self):
         if self.runner is not None:

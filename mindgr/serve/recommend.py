@@ -162,6 +162,15 @@ class ServingModel:
             out.extend(self.recommend(queries[start:start + self.max_rows]))
         return out
 
+    def check_complete(self, query: Query, ids) -> None:
+        """RequestError (422) when the model found fewer than query.k items: the same rule for every kind
+        of served model, so that an answer always holds exactly k items."""
+        if len(ids) < query.k:
+            raise RequestError(self.short_reason(query, len(ids)))
+
+    def short_reason(self, query: Query, found: int) -> str:
+        return f"k: {query.k} asked, only {found} items can be recommended for this history"
+
     def to_response(self, ids: np.ndarray, scores: np.ndarray) -> dict:
         return {"items": [int(x) for x in self.catalogue.to_raw(ids)], "scores": [float(s) for s in scores]}
 

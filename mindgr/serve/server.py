@@ -16,8 +16,13 @@ Endpoints:
                     "exclude_history": true} -> {"items": [raw ids best first], "scores": [...]}
   GET  /health     readiness and what is served
   GET  /metrics    request counts by status, latency percentiles, batch-size histogram, queue depth
-Errors are {"error": "one line"}: 400 malformed JSON, 422 invalid fields (unknown item id, empty or
-over-long history, bad k, ...), 503 queue full or shutting down, 500 an internal failure.
+Errors are {"error": "one line"}, every one of them (FastAPI's own 404 / 405 / validation bodies included):
+400 malformed JSON, 413 a body over the limit (`max_body_bytes`, checked before anything is parsed: the
+Content-Length header first, then the bytes as they arrive for a chunked body), 415 a missing or non-JSON
+Content-Type, 422 invalid fields (unknown item id, empty or over-long history, bad k, ...) or fewer than k
+items to answer with (both kinds of model: k more than the items left after excluding the history, or a
+beam search whose beam holds fewer than k such items), 503 queue full or shutting down, 500 an internal
+failure. docs/serving.md lists them.
 """
 import asyncio
 import time
@@ -28,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mindgr.serve.batcher import DynamicBatcher, Overloaded, ShuttingDown
 from mindgr.serve.metrics import ServerMetrics
@@ -61,6 +67,71 @@ def _one_line(errors):
     return 422, f"{where}: {msg}"
 
 
+DEFAULT_MAX_BODY_BYTES = 1 << 20   # 1 MiB: a 4096-item history with timestamps is ~100 KB of JSON
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+async def _send_error(send, status: int, reason: str):
+    """A one-line {"error": ...} response written straight to the ASGI channel (before the app runs)."""
+    body = JSONResponse({"error": reason}).body
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _BodyGuard:
+    """Plain ASGI middleware in front of the app, for requests that carry a body (POST /recommend):
+    415 for a missing or non-JSON Content-Type, 413 for a body over `limit` bytes, both decided before a
+    byte is parsed. A declared Content-Length over the limit is refused without reading the body; a body
+    without one (chunked) is read only up to the limit. The accepted body is handed on whole."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, int(limit)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        ctype = headers.get("content-type", "")
+        if scope.get("path") == "/recommend" and not _is_json(ctype):
+            what = f"Content-Type {ctype.split(';')[0].strip()}" if ctype.strip() else "Content-Type missing"
+            return await _send_error(send, 415, f"{what}: send application/json")
+        declared = headers.get("content-length")
+        if declared is not None:
+            if not declared.strip().isdigit():
+                return await _send_error(send, 400, f"Content-Length: {declared!r} is not a byte count")
+            if int(declared) > self.limit:
+                return await _send_error(send, 413, f"body: {int(declared)} bytes, more than the limit "
+                                                    f"{self.limit} (the server's --max-body-bytes)")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":       # the client went away: nothing to answer
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                return await _send_error(send, 413, f"body: more than the limit {self.limit} bytes (the "
+                                                    "server's --max-body-bytes)")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), [False]
+
+        async def replay():
+            if not replayed[0]:
+                replayed[0] = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()                        # later: the disconnect message
+
+        return await self.app(scope, replay, send)
+
+
 class _Timing:
     """Plain ASGI middleware (cheaper than Starlette's BaseHTTPMiddleware): counts every response by
     status, records /recommend latencies, and tells the client the server-side time (x-server-ms)."""
@@ -87,8 +158,10 @@ class _Timing:
 
 
 def create_app(recommender, batcher: DynamicBatcher, metrics: ServerMetrics, info: Optional[dict] = None,
-               ready_message: Optional[str] = None):
+               ready_message: Optional[str] = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """The FastAPI app; its lifespan starts (compiles) and drains the batcher."""
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise ValueError(f"max body bytes: {max_body_bytes!r} (expected a positive integer)")
     state = {"ready": False}
 
     @asynccontextmanager
@@ -107,11 +180,21 @@ def create_app(recommender, batcher: DynamicBatcher, metrics: ServerMetrics, inf
 
     app = FastAPI(title="MindGR", lifespan=lifespan)
 
+    app.add_middleware(_BodyGuard, limit=max_body_bytes)   # the last added runs first: _Timing counts its 413s
     app.add_middleware(_Timing, metrics=metrics)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception):  # a bug, never the input: still one line
         return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}".splitlines()[0]}, 500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):  # 404, 405, ...: the same shape
+        reason = str(exc.detail).splitlines()[0] if exc.detail else "error"
+        if exc.status_code == 404:
+            reason = f"{request.url.path}: not found (endpoints: POST /recommend, GET /health, GET /metrics)"
+        elif exc.status_code == 405:
+            reason = f"{request.method} {request.url.path}: method not allowed"
+        return JSONResponse({"error": reason}, exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -132,6 +215,10 @@ def create_app(recommender, batcher: DynamicBatcher, metrics: ServerMetrics, inf
         except (Overloaded, ShuttingDown) as e:
             return JSONResponse({"error": str(e)}, 503)
         ids, scores = await asyncio.wrap_future(fut)
+        try:
+            recommender.check_complete(query, ids)     # fewer than k items: 422, whichever kind of model
+        except RequestError as e:
+            return JSONResponse({"error": str(e)}, e.status)
         return JSONResponse(recommender.to_response(ids, scores))  # skips FastAPI's generic encoder
 
     @app.get("/health")
@@ -150,7 +237,7 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, which: str = "best
           queue_size: int = 256, max_wait_ms: float = 2.0, index: str = "exact", nprobe: int = 8,
           max_history: Optional[int] = None, graceful_timeout: float = 30.0, test_delay_ms: float = 0.0,
           threads: Optional[int] = None, decode: str = "engine", beam: int = 16, overlap: bool = False,
-          random_gr: Optional[str] = None):
+          random_gr: Optional[str] = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """Load the run (or build a random GR model), compile its batch shapes, serve until SIGINT/SIGTERM,
     drain, return. decode / beam / overlap / random_gr apply to generative models only."""
     from mindgr.serve.recommend import DEFAULT_MAX_HISTORY
@@ -177,7 +264,9 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, which: str = "best
                 "index": rec.index.name, "queue_size": queue_size, "max_wait_ms": max_wait_ms}
         banner = (f"mindgr serve: {run.run_dir} ({run.checkpoint}) on http://{host}:{port}, batch shapes "
                   f"{rec.shapes}, index {rec.index.name}")
-    return run_server(rec, info, banner, host, port, queue_size, max_wait_ms, graceful_timeout, test_delay_ms)
+    info["max_body_bytes"] = max_body_bytes
+    return run_server(rec, info, banner, host, port, queue_size, max_wait_ms, graceful_timeout, test_delay_ms,
+                      max_body_bytes)
 
 
 def _setup_random(threads):
@@ -192,13 +281,14 @@ def _setup_random(threads):
 
 
 def run_server(rec, info: dict, banner: str, host: str, port: int, queue_size: int = 256, max_wait_ms: float = 2.0,
-               graceful_timeout: float = 30.0, test_delay_ms: float = 0.0):
+               graceful_timeout: float = 30.0, test_delay_ms: float = 0.0,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """Serve a recommender (HSTU Recommender or GenerativeRecommender) until SIGINT/SIGTERM."""
     import uvicorn
     metrics = ServerMetrics()
     rec.metrics = metrics
     batcher = DynamicBatcher(rec, metrics, queue_size, max_wait_ms, test_delay_ms)
-    app = create_app(rec, batcher, metrics, info, ready_message=banner)
+    app = create_app(rec, batcher, metrics, info, ready_message=banner, max_body_bytes=max_body_bytes)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=graceful_timeout, lifespan="on")
     uvicorn.Server(config).run()
