@@ -444,8 +444,9 @@ def _os_error_line(e: OSError, writes_to=None) -> str:
     # A failed write() names no file: then say which output the command was writing.
     where = f"{e.filename}: " if getattr(e, "filename", None) else (f"writing {writes_to}: " if writes_to else "")
     what = e.strerror or str(e)
-    hint = " (free some space; a training run continues from its last checkpoint with --resume)" \
-        if e.errno == errno.ENOSPC else ""
+    # Every save is atomic (mindgr.paths.atomic_write): a failed one leaves the files already there whole.
+    hint = ("; nothing was half-written: existing checkpoints and outputs are intact (free some space; a "
+            "training run continues from its last checkpoint with --resume)") if e.errno == errno.ENOSPC else ""
     return f"{where}{what.lower() if e.strerror else what}{hint}"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -36,10 +37,26 @@ def unwritable_reason(target) -> str | None:
     return None
 
 
+# Below this many free bytes, a writer library's own error (MindSpore's RuntimeError, say) met while
+# writing is taken for a full disk.
+_NEARLY_FULL = 1 << 20
+
+
+def _full_disk(directory: Path) -> bool:
+    try:
+        return shutil.disk_usage(directory).free < _NEARLY_FULL
+    except OSError:
+        return False
+
+
 def atomic_write(path, content, fsync: bool = False, tmp_suffix: str = ".tmp"):
     """Write `path` so that a reader sees the old file or the new one, never a part: into PATH + tmp_suffix
     beside it, then one rename. `content` is str, bytes, or a function given the temporary path that writes
-    it (numpy, parquet, safetensors writers); `fsync` flushes the bytes to disk before the rename."""
+    it (numpy, parquet, safetensors writers); `fsync` flushes the bytes to disk before the rename.
+
+    A failed write leaves the old file as it was and raises an OSError that names `path` (a full disk:
+    errno ENOSPC, also when a writer library reports it in its own exception type), so that the command
+    line can say in one line what could not be written."""
     path = Path(path)
     tmp = path.with_name(path.name + tmp_suffix)
     try:
@@ -55,6 +72,16 @@ def atomic_write(path, content, fsync: bool = False, tmp_suffix: str = ".tmp"):
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None or str(e.filename) == str(tmp):     # name the file meant, not the temporary
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+        raise
+    except Exception as e:
+        Path(tmp).unlink(missing_ok=True)
+        if _full_disk(path.parent):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

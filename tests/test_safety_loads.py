@@ -175,3 +175,79 @@ def test_gr_non_finite_checkpoint_is_refused_by_every_load_path(gr_run, tmp_path
             p.unlink()
         for name, data in pristine.items():
             (best.parent / name).write_bytes(data)
+
+
+# ---- export checksums ---------------------------------------------------------------------------------------
+
+def test_hstu_export_carries_checksums_and_a_tampered_file_is_refused(hstu_run, tmp_path, capsys):
+    from mindgr.cli import main
+    from mindgr.serve.export import ExportError, load_export
+    run, _ = hstu_run
+    out = tmp_path / "export"
+    assert main(["export", "--run", str(run), "--out", str(out), "--batch-shapes", "1"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["sha256"]) == {"encoder-r1.mindir", "item_table.npy", "item_raw_ids.npy"}
+    assert not [p for p in out.iterdir() if ".tmp" in p.name]
+    load_export(out)
+    table = np.load(out / "item_table.npy")
+    table[1, 0] += 0.5
+    np.save(out / "item_table.npy", table)                  # a well-formed file, other numbers
+    with pytest.raises(ExportError) as e:
+        load_export(out)
+    assert "item_table.npy" in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- a full disk during a save -----------------------------------------------------------------------------
+
+def test_atomic_write_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    import mindgr.paths as paths
+    target = tmp_path / "out.npz"
+    target.write_bytes(b"old")
+
+    def full(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device")          # a write() names no file
+    with pytest.raises(OSError) as e:
+        paths.atomic_write(target, full)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(target)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["out.npz"]
+
+    def library_error(tmp):                                              # a writer's own exception type
+        open(tmp, "wb").write(b"part")
+        raise RuntimeError("Failed to save the checkpoint file\n(C++ stack)")
+    monkeypatch.setattr(paths.shutil, "disk_usage", lambda d: type("U", (), {"free": 4096})())
+    with pytest.raises(OSError) as e:
+        paths.atomic_write(target, library_error)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(target)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["out.npz"]
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError):                                    # disk not full: the error as it was
+        paths.atomic_write(target, library_error)
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_during_any_save_is_one_line(hstu_run, tmp_path, monkeypatch, capsys):
+    import mindspore as ms
+    from mindgr.cli import main
+    src, overrides = hstu_run
+    run = _copy(src, tmp_path)
+    latest = CheckpointManager(run, 2).latest()
+    capsys.readouterr()
+    with monkeypatch.context() as m:                    # checkpoint save (resume: the next checkpoint)
+        m.setattr(ms, "save_checkpoint", _enospc)
+        resume = [o if not o.startswith("run.out_dir=") else f"run.out_dir={tmp_path}" for o in overrides]
+        line, _ = _one_line(capsys, main(["train", *resume, "train.epochs=2", "--resume"]),
+                            ["no space left on device", "existing checkpoints and outputs are intact"])
+        assert str(run / "checkpoints") in line
+    load_checkpoint(latest)                             # the checkpoint it would have replaced is whole
+    with monkeypatch.context() as m:                    # eval: its ranks file
+        m.setattr(np, "savez", _enospc)
+        line, _ = _one_line(capsys, main(["eval", "--run", str(run)]), ["no space left on device", "intact"])
+        assert str(run / "ranks") in line
+    with monkeypatch.context() as m:                    # export: its arrays
+        m.setattr(np, "save", _enospc)
+        line, _ = _one_line(capsys, main(["export", "--run", str(run), "--out", str(tmp_path / "x"),
+                                          "--batch-shapes", "1"]), ["no space left on device", "intact"])
+        assert str(tmp_path / "x" / "item_table.npy") in line

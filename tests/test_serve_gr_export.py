@@ -36,3 +36,32 @@ def test_gr_export_round_trip_is_bit_identical(tmp_path):
     items, scores = eng.search(hist, 4)
     np.testing.assert_array_equal(items, want_items)
     np.testing.assert_array_equal(scores, want_scores)
+
+
+def test_a_tampered_or_missing_export_file_is_refused_naming_it(tmp_path):
+    import json
+
+    import pytest
+    from mindgr.serve.export import ExportError
+    bundle = gr.random_bundle(num_items=30, prompt_tokens=8, dim=8, blocks=1, heads=2, level_sizes=(4, 4, 2))
+    manifest = export_generative(bundle, tmp_path, beam=4, shapes=(1,))
+    listed = set(manifest["sha256"])
+    assert listed == {p.name for p in tmp_path.iterdir()} - {"manifest.json"}     # every other file, no leftovers
+    codes = tmp_path / "codes.npy"
+    data = bytearray(codes.read_bytes())
+    data[-1] ^= 1
+    codes.write_bytes(bytes(data))
+    with pytest.raises(ExportError) as e:
+        load_generative_export(tmp_path)
+    assert "codes.npy" in str(e.value) and "sha256" in str(e.value) and "\n" not in str(e.value)
+    export_generative(bundle, tmp_path, beam=4, shapes=(1,))                     # exporting again repairs it
+    load_generative_export(tmp_path)
+    (tmp_path / "trie.npz").unlink()
+    with pytest.raises(ExportError, match="trie.npz is missing"):
+        load_generative_export(tmp_path)
+    # an export from before the checksums (no "sha256" in its manifest) still loads
+    export_generative(bundle, tmp_path, beam=4, shapes=(1,))
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    del m["sha256"]
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    load_generative_export(tmp_path)

@@ -9,9 +9,13 @@ Written into DIR:
                           request_times input; load_export calls them without it.
   item_table.npy          float32 [V+1, D] unit rows, row 0 = padding
   item_raw_ids.npy        int64 [V+1]: internal id -> raw id ([0] = -1)
-  manifest.json           model config, data fingerprint (when the run records one), shapes, dtypes, files
+  manifest.json           model config, data fingerprint (when the run records one), shapes, dtypes, files,
+                          and `sha256`: the checksum of every other file of the export
 
-load_export(DIR) reads it back with mindspore.load + nn.GraphCell.
+load_export(DIR) reads it back with mindspore.load + nn.GraphCell, after checking every file against its
+sha256 in the manifest (a changed or damaged file is refused in one line naming it; exports written before
+the checksums existed load unchecked). Every file is written atomically (mindgr.paths.atomic_write), the
+manifest last.
 
 Generative runs (export_generative / export_generative_run; load_generative_export): per user-batch shape U
   prefill-u{U}.mindir      the GR decoder's PrefillCell (mindgr.models.kv_cache: prompt batch -> level-0
@@ -29,10 +33,48 @@ from pathlib import Path
 
 import numpy as np
 
+from mindgr.paths import atomic_write
 from mindgr.serve.recommend import DEFAULT_SHAPES, pack
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2   # 2: the encoders take request_times
+
+
+class ExportError(ValueError):
+    """An export directory that cannot be used (one-line message naming the file)."""
+
+
+def _save_npy(path: Path, array):
+    atomic_write(path, lambda tmp: np.save(tmp, array), tmp_suffix=".tmp.npy")
+
+
+def _save_mindir(out: Path, name: str, net, *inputs):
+    """ms.export of `net` to OUT/NAME.mindir, atomically (MindSpore appends the .mindir suffix itself)."""
+    import mindspore as ms
+    path = out / f"{name}.mindir"
+    path.unlink(missing_ok=True)   # MindSpore writes MindIR read-only: re-export replaces it
+    atomic_write(path, lambda tmp: ms.export(net, *inputs, file_name=str(tmp)[:-len(".mindir")],
+                                             file_format="MINDIR"), tmp_suffix=".tmp.mindir")
+
+
+def _write_manifest(out: Path, manifest: dict, files) -> dict:
+    """The manifest, with the sha256 of every file in `files`, written last (atomically)."""
+    from mindgr.train.checkpoint import file_sha256
+    manifest["sha256"] = {name: file_sha256(out / name) for name in sorted(set(files))}
+    atomic_write(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def verify_export(d: Path, manifest: dict):
+    """ExportError naming the first file that is missing or differs from the manifest's sha256."""
+    from mindgr.train.checkpoint import file_sha256
+    for name, digest in (manifest.get("sha256") or {}).items():
+        path = d / name
+        if Path(name).name != name or not path.is_file():
+            raise ExportError(f"export {d}: {name} is missing (the manifest lists it); export the run again")
+        if file_sha256(path) != digest:
+            raise ExportError(f"export {d}: {name} does not match its sha256 in {MANIFEST} (modified or "
+                              "corrupted); export the run again")
 
 
 def _encoder_name(rows: int) -> str:
@@ -63,13 +105,11 @@ def export_run(run_dir, out_dir=None, which: str = "best", shapes=DEFAULT_SHAPES
         # Example inputs fix the graph's shapes; their values do not matter.
         a = pack([], rows, rows * max_len, max_len)
         name = _encoder_name(rows)
-        (out / f"{name}.mindir").unlink(missing_ok=True)  # MindSpore writes it read-only: re-export replaces it
-        ms.export(run.model.encode_last, ms.Tensor(a["ids"]), ms.Tensor(a["positions"]), ms.Tensor(a["offsets"]),
-                  ms.Tensor(a["timestamps"]), ms.Tensor(a["request_times"]), file_name=str(out / name),
-                  file_format="MINDIR")
+        _save_mindir(out, name, run.model.encode_last, ms.Tensor(a["ids"]), ms.Tensor(a["positions"]),
+                     ms.Tensor(a["offsets"]), ms.Tensor(a["timestamps"]), ms.Tensor(a["request_times"]))
         encoders[str(rows)] = {"file": name + ".mindir", "rows": rows, "tokens": rows * max_len}
-    np.save(out / "item_table.npy", table)
-    np.save(out / "item_raw_ids.npy", np.asarray(run.data.store.item_raw_ids, np.int64))
+    _save_npy(out / "item_table.npy", table)
+    _save_npy(out / "item_raw_ids.npy", np.asarray(run.data.store.item_raw_ids, np.int64))
     manifest = {
         "format_version": FORMAT_VERSION,
         "run": str(run.run_dir), "checkpoint": run.checkpoint, "step": run.step,
@@ -85,8 +125,8 @@ def export_run(run_dir, out_dir=None, which: str = "best", shapes=DEFAULT_SHAPES
         "item_ids": {"file": "item_raw_ids.npy", "dtype": "int64", "shape": [len(run.data.store.item_raw_ids)],
                      "meaning": "entry i is the raw id of internal item i; entry 0 (padding) is -1"},
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    return manifest
+    files = [e["file"] for e in encoders.values()] + ["item_table.npy", "item_raw_ids.npy"]
+    return _write_manifest(out, manifest, files)
 
 
 class ExportedEncoder:
@@ -107,11 +147,18 @@ class ExportedEncoder:
         return self.graphs[rows](ids, positions, offsets, timestamps, request_times)
 
 
-def read_manifest(d: Path) -> dict:
+def read_manifest(d: Path, verify: bool = True) -> dict:
+    """The manifest of export directory d; with verify, every file it lists checked against its sha256."""
     path = d / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{d}: no {MANIFEST} (not an export directory)")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise ExportError(f"export {d}: {MANIFEST} is not valid JSON (truncated or corrupted)") from None
+    if verify:
+        verify_export(d, manifest)
+    return manifest
 
 
 def load_export(export_dir):
@@ -131,10 +178,6 @@ def load_export(export_dir):
 GR_FORMAT_VERSION = 1
 
 
-def _readonly_replace(path: Path):
-    path.unlink(missing_ok=True)  # MindSpore writes MindIR read-only: re-export replaces it
-
-
 class _Recorder:
     """A runner that runs each model call and keeps the host arrays it was given (the graphs' inputs)."""
 
@@ -149,7 +192,6 @@ class _Recorder:
 def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifest_extra=None) -> dict:
     """MindIR of the prefill and decode-step graphs of each user-batch shape (beam fixed), the code table,
     the trie arrays, the raw ids and a manifest. Returns the manifest."""
-    import mindspore as ms
     import numpy as np
     from mindspore import Tensor
     from mindgr.generate.engine import DecodingEngine
@@ -169,10 +211,8 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
         be.step(1, np.zeros((users, beam), np.int64), [np.zeros((users, beam), np.int64)])
         step_args = be.last_step_inputs
         pre_name, step_name = f"prefill-u{users}", f"step-u{users}-b{beam}"
-        _readonly_replace(out / f"{pre_name}.mindir")
-        ms.export(be.prefill_net, *pre_args, file_name=str(out / pre_name), file_format="MINDIR")
-        _readonly_replace(out / f"{step_name}.mindir")
-        ms.export(be.step_net, *step_args, file_name=str(out / step_name), file_format="MINDIR")
+        _save_mindir(out, pre_name, be.prefill_net, *pre_args)
+        _save_mindir(out, step_name, be.step_net, *step_args)
         graphs[str(users)] = {
             "prefill": {"file": pre_name + ".mindir",
                         "inputs": [[str(a.dtype), list(a.shape)] for a in pre_args],
@@ -185,11 +225,12 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
                                      "record bias index", "record mask"],
                      "outputs": ["logits float32 [U * beam, sum K]", "record K", "record V"]}}
     codes = np.asarray(bundle.codes, np.int32)
-    np.save(out / "codes.npy", codes)
-    np.save(out / "item_raw_ids.npy", np.asarray(bundle.raw_ids, np.int64))
+    _save_npy(out / "codes.npy", codes)
+    _save_npy(out / "item_raw_ids.npy", np.asarray(bundle.raw_ids, np.int64))
     trie = bundle.trie
-    np.savez(out / "trie.npz", **{f"keys{l}": trie.keys[l] for l in range(trie.num_levels)},
-             **{f"masks{l}": trie.masks[l] for l in range(trie.num_levels)})
+    atomic_write(out / "trie.npz", lambda tmp: np.savez(tmp, **{f"keys{l}": trie.keys[l] for l in range(trie.num_levels)},
+                                                        **{f"masks{l}": trie.masks[l] for l in range(trie.num_levels)}),
+                 tmp_suffix=".tmp.npz")
     cfg = bundle.cfg.to_dict() if hasattr(bundle.cfg, "to_dict") else None
     manifest = {
         "format_version": GR_FORMAT_VERSION, "kind": "generative",
@@ -215,8 +256,9 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
     extra = getattr(bundle, "extra", None) or {}      # a LoadedGenerativeRun has none
     if "random" in extra:
         manifest["random_model"] = extra["random"]
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    return manifest
+    files = [g[p]["file"] for g in graphs.values() for p in ("prefill", "step")] + \
+        ["codes.npy", "item_raw_ids.npy", "trie.npz"]
+    return _write_manifest(out, manifest, files)
 
 
 def export_generative_run(run_dir, out_dir=None, which: str = "best", beam: int = 16, shapes=(1, 2, 4)) -> dict:
@@ -240,7 +282,7 @@ def load_generative_export(export_dir):
     d = Path(export_dir)
     manifest = read_manifest(d)
     if manifest.get("kind") != "generative":
-        raise ValueError(f"{d}: not a generative export (use load_export)")
+        raise ExportError(f"{d}: not a generative export (use load_export)")
     graphs = {int(u): (nn.GraphCell(ms.load(str(d / g["prefill"]["file"]))),
                        nn.GraphCell(ms.load(str(d / g["step"]["file"]))))
               for u, g in manifest["graphs"].items()}
