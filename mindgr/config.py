@@ -55,6 +55,7 @@ class CsvConfig:
     time_unit: str = field(default="s", metadata=_rng(choices=["s", "ms", "us", "ns"]))
     separator: str = ","                      # one character, or tab / comma / semicolon / space / pipe
     header: bool = True
+    dedupe: bool = False                      # drop events repeating an earlier one (counted either way)
 
 
 @dataclass

@@ -5,8 +5,16 @@
 Each user's rows are ordered by time (stable: equal times keep file order) or, without a time column, kept
 in file order. The optional page column (e.g. a request or page-view id) is carried into the store beside
 every item, for models that group a user's items by the page they were shown on.
+
+Duplicate events are counted and reported (the summary and stats.json, `duplicate_events`): an event is a
+duplicate when an earlier row has the same user, item, timestamp (and page); without a time column, when
+it repeats the same user's previous row (same item and page). They are kept by default (the file is read
+as it is); `dedupe=True` (`--option dedupe=true`) keeps only the first of each. With leave-one-out, a
+duplicated last event makes the held-out target equal to the last history item, which inflates metrics.
 """
 import csv
+
+import numpy as np
 
 from .errors import DataError, SkipCounter
 from .parsing import DELIMITERS, BadLine, build_store, check_file, other_delimiter, parse_id, parse_time, progress, \
@@ -50,12 +58,36 @@ def _columns(path, header_row, wanted, sep, header):
     return where
 
 
+def duplicate_events(out: dict) -> np.ndarray:
+    """Bool mask over the parsed rows (file order): True for a row that repeats an earlier event (same
+    user, item, time and page; without times: the same user's previous row, same item and page)."""
+    keys = [np.asarray(out[role], np.int64) for role in ("user", "item", "time", "page") if role in out]
+    n = len(keys[0])
+    dup = np.zeros(n, bool)
+    if n < 2:
+        return dup
+    if "time" in out:
+        order = np.lexsort([np.arange(n)] + keys[::-1])
+        same = np.ones(n - 1, bool)
+        for k in keys:
+            same &= k[order][1:] == k[order][:-1]
+        dup[order[1:][same]] = True
+        return dup
+    order = np.argsort(keys[0], kind="stable")                      # each user's rows in file order
+    same = np.ones(n - 1, bool)
+    for k in keys:
+        same &= k[order][1:] == k[order][:-1]
+    dup[order[1:][same]] = True
+    return dup
+
+
 def read_csv_log(path, user_column="user_id", item_column="item_id", time_column="timestamp", page_column="",
-                 time_unit="s", separator=",", header=True, lenient=False):
+                 time_unit="s", separator=",", header=True, lenient=False, dedupe=False):
     """An interaction log (CSV or any one-character separator) -> SequenceStore.
 
     ``time_column=""`` means no timestamps (file order is the order); ``time_unit`` is the unit of the
-    time column (s, ms, us, ns; stored as s or ms). Ids must be integers >= 0.
+    time column (s, ms, us, ns; stored as s or ms). Ids must be integers >= 0. Duplicate events
+    (`duplicate_events`) are counted in the store's stats; ``dedupe`` drops them (the first is kept).
     """
     path = check_file(path)
     sep = _separator(path, separator)
@@ -113,8 +145,14 @@ def read_csv_log(path, user_column="user_id", item_column="item_id", time_column
     report(path, skips)
     if not out["user"]:
         raise DataError(path, None, f"no valid interactions ({skips.summary()})")
+    dup = duplicate_events(out)
+    notes = {"duplicate_events": int(dup.sum()), "duplicates_dropped": bool(dedupe)}
+    if dedupe and dup.any():
+        out = {role: [v for v, d in zip(values, dup) if not d] for role, values in out.items()}
     divisor, unit = TIME_UNITS[time_unit]
     times = None
     if "time" in out:
         times = [t // divisor for t in out["time"]] if divisor > 1 else out["time"]
-    return build_store("csv", out["user"], out["item"], times, unit, pages=out.get("page"))
+    store = build_store("csv", out["user"], out["item"], times, unit, pages=out.get("page"))
+    store.read_notes = notes
+    return store

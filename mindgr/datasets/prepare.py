@@ -19,7 +19,7 @@ KIND_OPTIONS = {
     "kuairand": {"positive_column": str, "positive_value": int},
     "sequences": {},
     "csv": {"user_column": (str, int), "item_column": (str, int), "time_column": (str, int),
-            "page_column": (str, int), "time_unit": str, "separator": str, "header": bool},
+            "page_column": (str, int), "time_unit": str, "separator": str, "header": bool, "dedupe": bool},
     "synthetic": {"num_users": int, "num_items": int, "median_len": int, "max_len": int, "min_len": int,
                   "num_clusters": int, "seed": int, "sigma": float, "zipf_a": float,
                   "page_size": float},
@@ -72,7 +72,9 @@ def format_summary(store):
         f"  has timestamps {s['has_timestamps']}" + (f" (unit {s['time_unit']})" if s["has_timestamps"] else ""),
         f"  length         min {s['length_min']}  p50 {s['length_p50']:g}  p90 {s['length_p90']:g}  "
         f"p99 {s['length_p99']:g}  max {s['length_max']}  mean {s['length_mean']:.2f}",
-    ])
+    ] + ([f"  duplicates     {s['duplicate_events']:,} events repeated an earlier one "
+          f"({'dropped' if s.get('duplicates_dropped') else 'kept; --option dedupe=true drops them'})"]
+         if "duplicate_events" in s else []))
 
 
 def check_out_dir(out):

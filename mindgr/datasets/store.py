@@ -30,6 +30,7 @@ class SequenceStore:
     item_raw_ids: np.ndarray  # int64 [V+1]; [0] = -1 (padding)
     time_unit: str = "s"  # "s" or "ms"
     page_seqs: list | None = None  # U int64 arrays: the page/request id of every item (csv page_column), or None
+    read_notes: dict | None = None  # what the reader counted in the raw file (csv: duplicate events), for stats
 
     @property
     def num_items(self):
@@ -68,6 +69,7 @@ class SequenceStore:
             "length_p90": float(p90),
             "length_p99": float(p99),
             "length_max": int(lens.max()),
+            **(self.read_notes or {}),
         }
 
 

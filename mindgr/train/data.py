@@ -35,7 +35,8 @@ def _read_source(data_cfg):
     opts = {"positive_column": d.positive_column} if d.kind == "kuairand" else {}
     if d.kind == "csv":
         opts = {name: getattr(d.csv, name) for name in ("user_column", "item_column", "time_column",
-                                                        "page_column", "time_unit", "separator", "header")}
+                                                        "page_column", "time_unit", "separator", "header",
+                                                        "dedupe")}
     if d.timestamps:
         opts["timestamps"] = d.timestamps
     return read_any(d.kind, d.path, lenient=d.lenient, **opts)
