@@ -8,12 +8,13 @@ import shutil
 import numpy as np
 import pytest
 
-from gr_fixtures import graph_mode, random_codes  # noqa: F401  (graph_mode: module fixture)
+from gr_fixtures import random_codes
 from mindgr.config import load_config
 from mindgr.train.checkpoint import (CheckpointError, CheckpointManager, load_checkpoint, nonfinite_reason,
                                      read_sidecar, save_checkpoint)
 
-pytestmark = pytest.mark.slow  # two tiny trained runs (HSTU and GR) and a command per load path (~1 min)
+# two tiny trained runs (HSTU and GR) and a command per load path (~2 min); graph mode for the GR decoder
+pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 
 
 def _clean_meta(meta):
