@@ -128,5 +128,20 @@ class PrefixTrie:
             base += n
         return out
 
+    def node_offsets(self) -> np.ndarray:
+        """int64 [Lt+1]: level l's prefix nodes are node_offsets[l] .. node_offsets[l+1]-1 (item_nodes' numbering)."""
+        return np.concatenate([[0], np.cumsum([self.num_prefixes(l) for l in range(self.num_levels)])]).astype(np.int64)
+
+    def children(self, level: int) -> np.ndarray:
+        """int32 [prefixes of the level, most children of one]: the codes that may follow each prefix of
+        length `level` (row as masks[level]), ascending, padded with -1. The index-list form of masks[level]:
+        a softmax over a node's children gathers these rows instead of masking every code of the level."""
+        mask = self.masks[level]
+        counts = mask.sum(1)
+        out = np.full((mask.shape[0], max(int(counts.max()), 1)), -1, np.int32)
+        rows, codes = np.nonzero(mask)                               # row-major: each row's codes ascending
+        out[rows, np.arange(rows.shape[0]) - np.repeat(np.cumsum(counts) - counts, counts)] = codes
+        return out
+
     def nbytes(self) -> int:
         return int(sum(k.nbytes + m.nbytes for k, m in zip(self.keys, self.masks)))

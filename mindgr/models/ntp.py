@@ -22,6 +22,12 @@ runs over. By default that is the target code's level (every code of the level c
 softmax (model.trie_softmax) it is the target's prefix node in the trie (only the codes that may follow
 that prefix compete, as in trie-constrained decoding). `item_groups` [V+1, Lt] gives each item's code its
 group; None means the level.
+
+With the trie softmax the loss scores only the allowed codes (mindgr.models.trie_head.TrieHead, set by
+`use_trie_head`): a copied-row batch then carries its loss entries instead of per-token targets
+(`ENTRY_KEYS`, trie_head.head_entries: the token index of each target code, [items, Lt] flattened), and
+`EntryNTPLoss` gathers the hidden states there. `restrict_to` (masked full logits at every token) stays as
+the reference the gathered head is tested against.
 """
 from __future__ import annotations
 
@@ -214,6 +220,7 @@ def _batch(rows, t_cap, b_cap, group, pad_id):
 
 
 BATCH_KEYS = ("slots", "merged", "offsets", "target", "group", "weight")
+ENTRY_KEYS = ("slots", "merged", "offsets", "pos", "target", "group", "weight")     # EntryNTPLoss's inputs
 
 
 def batch_tensors(batch: dict) -> tuple:
@@ -236,7 +243,24 @@ class NTPLoss(nn.Cell):
         super().__init__()
         self.decoder = decoder
         self.num_levels = float(decoder.num_levels)
+        self.head = None
         self.restrict_to(level_groups(decoder.level_sizes) if allowed is None else allowed)
+
+    def use_trie_head(self, head):
+        """Score loss entries with a trie_head.TrieHead (only the trie's allowed codes) instead of masked full
+        logits; the entries must then come as [items, Lt] (EntryNTPLoss, or the tree layout's)."""
+        self.head = head
+        self.allowed = None                  # the [groups, sum K] table is no longer read: do not keep it
+
+    def entry_losses(self, hidden, target, group):
+        """ce [E] of the hidden states [E, D] at loss entries: the trie head on [E / Lt, Lt] items when set,
+        else masked full logits."""
+        if self.head is None:
+            return self.grouped_ce(self.decoder.logits(hidden), target, group)
+        lt = self.decoder.num_levels
+        items = hidden.shape[0] // lt
+        return self.head(hidden.reshape(items, lt, hidden.shape[1]), target.reshape(items, lt),
+                         group.reshape(items, lt)).reshape(-1)
 
     def restrict_to(self, allowed):
         """Use other softmax groups, e.g. the trie's prefix nodes (PrefixTrie.node_masks): call before the
@@ -264,3 +288,13 @@ class NTPLoss(nn.Cell):
 
     def construct(self, slots, merged, offsets, target, group, weight, drop=None):
         return self.weighted_mean(self.token_losses(slots, merged, offsets, target, group, drop), weight)
+
+
+class EntryNTPLoss(NTPLoss):
+    """NTPLoss over a copied-row batch in the entry layout (ENTRY_KEYS: pos / target / group / weight per loss
+    entry, [items, Lt] flattened), so the head runs at the target positions only: with use_trie_head, over
+    the trie's allowed codes. Equal to NTPLoss over the same batch's per-token arrays."""
+
+    def construct(self, slots, merged, offsets, pos, target, group, weight, drop=None):
+        hidden = self.decoder(slots, merged, offsets, drop)
+        return self.weighted_mean(self.entry_losses(ops.gather(hidden, pos, 0), target, group), weight)

@@ -222,5 +222,4 @@ class TreeNTPLoss(NTPLoss):
 
     def construct(self, slots, merged, virt_src, virt_offsets, take, pos, target, group, weight, drop=None):
         hidden = self.tree(slots, merged, virt_src, virt_offsets, take, drop)
-        logits = self.decoder.logits(ops.gather(hidden, pos, 0))                     # [E, C]
-        return self.weighted_mean(self.grouped_ce(logits, target, group), weight)
+        return self.weighted_mean(self.entry_losses(ops.gather(hidden, pos, 0), target, group), weight)

@@ -132,12 +132,30 @@ class GRModel:
         if tree_caps is not None:            # data.gr_layout = tree: the same objective over tree batches
             from mindgr.models.tree import TreeNTPLoss
             self.loss_net = TreeNTPLoss(self.decoder, tree_caps)
+        elif cfg.model.trie_softmax:         # copied rows in the entry layout (the head at targets only)
+            from mindgr.models.ntp import EntryNTPLoss
+            self.loss_net = EntryNTPLoss(self.decoder)
         else:
             self.loss_net = build_objective(cfg, self.decoder, num_items)
-        if cfg.model.trie_softmax:
-            self.loss_net.restrict_to(trie.node_masks())
+        if cfg.model.trie_softmax:           # only the trie's allowed codes are scored (models.trie_head)
+            self.loss_net.use_trie_head(trie_head(self.decoder, trie))
         self.optimizer = build_optimizer(self.decoder.trainable_params(), cfg.train)
         self.train_step = TrainStep(self.loss_net, self.optimizer)
+
+
+def trie_head(decoder, trie):
+    """The loss head that scores only the codes the trie allows (model.trie_softmax)."""
+    from mindgr.models.trie_head import TrieHead
+    return TrieHead(decoder, [trie.children(l) for l in range(1, trie.num_levels)], trie.node_offsets(),
+                    trie.masks[0][0])
+
+
+def entry_codes(trie) -> np.ndarray:
+    """Per prefix node (item_nodes' numbering): the codes the trie head scores for an entry there, the whole
+    first level at the root (one matmul), the allowed children elsewhere."""
+    counts = np.concatenate([m.sum(1) for m in trie.masks]).astype(np.int64)
+    counts[0] = int(trie.level_sizes[0])
+    return counts
 
 
 def gr_train_data(cfg: Config, data, table: CodeTable, trie):
@@ -154,13 +172,14 @@ def gr_train_data(cfg: Config, data, table: CodeTable, trie):
     offsets = np.concatenate([[0], np.cumsum(table.level_sizes)]).astype(np.int64)
     pages = pages if cfg.loss.objective == "page_ntp" else None
     groups = trie.item_nodes() if cfg.model.trie_softmax else None
+    head = entry_codes(trie) if cfg.model.trie_softmax else None
     common = (windows, table.codes, offsets, int(offsets[-1]), cfg.loss.objective, cfg.model.token_merger,
               cfg.train.batch_size, cfg.run.seed)
     try:
         if cfg.data.gr_layout == "tree":
             max_len = decoder_max_len(len(table.level_sizes), cfg.model.token_merger, cfg.data.max_len)
-            return GRTreeData(*common, max_len, cfg.data.token_capacity, pages, groups)
-        return GRTrainData(*common, cfg.data.token_capacity, pages, groups)
+            return GRTreeData(*common, max_len, cfg.data.token_capacity, pages, groups, head)
+        return GRTrainData(*common, cfg.data.token_capacity, pages, groups, head)
     except RowError as e:
         raise ConfigError(f"config: {e}") from None
 
@@ -262,8 +281,12 @@ class GenerativeStrategy(RetrievalStrategy):
         from mindgr.models.generative import prefix_attention_flops
         fwd = model_spec(self.cfg.model.arch).encoder_flops(self.cfg.model, info["lengths"])
         fwd += prefix_attention_flops(self.cfg.model, info.get("prefix_pairs", 0))        # tree layout
-        fwd += objective_spec(self.cfg.loss.objective).flops(self.cfg.model, info.get("head_tokens", info["tokens"]),
-                                                              self.model.decoder.num_codes)
+        if "head_codes" in info:             # the trie head: the codes it scores
+            fwd += 2.0 * self.cfg.model.dim * info["head_codes"]
+        else:
+            fwd += objective_spec(self.cfg.loss.objective).flops(self.cfg.model,
+                                                                  info.get("head_tokens", info["tokens"]),
+                                                                  self.model.decoder.num_codes)
         return 3.0 * fwd
 
     def restore(self, tensors: dict, path):

@@ -12,6 +12,10 @@ the rows themselves are built when a batch is prepared (in the input thread).
 Capacities: T_cap tokens (data.token_capacity, or about train.batch_size examples' mean tokens, at
 least the longest example), and a row capacity that no batch can exceed: T_cap / (the shortest row),
 so every batch is one compiled shape.
+
+With the trie-gathered head (model.trie_softmax) a batch carries its loss entries (`entry_codes` given:
+ENTRY_KEYS, at most T_cap / Lt target items) and its info counts the head's codes scored
+(`head_codes`: the whole first level per item, each later entry's allowed children) for the FLOPs.
 """
 from __future__ import annotations
 
@@ -20,9 +24,10 @@ import math
 import numpy as np
 
 from mindgr.datasets import EpochPlan
-from mindgr.models.ntp import (BATCH_KEYS, RowError, check_row_options, group_width, page_groups, pack_rows,
+from mindgr.models.ntp import (BATCH_KEYS, ENTRY_KEYS, RowError, check_row_options, group_width, page_groups, pack_rows,
                                tokens_per_prompt_item, user_rows)
 from mindgr.models.tree import TREE_KEYS, TreeCaps, pack_tree, tree_user
+from mindgr.models.trie_head import entry_capacity, head_entries
 
 
 def row_token_counts(n: int, lt: int, objective: str, token_merger: str, pages=None) -> list:
@@ -69,10 +74,16 @@ class GRTrainData:
     keys = BATCH_KEYS            # the step's array inputs, in order (before the dropout masks)
 
     def __init__(self, windows, codes, level_offsets, pad_id: int, objective: str, token_merger: str,
-                 batch_size: int, seed: int, token_capacity: int = 0, pages=None, item_groups=None):
-        """item_groups [V+1, Lt]: the softmax group of each item's codes (None = their level: ntp.user_rows)."""
+                 batch_size: int, seed: int, token_capacity: int = 0, pages=None, item_groups=None,
+                 entry_codes=None):
+        """item_groups [V+1, Lt]: the softmax group of each item's codes (None = their level: ntp.user_rows).
+        entry_codes [groups]: codes the trie head scores for an entry of each group; given, batches come in
+        the entry layout (ENTRY_KEYS)."""
         check_row_options(objective, token_merger, pages)
         self.item_groups = item_groups
+        self.entry_codes = None if entry_codes is None else np.asarray(entry_codes, np.int64)
+        if self.entry_codes is not None:
+            self.keys = ENTRY_KEYS
         self.codes = np.asarray(codes)
         self.level_offsets = np.asarray(level_offsets, np.int64)
         self.pad_id, self.objective, self.token_merger = pad_id, objective, token_merger
@@ -96,6 +107,7 @@ class GRTrainData:
         self.token_capacity = t_cap
         self.row_capacity = _round_up(math.ceil(t_cap / shortest), 8)
         self.plan = EpochPlan(tokens, t_cap, self.row_capacity, seed=seed)
+        self.entry_capacity = entry_capacity(t_cap, lt)
 
     @property
     def inputs(self) -> list:
@@ -120,6 +132,10 @@ class GRTrainData:
         n = int(lengths.sum())
         info = {"tokens": n, "fill": n / self.token_capacity, "lengths": lengths,
                 "targets": int((batch["weight"] > 0).sum())}
+        if self.entry_codes is not None:
+            entries = head_entries(batch, self.codes.shape[1], self.level_offsets, self.entry_capacity)
+            batch = dict(batch, **entries)
+            info["head_codes"] = int(self.entry_codes[entries["group"]][entries["weight"] > 0].sum())
         return batch, info
 
 
@@ -151,8 +167,10 @@ class GRTreeData:
     UNIT = 1 << 20
 
     def __init__(self, windows, codes, level_offsets, pad_id: int, objective: str, token_merger: str,
-                 batch_size: int, seed: int, max_len: int, token_capacity: int = 0, pages=None, item_groups=None):
+                 batch_size: int, seed: int, max_len: int, token_capacity: int = 0, pages=None, item_groups=None,
+                 entry_codes=None):
         check_row_options(objective, token_merger, pages)
+        self.entry_codes = None if entry_codes is None else np.asarray(entry_codes, np.int64)
         self.codes = np.asarray(codes)
         self.level_offsets = np.asarray(level_offsets, np.int64)
         self.pad_id, self.objective, self.token_merger = pad_id, objective, token_merger
@@ -207,6 +225,9 @@ class GRTreeData:
                 "prefix_pairs": int(lseg * boundaries.sum()),      # (segment token, prompt key) pairs
                 "head_tokens": int(self.num_levels * boundaries.shape[0]),     # logits only at the loss entries
                 "targets": int(self.num_levels * boundaries.shape[0])}
+        if self.entry_codes is not None:          # the trie head: codes scored per entry (FLOPs)
+            b = packed[0]
+            info["head_codes"] = int(self.entry_codes[b["group"]][b["weight"] > 0].sum())
         return packed[0], info
 
 
