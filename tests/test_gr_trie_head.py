@@ -88,17 +88,18 @@ def test_gathered_head_equals_masked_full_softmax(seed, sizes, merger, objective
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_ties_and_single_children(fused):
-    """Equal logits everywhere a node's children compete (tied head columns) and a trie where most nodes
-    have one child: the gathered head still equals the masked reference."""
-    sizes = [3, 4, 3]
+    """Equal logits everywhere a node's children compete (tied head columns), a trie where most nodes have
+    one child and a first-level code no item uses: the gathered head still equals the masked reference."""
+    sizes = [4, 4, 3]
     codes = np.array([[0, 0, 0], [0, 0, 0], [0, 1, 0], [0, 1, 1], [1, 2, 2], [2, 3, 1], [2, 0, 2], [1, 0, 0]],
                      np.int32)
     trie = PrefixTrie(codes, sizes)
+    assert not trie.masks[0][0][3]                        # the root does not allow code 3
     dec = GRDecoder(sizes, D, NBLK, H, DQK, DV, max_len=MAX_LEN, token_merger="item", seed=7, trie_softmax=True)
     rng = np.random.default_rng(7)
     randomize(dec, rng)
     w = dec.w_head.asnumpy()
-    w[:, 3:] = w[:, 3:4]                                  # every code after level 0 ties with the first one
+    w[:, 4:] = w[:, 4:5]                                  # every code after level 0 ties with the first one
     dec.w_head.set_data(Tensor(w))
     dec.b_head.set_data(Tensor(np.zeros(dec.num_codes, np.float32)))
     batch = _rows_batch(rng, codes, trie, dec, "ntp", "item", users=(4, 3, 5))
