@@ -21,7 +21,9 @@ from mindgr.models.tree import TreeCaps, TreeNTPLoss, pack_tree, tree_tensors, t
 from mindgr.models.trie_head import TrieHead, entry_capacity, head_entries  # noqa: E402
 from mindgr.train.generative import entry_codes, trie_head  # noqa: E402
 from test_gr_decoder import LossGrad, randomize  # noqa: E402
-from gr_fixtures import graph_mode, random_codes  # noqa: E402,F401
+from gr_fixtures import random_codes  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 
 D, H, DQK, DV, NBLK, MAX_LEN = 8, 2, 3, 4, 2, 40
 
