@@ -83,3 +83,34 @@ def test_compare_runs_refuses_an_empty_run_name_before_evaluating(tmp_path):
     # side B's bad entry is found before side A (not a run directory) is evaluated
     with pytest.raises(ValueError, match="empty run directory"):
         compare_runs(str(tmp_path / "missing"), [""])
+
+
+def test_holm_step_down_by_hand():
+    from mindgr.train.compare import holm
+    got = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
+    # sorted: d .005 x 4 = .02, a .01 x 3 = .03, c .03 x 2 = .06, b .04 x 1 (running max) = .06
+    assert {k: round(v[0], 12) for k, v in got.items()} == {"d": 0.02, "a": 0.03, "c": 0.06, "b": 0.06}
+    assert {k for k, v in got.items() if v[1]} == {"d", "a"}
+    # a single p-value is its own adjusted value
+    assert holm({"x": 0.04}) == {"x": (0.04, True)}
+
+
+def test_compare_reports_holm_beside_the_raw_intervals_on_synthetic_ranks():
+    from mindgr.train.compare import format_comparison
+    rng = np.random.default_rng(5)
+    targets = np.arange(1, 3001)
+    a = rng.integers(0, 400, 3000)
+    same = compare_ranks(a, targets, a.copy(), targets, ks=(1, 10, 50), samples=500)
+    assert all(r["p_holm"] == 1.0 and not r["holm"] for r in same["metrics"].values())
+    better = compare_ranks(a, targets, a // 4, targets, ks=(1, 10, 50), samples=500)   # every rank 4x better
+    assert all(r["holm"] and r["p_holm"] >= r["p"] for r in better["metrics"].values())
+    # a raw "B better" whose p does not survive the correction over the metrics is said to be so
+    fake = {"users": 10, "samples": 100, "runs": [1, 1], "metrics": {
+        f"m{i}": {"a": 0.1, "b": 0.1, "diff": 0.0, "ci95": [-0.01, 0.01], "p": 0.5} for i in range(7)}}
+    fake["metrics"]["hr@10"] = {"a": 0.1, "b": 0.12, "diff": 0.02, "ci95": [0.001, 0.04], "p": 0.03}
+    from mindgr.train.compare import _add_holm
+    _add_holm(fake["metrics"])
+    text = format_comparison(fake, "A", "B")
+    line = next(l for l in text.splitlines() if l.startswith("hr@10"))
+    assert "B better, not after Holm" in line
+    assert fake["metrics"]["hr@10"]["p_holm"] == pytest.approx(0.24)

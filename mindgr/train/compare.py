@@ -11,6 +11,10 @@ mean over its runs, and each bootstrap sample also redraws every side's runs wit
 interval carries the spread between seeds as well as between users (with 2-3 seeds only roughly; the
 per-run means are reported beside it).
 
+Many metrics are compared at once (eight or more), so one of them clears 5% by chance far more often than
+5% of the time: beside each raw interval, the Holm step-down correction over all the metrics compared says
+which differences survive at a family-wise 5% level (`holm`).
+
 Extra per-user metrics that every compared ranks file carries (a GR run with a page holdout writes its
 page recall@K) are compared the same way, over the users every run evaluated.
 """
@@ -57,6 +61,24 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, samples: int = 5000, seed: in
     return out
 
 
+def holm(pvalues: dict, alpha: float = 0.05) -> dict:
+    """Holm's step-down correction of several p-values: {name: (adjusted p, survives at alpha)}. The i-th
+    smallest p (0-based, m in all) is compared with alpha / (m - i), stopping at the first that fails;
+    the adjusted p is the running maximum of min(1, (m - i) p_(i)), so `survives` = adjusted p <= alpha."""
+    order = sorted(pvalues, key=lambda k: pvalues[k])
+    m, running, out = len(order), 0.0, {}
+    for i, name in enumerate(order):
+        running = max(running, min(1.0, (m - i) * pvalues[name]))
+        out[name] = (running, running <= alpha)
+    return out
+
+
+def _add_holm(metrics: dict) -> dict:
+    for name, (adjusted, survives) in holm({k: r["p"] for k, r in metrics.items()}).items():
+        metrics[name].update(p_holm=adjusted, holm=survives)
+    return metrics
+
+
 def load_ranks(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ranks, ties, targets) of a RUN/ranks/*.npz file. Files written before ranks were tie-aware hold
     no ties: they are read with ties = 0 (the strict rank they were computed with)."""
@@ -90,7 +112,7 @@ def compare_ranks(ranks_a, targets_a, ranks_b, targets_b, ks=(1, 10, 50, 200), s
     metrics = {m: paired_bootstrap(np.stack([r[m] for r in per_run[0]]), np.stack([r[m] for r in per_run[1]]),
                                    samples, seed) for m in per_run[0][0]}
     return {"users": int(both.sum()), "samples": samples, "runs": [len(ranks_a), len(ranks_b)],
-            "metrics": metrics}
+            "metrics": _add_holm(metrics)}
 
 
 def format_comparison(result: dict, name_a: str, name_b: str) -> str:
@@ -98,12 +120,15 @@ def format_comparison(result: dict, name_a: str, name_b: str) -> str:
              f"A = {name_a}, B = {name_b}",
              ]
     w = max([9] + [len(m) for m in result["metrics"]])
-    lines.append(f"{'metric':{w}s} {'A':>8s} {'B':>8s} {'B - A':>9s}  {'95% interval of B - A':>22s} {'p':>6s}")
+    lines.append(f"{'metric':{w}s} {'A':>8s} {'B':>8s} {'B - A':>9s}  {'95% interval of B - A':>22s} {'p':>6s}"
+                 f" {'Holm p':>6s}  verdict (raw interval; Holm over {len(result['metrics'])} metrics)")
     for m, r in result["metrics"].items():
         lo, hi = r["ci95"]
         verdict = "B better" if lo > 0 else "A better" if hi < 0 else "not distinguishable"
+        if verdict != "not distinguishable":
+            verdict += ", survives Holm" if r.get("holm") else ", not after Holm"
         lines.append(f"{m:{w}s} {r['a']:8.4f} {r['b']:8.4f} {r['diff']:+9.4f}  [{lo:+.4f}, {hi:+.4f}] "
-                     f"{r['p']:6.3f}  {verdict}")
+                     f"{r['p']:6.3f} {r.get('p_holm', float('nan')):6.3f}  {verdict}")
     if result.get("runs", [1, 1]) != [1, 1]:     # several seeds: show each run's mean beside the pooled figure
         lines.append(f"per run (A: {result['runs'][0]} runs, B: {result['runs'][1]} runs; A and B means in "
                      "the order given)")
@@ -150,6 +175,7 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
         seen = (a >= 0).all(0) & (b >= 0).all(0)
         if seen.any():
             out["metrics"][name] = paired_bootstrap(a[:, seen], b[:, seen], samples)
+    _add_holm(out["metrics"])          # over every metric compared, the extra ones included
     info = [[{"run": str(run), "checkpoint": r["checkpoint"]} for run, r in zip(runs, side)]
             for runs, side in zip(sides, evaluated)]
     out.update(split=split, a=info[0][0] if len(info[0]) == 1 else info[0],

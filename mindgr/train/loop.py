@@ -326,7 +326,7 @@ class TrainLoop:
                 self._epochs(window, peak, stop, self.cfg.train.max_steps)
             except _StopRequested:
                 path = self.save()
-                self.log.info(f"stopped by signal {stop.signum}: saved {path.name} at step {self.step}; "
+                self.log.info(f"stopped by {_signal_name(stop.signum)}: saved {path.name} at step {self.step}; "
                               "continue with --resume")
                 raise KeyboardInterrupt from None
             except KeyboardInterrupt:
@@ -455,7 +455,7 @@ class TrainLoop:
         if every and self.epoch % every == 0 and self.strategy.can_evaluate("valid"):
             self.ensure_finite()              # diverged weights are never evaluated into a `best`
             metrics = self.evaluate("valid")
-            key = f"ndcg@{10 if 10 in self.cfg.eval.ks else max(self.cfg.eval.ks)}"
+            key = self._selection_key()
             score = metrics.get(key, metrics["mrr"])
             self.history.append({"epoch": self.epoch, "step": self.step, **metrics})
             if score > self.best["metric"]:
@@ -488,15 +488,28 @@ class TrainLoop:
         try:
             result = {"run": str(self.run_dir), "step": self.step, "epoch": self.epoch, "history": self.history}
             best = self.ckpts.best()
+            valid = None
+            if best is None and self.strategy.can_evaluate("valid"):
+                # No validation ran during training (a short run, or eval.every_epochs = 0): the final weights
+                # are validated now and kept as `best`, so every later command finds a best checkpoint.
+                self.ensure_finite()
+                valid = self.evaluate("valid")
+                key = self._selection_key()
+                self.best = {"metric": valid.get(key, valid.get("mrr", 0.0)), "key": key, "epoch": self.epoch,
+                             "step": self.step, "final": True}
+                self._save_best()
+                best = self.ckpts.best()
             if best is not None:
                 tensors, meta = load_checkpoint(best)
                 self.strategy.restore(tensors, best)
                 result["checkpoint"] = {"name": "best", **self.best}
+                if valid is None:             # the best's validation was logged when it was chosen: not again
+                    valid = self._best_validation()
             else:
                 result["checkpoint"] = {"name": "last", "step": self.step}
             self.strategy.training_done()
-            for split in ("valid", "test"):
-                result[split] = self.evaluate(split)
+            result["valid"] = valid if valid is not None else self.evaluate("valid")
+            result["test"] = self.evaluate("test")
             for name, metrics in self.strategy.baselines().items():
                 result[name] = metrics
                 self.log.info(f"{name.replace('_', ' baseline, ')}: {format_metrics(metrics)}")
@@ -507,20 +520,35 @@ class TrainLoop:
                 result["tokens_per_s"] = started["tokens"] / wall if wall > 0 else 0.0
             if self.writer:
                 write_json_atomic(self.run_dir / "eval.json", result)
-            self.log.info(f"test: {format_metrics(result['test'])} -> {self.run_dir / 'eval.json'}")
             self.log.info(self._summary(result))
             return result
         finally:
             self.strategy.close()
+
+    def _selection_key(self) -> str:
+        """The validation metric that chooses `best`: NDCG@10 (or at the largest K without 10)."""
+        return f"ndcg@{10 if 10 in self.cfg.eval.ks else max(self.cfg.eval.ks)}"
+
+    def _best_validation(self) -> dict | None:
+        """The validation metrics recorded when `best` was chosen (same weights, same users), if recorded."""
+        for h in reversed(self.history):
+            if h.get("step") == self.best.get("step"):
+                return {k: v for k, v in h.items() if k not in ("epoch", "step")}
+        return None
 
     def _summary(self, result: dict) -> str:
         """The end of a run in a few lines: which checkpoint, how good against popularity, how long, where."""
         key = f"ndcg@{10 if 10 in self.cfg.eval.ks else max(self.cfg.eval.ks)}"
         hr = f"hr@{10 if 10 in self.cfg.eval.ks else max(self.cfg.eval.ks)}"
         ck = result["checkpoint"]
-        which = (f"best = epoch {ck.get('epoch')} (step {ck.get('step')}, valid {ck.get('key', key)} "
-                 f"{ck.get('metric', float('nan')):.4f})" if ck["name"] == "best"
-                 else f"last weights (step {ck['step']}; no validation ran)")
+        if ck["name"] != "best":
+            which = f"last weights (step {ck['step']}; no validation split)"
+        elif ck.get("final"):
+            which = (f"best = the final weights (step {ck.get('step')}, valid {ck.get('key', key)} "
+                     f"{ck.get('metric', float('nan')):.4f}; no validation during training)")
+        else:
+            which = (f"best = epoch {ck.get('epoch')} (step {ck.get('step')}, valid {ck.get('key', key)} "
+                     f"{ck.get('metric', float('nan')):.4f})")
         lines = [f"summary: {self.step} steps, {self.epoch} epochs; evaluated: {which}"]
         test, pop = result.get("test", {}), result.get("popularity_test")
         if test.get("count") and pop:
@@ -531,6 +559,15 @@ class TrainLoop:
                          "tokens/s overall (evaluation included)")
         lines.append(f"  files: {self.run_dir}/ eval.json, metrics.jsonl, config.yaml, checkpoints/")
         return "\n".join(lines)
+
+
+def _signal_name(signum) -> str:
+    """SIGINT / SIGTERM by name (Ctrl-C is SIGINT)."""
+    import signal
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _clock(seconds: float) -> str:
