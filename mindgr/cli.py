@@ -21,6 +21,22 @@ def _load(args):
     return load_config(args.config, _overrides(args))
 
 
+# `mindgr train --quick`: a short run that still goes through every stage and leaves a best checkpoint:
+# at most 2 epochs, validation after each, a log line every 10 steps at most, and generative runs decode
+# samples of users (at most 500 in validation, 1,000 in the test decode). Overrides on the command line win.
+QUICK_EPOCHS, QUICK_LOG_EVERY, QUICK_VALID_USERS, QUICK_TEST_USERS = 2, 10, 500, 1000
+
+
+def quick_overrides(cfg) -> list[str]:
+    """The overrides --quick adds to a config (before the command line's own, which take precedence)."""
+    def capped(value, cap):
+        return min(value, cap) if value else cap
+    return [f"train.epochs={min(cfg.train.epochs, QUICK_EPOCHS)}", "eval.every_epochs=1",
+            f"run.log_every={min(cfg.run.log_every, QUICK_LOG_EVERY)}",
+            f"eval.max_users={capped(cfg.eval.max_users, QUICK_VALID_USERS)}",
+            f"eval.test_max_users={capped(cfg.eval.test_max_users, QUICK_TEST_USERS)}"]
+
+
 class OutputError(OSError):
     """An output location that cannot be written (checked before any work starts)."""
 
@@ -37,6 +53,12 @@ def cmd_train(args) -> int:
     if args.nproc is not None:
         args.set = list(args.set or []) + [f"parallel.nproc={args.nproc}"]
     cfg = _load(args)
+    if args.quick:
+        from mindgr.config import load_config
+        quick = quick_overrides(cfg)
+        cfg = load_config(args.config, quick + _overrides(args))
+        if not args.print_config:
+            print(f"quick run: {' '.join(quick)} (overrides on the command line win)", flush=True)
     if args.print_config:
         print(dump_config(cfg), end="")
         return 0
@@ -59,16 +81,16 @@ def cmd_train(args) -> int:
     else:
         from mindgr.train.local import LocalStrategy as Strategy
     from mindgr.train.loop import TrainLoop
-    result = TrainLoop(cfg, Strategy(cfg), resume=args.resume).fit()
-    print(json.dumps({k: result[k] for k in ("valid", "test", "checkpoint")}, indent=1))
+    TrainLoop(cfg, Strategy(cfg), resume=args.resume).fit()   # ends with its summary; results in eval.json
     return 0
 
 
 def cmd_eval(args) -> int:
     from mindgr.train.run_eval import evaluate_any_run
+    from mindgr.train.run_eval import format_eval
     result = evaluate_any_run(args.run, args.split, args.checkpoint, args.allow_data_change,
                               _filter_history(args), args.max_users)
-    print(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1) if args.json else format_eval(result))
     return 0
 
 
@@ -381,6 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
     t.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     t.add_argument("--resume", action="store_true", help="continue the run in run.out_dir/run.name")
+    t.add_argument("--quick", action="store_true",
+                   help="a short run: at most 2 epochs, validation after each, a log line every 10 steps, "
+                        "generative runs decode samples of users (500 valid, 1,000 test)")
     t.add_argument("--nproc", type=int, help="train data parallel on N processes launched with msrun "
                                              "(same as parallel.nproc=N)")
     t.set_defaults(func=cmd_train)
@@ -392,8 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--allow-data-change", action="store_true", help="evaluate even if the run's data changed")
     e.add_argument("--filter-history", choices=["true", "false"],
                    help="remove the user's history items from the ranking (default: the run's eval.filter_history)")
-    e.add_argument("--max-users", type=int, default=0,
-                   help="generative runs: decode a fixed sample of this many users (default 0 = all)")
+    e.add_argument("--max-users", type=int, default=None,
+                   help="generative runs: decode a fixed sample of this many users (0 = all; default: the run's "
+                        "eval.test_max_users for the test split, else all)")
+    e.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     e.set_defaults(func=cmd_eval)
 
     c = sub.add_parser("compare", help="paired comparison of two runs' metrics on the same users "
@@ -406,8 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="also write the result as JSON here")
     c.add_argument("--filter-history", choices=["true", "false"],
                    help="rank with or without the history items (default: each run's eval.filter_history)")
-    c.add_argument("--max-users", type=int, default=0,
-                   help="generative runs: the fixed user sample of `mindgr eval --max-users` (default 0 = all)")
+    c.add_argument("--max-users", type=int, default=None,
+                   help="generative runs: the fixed user sample of `mindgr eval --max-users` (0 = all; default: "
+                        "each run's eval.test_max_users)")
     c.set_defaults(func=cmd_compare)
 
     d = sub.add_parser("data", help="prepare a dataset into a sequence store")

@@ -162,6 +162,9 @@ class EvalConfig:
     filter_history: bool = True
     beam: int = field(default=0, metadata=_rng(lo=0))          # GR beam width (>= max ks); 0 = max(ks)
     max_users: int = field(default=0, metadata=_rng(lo=0))     # GR validation during training: users decoded; 0 = all
+    # GR test decode (the run's final one, and `mindgr eval` / `compare` by default): a fixed sample of this
+    # many users; 0 = all (`mindgr train --quick` sets it so that a short run's test decode is short too)
+    test_max_users: int = field(default=0, metadata=_rng(lo=0))
     # stop training after this many validations in a row without a new best (0 = train every epoch); the
     # test evaluation then uses the best checkpoint as always
     patience: int = field(default=0, metadata=_rng(lo=0))
@@ -250,6 +253,7 @@ RESUMABLE_CHANGES = frozenset({
     "train.epochs", "train.max_steps", "train.lr", "train.lr_schedule", "train.warmup_steps", "train.lr_floor",
     "run.name", "run.out_dir", "run.log_every", "run.keep_last", "run.ckpt_every",
     "eval.every_epochs", "eval.ks", "eval.batch_size", "eval.filter_history", "eval.beam", "eval.max_users",
+    "eval.test_max_users",
     "eval.patience", "ops.backend", "data.prefetch"})
 
 

@@ -75,10 +75,13 @@ def test_prepare_synthetic_then_train_on_the_store_and_eval(tmp_path, tiny_overr
     assert p.returncode == 0, p.stderr[-3000:]
     result = json.loads((tmp_path / "tiny" / "eval.json").read_text())
     assert result["test"]["count"] == 120
-    # 4 steps end before the first epoch's validation: there is no best, and eval never silently takes another
+    # 4 steps end before the first epoch's validation: the final evaluation validated the last weights and
+    # kept them as the best, so the next commands need no --checkpoint
+    assert result["checkpoint"]["name"] == "best" and result["checkpoint"]["final"]
     p = run("eval", "--run", str(tmp_path / "tiny"), "--split", "test")
-    assert p.returncode == 1 and "no best checkpoint" in p.stderr and "--checkpoint latest" in p.stderr
-    p = run("eval", "--run", str(tmp_path / "tiny"), "--split", "test", "--checkpoint", "latest")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "checkpoint best (step 4), 120 users" in p.stdout and f"hr@10     {result['test']['hr@10']:.4f}" in p.stdout
+    p = run("eval", "--run", str(tmp_path / "tiny"), "--split", "test", "--json")
     assert p.returncode == 0, p.stderr[-3000:]
     again = json.loads(p.stdout)
     assert again["hr@10"] == result["test"]["hr@10"] and again["count"] == 120
@@ -90,7 +93,7 @@ def test_prepare_synthetic_then_train_on_the_store_and_eval(tmp_path, tiny_overr
     assert (ranks >= 0).all() and per_user_metrics(ranks, [10], ties)["hr@10"].mean() == again["hr@10"]
     # (side A given as two runs, the way several seeds of one setting are compared)
     tiny = str(tmp_path / "tiny")
-    p = run("compare", f"{tiny},{tiny}", tiny, "--checkpoint", "latest", "--samples", "200",
+    p = run("compare", f"{tiny},{tiny}", tiny, "--samples", "200",
             "--out", str(tmp_path / "cmp.json"))
     assert p.returncode == 0, p.stderr[-3000:]
     cmp = json.loads((tmp_path / "cmp.json").read_text())

@@ -51,12 +51,12 @@ def test_train_eval_ranks_file_better_than_chance(gr_setup, capsys):
     assert result["checkpoint"]["name"] == "best" and result["valid"]["count"] == 40  # eval.max_users
     # the final test decode wrote both ranks files of the best checkpoint: eval reuses them
     saved = {name: (run / "ranks" / name).read_bytes() for name in ("test-best.npz", "test-best-unfiltered.npz")}
-    assert main(["eval", "--run", str(run)]) == 0
+    assert main(["eval", "--run", str(run), "--json"]) == 0
     reused = json.loads(capsys.readouterr().out)
     assert reused["decode"] == {"reused": str(run / "ranks" / "test-best.npz")}
     for name in saved:                                  # an eval decoding afresh writes the same ranks
         (run / "ranks" / name).unlink()
-    assert main(["eval", "--run", str(run)]) == 0
+    assert main(["eval", "--run", str(run), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert "reused" not in out["decode"] and out["count"] == result["test"]["count"] and out["filter_history"]
     assert all(np.isfinite(out[k]) for k in ("hr@10", "ndcg@10", "mrr"))
@@ -68,7 +68,7 @@ def test_train_eval_ranks_file_better_than_chance(gr_setup, capsys):
     with np.load(out["ranks_file"]) as f:
         ranks, ties = f["ranks"], f["ties"]
     assert ranks.shape == ties.shape and (ties == 0).all() and ranks.max() == gr_setup["num_items"]  # misses
-    assert main(["eval", "--run", str(run), "--filter-history", "false"]) == 0
+    assert main(["eval", "--run", str(run), "--filter-history", "false", "--json"]) == 0
     unf = json.loads(capsys.readouterr().out)
     assert unf["ranks_file"].endswith("test-best-unfiltered.npz") and unf["hr@10"] <= out["hr@10"] + 1e-9
 

@@ -67,9 +67,17 @@ def test_missing_ops_fall_back_with_one_logged_line(fake_backend, restore_backen
     lines = [r.getMessage() for r in caplog.records if r.name == "mindgr.ops"]
     assert len(lines) == 1
     missing = sorted(set(backend.OPS) - {"jagged_to_padded"})
-    assert all(op in lines[0] for op in missing) and "jagged_to_padded" not in lines[0]
+    # the attention ops are named when a model that calls them is built, not when the backend is set
+    assert all(op in lines[0] for op in set(missing) - backend.NOTED_AT_USE) and "jagged_to_padded" not in lines[0]
+    assert not any(op in lines[0] for op in backend.NOTED_AT_USE)
     assert "reference" in lines[0]
     assert sorted(backend.fallbacks()) == missing
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mindgr.ops"):
+        backend.note_uses("softmax_attention")
+        backend.note_uses("softmax_attention")          # once per process
+    lines = [r.getMessage() for r in caplog.records if r.name == "mindgr.ops"]
+    assert lines == ["ops backend fake: softmax_attention not provided, using the reference"]
     assert backend.ACTIVE["jagged_to_padded"] is _doubling_to_padded
     assert backend.ACTIVE["hstu_attention"] is reference.hstu_attention
 
@@ -114,3 +122,20 @@ def test_graph_cells_bind_the_backend_selected_when_they_compile(fake_backend, r
     doubled = _ToPadded()(values, offsets).asnumpy()
     np.testing.assert_array_equal(doubled, 2 * plain)
     np.testing.assert_array_equal(plain[0, :2, 0], [1, 2])
+
+
+def test_the_cpu_backend_names_softmax_attention_only_when_a_model_calls_it(restore_backend, caplog):
+    """HSTU never calls softmax_attention: building it says nothing; building SASRec says it once."""
+    from mindgr.ops.cpu import unavailable_reason
+    if unavailable_reason() is not None:
+        pytest.skip(f"cpu backend unavailable: {unavailable_reason()}")
+    import numpy as np
+    from mindgr.models.hstu import HSTUBlock
+    from mindgr.models.sasrec import SASRecBlock
+    with caplog.at_level(logging.WARNING, logger="mindgr.ops"):
+        backend.set_backend("cpu")
+        HSTUBlock(np.random.default_rng(0), 8, 1, 8, 8, 10, 16, True, "b")
+        assert not [r for r in caplog.records if r.name == "mindgr.ops"]
+        SASRecBlock(np.random.default_rng(0), 8, 1, 8, 10, "s")
+    lines = [r.getMessage() for r in caplog.records if r.name == "mindgr.ops"]
+    assert lines == ["ops backend cpu: softmax_attention not provided, using the reference"]

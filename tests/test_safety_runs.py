@@ -36,14 +36,15 @@ def _train(overrides, resume=False):
 
 def test_divergence_stops_the_run_and_resume_with_a_lower_lr_continues(tmp_path, tiny_overrides, capsys):
     base = tiny_overrides + ["run.ckpt_every=3"]
-    _train(base + ["train.max_steps=3"])                      # a good checkpoint at step 3, no best yet
+    _train(base + ["train.max_steps=3"])                      # a good checkpoint at step 3, validated at the end
     run = tmp_path / "tiny"
-    assert not (run / "checkpoints" / "best.json").exists()
+    assert json.loads((run / "checkpoints" / "best.json").read_text())["step"] == 3
     assert cli(["train", *base, "train.lr=1e30", "--resume"]) == 1
     err = _one_line_error(capsys)
     assert "diverged at step 6" in err and "ckpt-step00000003" in err and "--resume train.lr=" in err, err
     ckpts = CheckpointManager(run, 2)
-    assert ckpts.best() is None and ckpts.latest().name == "ckpt-step00000003"   # nothing non-finite saved
+    assert ckpts.latest().name == "ckpt-step00000003"   # nothing non-finite saved
+    assert json.loads(ckpts.best().with_suffix(".json").read_text())["step"] == 3
     # the advice works: train.lr may change on resume
     result = _train(base + ["train.lr=1e-3"], resume=True)
     assert result["step"] == 12 and ckpts.best() is not None
@@ -74,7 +75,7 @@ def test_a_second_writer_is_refused_and_a_killed_writer_leaves_no_live_lock(tmp_
 
 @pytest.fixture(scope="module")
 def store_run(tmp_path_factory):
-    """A short run on a prepared store (a source with files to fingerprint), no best checkpoint."""
+    """A short run on a prepared store (a source with files to fingerprint)."""
     from mindgr.datasets import prepare
     root = tmp_path_factory.mktemp("store_run")
     prepare("synthetic", None, str(root / "store"), num_users=120, num_items=60, median_len=10, max_len=20)
@@ -105,7 +106,7 @@ def test_changed_data_is_refused_by_eval_and_resume(store_run, tmp_path, capsys)
     with pytest.raises(CheckpointError, match="stats.json") as e:
         evaluate_run(run, which="latest")
     assert "--allow-data-change" in str(e.value)
-    assert cli(["eval", "--run", str(run), "--checkpoint", "latest", "--allow-data-change"]) == 0
+    assert cli(["eval", "--run", str(run), "--checkpoint", "latest", "--allow-data-change", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["count"] == 120 and "changed data" in out["data_note"]
     assert cli(["train", *overrides, "train.max_steps=4", "--resume"]) == 1
@@ -187,6 +188,8 @@ def test_eval_one_line_errors(store_run, tmp_path, monkeypatch):
     import mindgr.train.trainer as trainer
     root, _ = _copy_run(store_run, tmp_path)
     run = root / "r"
+    for path in (run / "checkpoints").glob("best*"):           # as if stopped before its final evaluation
+        path.unlink()
     with pytest.raises(CheckpointError, match="no best checkpoint.*--checkpoint latest"):
         trainer.evaluate_run(run, which="best")
     # a read-only run dir: the ranks go to the cache, and the result says where

@@ -247,7 +247,7 @@ def test_concurrent_requests_are_batched_and_answered_like_single_ones(server, u
 
 def test_exact_top_k_equals_mindgr_eval_ranking(server, tiny_run, capsys):
     """Every test user: the target's place in the served ranking equals `mindgr eval`'s rank for it."""
-    code, out, _ = cli(capsys, "eval", "--run", tiny_run, "--split", "test")
+    code, out, _ = cli(capsys, "eval", "--run", tiny_run, "--split", "test", "--json")
     assert code == 0
     ranks = np.load(json.loads(out)["ranks_file"])["ranks"]
     bodies = user_requests(tiny_run, k=1)

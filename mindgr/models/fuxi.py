@@ -32,6 +32,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
+from mindgr.ops.backend import note_uses
 from mindgr.ops.attention import jagged_bias_attention, jagged_hstu_attention
 
 
@@ -51,6 +52,7 @@ def _widths(model_cfg):
 class FuXiBlock(nn.Cell):
     def __init__(self, rng, dim, num_heads, dqk, dv, max_len, num_time_buckets, time_bias, hidden, prefix):
         super().__init__()
+        note_uses("hstu_attention", "bias_attention")   # logs once if the backend runs it on the reference
         self.h, self.dqk, self.dv, self.max_len = num_heads, dqk, dv, max_len
         self.channels = 3 if time_bias else 2
         cw = self.channels * num_heads * dv

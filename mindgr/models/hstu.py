@@ -15,6 +15,7 @@ from mindspore import nn, ops
 
 from mindgr.models import layers
 from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
+from mindgr.ops.backend import note_uses
 from mindgr.ops.attention import jagged_hstu_attention
 from mindgr.ops.linear import linear
 from mindgr.ops.norm import gated_layer_norm, layer_norm, silu_split
@@ -23,6 +24,7 @@ from mindgr.ops.norm import gated_layer_norm, layer_norm, silu_split
 class HSTUBlock(nn.Cell):
     def __init__(self, rng, dim, num_heads, dqk, dv, max_len, num_time_buckets, time_bias, prefix):
         super().__init__()
+        note_uses("hstu_attention")   # logs once if the backend runs it on the reference
         self.h, self.dqk, self.dv, self.max_len = num_heads, dqk, dv, max_len
         width = num_heads * (2 * dv + 2 * dqk)
         self.w_uvqk = param(trunc_normal(rng, (dim, width), 0.02), f"{prefix}.w_uvqk")

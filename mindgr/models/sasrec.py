@@ -8,6 +8,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
+from mindgr.ops.backend import note_uses
 from mindgr.ops.attention import jagged_softmax_attention
 from mindgr.ops.norm import layer_norm
 
@@ -30,6 +31,7 @@ class AffineLayerNorm(nn.Cell):
 class SASRecBlock(nn.Cell):
     def __init__(self, rng, dim, num_heads, ffn_dim, max_len, prefix):
         super().__init__()
+        note_uses("softmax_attention")   # logs once if the backend runs it on the reference
         self.h, self.d, self.max_len = num_heads, dim // num_heads, max_len
         self.ln_attn = AffineLayerNorm(dim, 1e-8)
         self.ln_ffn = AffineLayerNorm(dim, 1e-8)

@@ -7,7 +7,8 @@ Adding a backend = one `register_backend` line below (and its module). `set_back
 the module-level table the dispatch modules (attention, jagged, scoring, norm) read inside graph code: a dict
 of plain functions, resolved when a Cell compiles, so set the backend before building a model (the
 runtime does it from config `ops.backend`). An op the chosen backend does not provide runs the
-reference with ONE logged warning naming the ops (or, with strict=True, is an error): never silently.
+reference with ONE logged warning naming the ops (or, with strict=True, is an error): never silently. The
+attention ops' warning waits until a model that calls them is built (`note_uses`).
 """
 from __future__ import annotations
 
@@ -116,11 +117,29 @@ def set_backend(name: str, strict: bool = False) -> str:
     if missing:
         reference = provided(REFERENCE)
         table.update({op: reference[op] for op in missing})
-        log.warning("ops backend %s: %s not provided, using the reference", chosen, ", ".join(missing))
+        now = [op for op in missing if op not in NOTED_AT_USE]
+        if now:
+            log.warning("ops backend %s: %s not provided, using the reference", chosen, ", ".join(now))
     ACTIVE.clear()
     ACTIVE.update(table)
     _state["name"], _state["fallbacks"] = chosen, tuple(missing)
+    _state["noted"] = set()
     return chosen
+
+
+# Attention ops differ by model (SASRec alone uses softmax_attention): their fallback is logged when a
+# model that uses them is built (`note_uses`), not on every command.
+NOTED_AT_USE = frozenset({"hstu_attention", "bias_attention", "softmax_attention"})
+
+
+def note_uses(*ops: str):
+    """Called by a model's constructor with the attention ops it calls: logs once per process each of them
+    that the selected backend runs on the reference."""
+    noted = _state.setdefault("noted", set())
+    missing = [op for op in ops if op in _state["fallbacks"] and op not in noted]
+    if missing:
+        noted.update(missing)
+        log.warning("ops backend %s: %s not provided, using the reference", _state["name"], ", ".join(missing))
 
 
 def get_backend() -> str:

@@ -139,7 +139,7 @@ def format_comparison(result: dict, name_a: str, name_b: str) -> str:
 
 
 def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", samples: int = 5000,
-                 filter_history: bool | None = None, max_users: int = 0) -> dict:
+                 filter_history: bool | None = None, max_users: int | None = None) -> dict:
     """Evaluate every run (their per-user ranks are saved under RUN/ranks/) and compare side A with side B;
     a side is one run directory or a list of them (seeds of one setting). filter_history: None = each run's
     eval.filter_history. The metrics compared are the K every run evaluated (a generative run's list is
@@ -154,7 +154,7 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
             raise ValueError(f"a side of the comparison names an empty run directory ({runs}): give DIR or "
                              "DIR1,DIR2,... without empty entries")
     def evaluate(run):
-        sample = max_users if max_users and is_generative_config(run_config(Path(run))) else 0
+        sample = max_users if max_users is None or is_generative_config(run_config(Path(run))) else 0
         return evaluate_any_run(Path(run), split, which, filter_history=filter_history, max_users=sample)
     evaluated = [[evaluate(run) for run in runs] for runs in sides]
     loaded = [[load_ranks(r["ranks_file"]) for r in side] for side in evaluated]

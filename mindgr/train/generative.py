@@ -302,7 +302,7 @@ class GenerativeStrategy(RetrievalStrategy):
         from mindgr.train.gr_eval import generative_metrics, progress_printer
         e = self.cfg.eval
         evalset = getattr(self.data.split, split)
-        cap = e.max_users if split == "valid" else 0
+        cap = e.max_users if split == "valid" else e.test_max_users
         best = self._best_restored() if split == "test" else None
         metrics = generative_metrics(self.model.decoder, self.trie, self.codes.codes, evalset, e.ks,
                                      self.cfg.data.max_len, beam_width_of(self.cfg), e.batch_size,
@@ -412,8 +412,9 @@ def save_decode_ranks(ranks_dir: Path, split: str, which: str, targets, both: di
 
 
 def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", allow_data_change: bool = False,
-                            filter_history: bool | None = None, max_users: int = 0) -> dict:
-    """`mindgr eval` of a GR run: decode the split's users (all, or a fixed seeded sample of max_users) and
+                            filter_history: bool | None = None, max_users: int | None = None) -> dict:
+    """`mindgr eval` of a GR run: decode the split's users (all, or a fixed seeded sample of max_users; None =
+    the run's eval.test_max_users for the test split, all users for validation) and
     write RUN/ranks/ like the encoders' eval. One decode gives both rankings (history filtered and not),
     so both ranks files are written; a later eval or `mindgr compare` of the same checkpoint reuses them
     (the file records the checkpoint's sha256) instead of decoding again."""
@@ -424,6 +425,8 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
     cfg = run.cfg
     if filter_history is None:
         filter_history = cfg.eval.filter_history
+    if max_users is None:
+        max_users = cfg.eval.test_max_users if split == "test" else 0
     beam = beam_width_of(cfg)
     ranks_dir, ranks_note = _ranks_dir(run.run_dir)
     data = RunData(cfg)
@@ -448,7 +451,7 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
     out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
            "filter_history": filter_history, **metrics, "ranks_file": str(paths[filter_history])}
     if max_users:
-        out["note"] = f"a fixed sample of {metrics['count']} of {len(targets)} users (--max-users)"
+        out["note"] = f"a fixed sample of {metrics['count']} of {len(targets)} users (max users {max_users})"
     for key, note in (("ranks_note", ranks_note), ("data_note", run.data_note)):
         if note:
             out[key] = note

@@ -319,6 +319,8 @@ class TrainLoop:
 
     def _fit(self) -> dict:
         peak = self.measure_peak()
+        self.log.info(f"training: {self.total_steps()} steps, a line every {self.cfg.run.log_every}; the first "
+                      "step compiles the graph (seconds to a minute)")
         self.started = {"time": time.perf_counter(), "step": self.step, "tokens": 0, "total": self.total_steps()}
         window = _new_window()
         with StopSignals() as stop:

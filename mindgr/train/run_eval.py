@@ -7,9 +7,10 @@ from pathlib import Path
 
 
 def evaluate_any_run(run_dir, split: str = "test", which: str = "best", allow_data_change: bool = False,
-                     filter_history: bool | None = None, max_users: int = 0) -> dict:
-    """max_users: a generative run decodes a fixed seeded sample of that many users (0 = all); the other
-    users' ranks are -1 (left out by `mindgr compare`)."""
+                     filter_history: bool | None = None, max_users: int | None = None) -> dict:
+    """max_users: a generative run decodes a fixed seeded sample of that many users (0 = all; None = the
+    run's eval.test_max_users for the test split); the other users' ranks are -1 (left out by `mindgr
+    compare`)."""
     from mindgr.train.generative import evaluate_generative_run, is_generative_config
     from mindgr.train.trainer import evaluate_run, run_config
     if is_generative_config(run_config(Path(run_dir))):
@@ -17,3 +18,28 @@ def evaluate_any_run(run_dir, split: str = "test", which: str = "best", allow_da
     if max_users:
         raise ValueError("eval: --max-users applies to generative runs (model.arch gr) only")
     return evaluate_run(run_dir, split, which, allow_data_change, filter_history)
+
+
+_META = ("run", "split", "checkpoint", "step", "filter_history", "count", "ranks_file")
+
+
+def format_eval(result: dict) -> str:
+    """`mindgr eval`'s table: what was evaluated, one metric per line, then notes and the ranks file."""
+    history = "history filtered" if result.get("filter_history") else "history not filtered"
+    lines = [f"{result['run']}: {result['split']} split, checkpoint {result['checkpoint']} (step {result.get('step')}), "
+             f"{result.get('count', 0)} users, {history}"]
+    metrics = {k: v for k, v in result.items() if k not in _META and isinstance(v, (int, float))
+               and not isinstance(v, bool)}
+    width = max([6] + [len(k) for k in metrics])
+    lines.append(f"  {'metric':{width}s}  value")
+    lines += [f"  {k:{width}s}  {v:.4f}" for k, v in metrics.items()]
+    decode = result.get("decode")
+    if isinstance(decode, dict):
+        if "reused" in decode:
+            lines.append(f"  decode: reused the ranks of the same checkpoint ({decode['reused']})")
+        elif "users_per_s" in decode:
+            lines.append(f"  decode: {decode.get('users')} users, beam {decode.get('beam')}, "
+                         f"{decode['users_per_s']:.0f} users/s")
+    lines += [f"  {k.replace('_', ' ')}: {v}" for k, v in result.items() if isinstance(v, str) and k.endswith("note")]
+    lines.append(f"  per-user ranks: {result['ranks_file']}")
+    return "\n".join(lines)

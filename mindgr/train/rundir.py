@@ -67,8 +67,8 @@ def saved_checkpoint(run_dir: Path, cfg: Config, which: str) -> Path:
     path = ckpts.best() if which == "best" else ckpts.latest()
     if path is None:
         if which == "best" and ckpts.latest() is not None:
-            raise CheckpointError(f"{run_dir}: no best checkpoint (no validation has run: eval.every_epochs = "
-                                  f"{cfg.eval.every_epochs}); use the last one with --checkpoint latest")
+            raise CheckpointError(f"{run_dir}: no best checkpoint (the run stopped before its final evaluation); "
+                                  "use the last one with --checkpoint latest, or finish it with train --resume")
         raise CheckpointError(f"{run_dir}: no checkpoint to load")
     return path
 

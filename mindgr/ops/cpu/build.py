@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -170,6 +171,11 @@ def build(verbose: bool = False) -> str:
                 f.write("# build output of mindgr/ops/cpu/build.py\n*\n")
         except OSError:
             pass
+    # First use (or new sources, compiler, CPU): say so, the build is a minute of silence otherwise. On
+    # stderr: stdout of the commands that print results stays theirs.
+    print(f"building the C++ kernels (first use, about a minute; cached in {directory})...", file=sys.stderr,
+          flush=True)
+    t0 = time.perf_counter()
     fd, tmp = tempfile.mkstemp(prefix=".tmp_" + os.path.basename(out) + ".", suffix=".so", dir=directory)
     os.close(fd)
     objects = tempfile.mkdtemp(prefix=".tmp_objects.", dir=directory)
@@ -184,6 +190,7 @@ def build(verbose: bool = False) -> str:
         _run_all([[cxx, *flags(cxx), *(j[-1] for j in jobs), "-o", tmp]], 1, verbose)
         os.chmod(tmp, 0o755)
         os.replace(tmp, out)  # atomic: a concurrent build of the same sources writes the same bytes
+        print(f"built the C++ kernels in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
