@@ -75,6 +75,13 @@ class StopSignals:
                 self._old[sig] = signal.signal(sig, self._handler)
         return self
 
+    def reclaim(self):
+        """Install the handlers again: MindSpore puts its own SIGINT handler in place when it runs a graph (it
+        turns Ctrl-C into SIGTERM), which would make Ctrl-C read as SIGTERM. Two cheap calls per step."""
+        import signal
+        for sig in self._old:
+            signal.signal(sig, self._handler)
+
     def __exit__(self, *exc):
         import signal
         for sig, old in self._old.items():
@@ -84,6 +91,9 @@ class StopSignals:
 
 class _NoSignals:
     signum = None
+
+    def reclaim(self):
+        pass
 
 
 @contextlib.contextmanager
@@ -371,6 +381,7 @@ class TrainLoop:
                             self.lr_now = lr
                             strategy.set_learning_rate(lr)
                     loss, step_s, batch = strategy.execute(prepared, self.step + 1)
+                    stop.reclaim()
                     self.step, self.next_batch = self.step + 1, b + 1
                     if not math.isfinite(loss):
                         raise self._diverged(f"the loss is {loss} (batch {b})")
