@@ -76,11 +76,14 @@ class StopSignals:
         return self
 
     def reclaim(self):
-        """Install the handlers again: MindSpore puts its own SIGINT handler in place when it runs a graph (it
-        turns Ctrl-C into SIGTERM), which would make Ctrl-C read as SIGTERM. Two cheap calls per step."""
+        """Install the Python handlers again at the C level: MindSpore puts its own SIGINT handler in place when
+        it runs a graph (it turns Ctrl-C into SIGTERM), which would make Ctrl-C read as SIGTERM. The handler
+        Python holds is kept (a multi-process rank's agreement handler, mindgr.parallel.strategy, stays)."""
         import signal
         for sig in self._old:
-            signal.signal(sig, self._handler)
+            current = signal.getsignal(sig)
+            if callable(current):
+                signal.signal(sig, current)
 
     def __exit__(self, *exc):
         import signal
