@@ -24,24 +24,24 @@ def _rng(lo=None, hi=None, lo_open=False, choices=None):
 
 @dataclass
 class RunConfig:
-    name: str = "run"
+    name: str = "run"                         # the run directory's name inside out_dir
     out_dir: str = "runs"                     # the run directory is out_dir/name
-    seed: int = field(default=0, metadata=_rng(lo=0))
-    log_every: int = field(default=10, metadata=_rng(lo=1))
+    seed: int = field(default=0, metadata=_rng(lo=0))     # initial weights, batch order, negatives, dropout
+    log_every: int = field(default=10, metadata=_rng(lo=1))  # steps per progress line (and metrics.jsonl record)
     keep_last: int = field(default=2, metadata=_rng(lo=1))   # checkpoints kept besides the best one
     ckpt_every: int = field(default=0, metadata=_rng(lo=0))  # steps between checkpoints; 0 = once per epoch
 
 
 @dataclass
 class SyntheticConfig:
-    num_users: int = field(default=2000, metadata=_rng(lo=1))
-    num_items: int = field(default=1000, metadata=_rng(lo=2))
-    median_len: int = field(default=50, metadata=_rng(lo=2))
-    min_len: int = field(default=5, metadata=_rng(lo=3))
-    max_len: int = field(default=200, metadata=_rng(lo=3))
-    num_clusters: int = field(default=20, metadata=_rng(lo=1))
-    seed: int = field(default=0, metadata=_rng(lo=0))
-    # request pages of about this many items (mindgr.datasets.synthetic); 0 = no pages (the data as before)
+    num_users: int = field(default=2000, metadata=_rng(lo=1))   # users generated
+    num_items: int = field(default=1000, metadata=_rng(lo=2))   # catalogue size
+    median_len: int = field(default=50, metadata=_rng(lo=2))    # median history length (log-normal)
+    min_len: int = field(default=5, metadata=_rng(lo=3))        # shortest history
+    max_len: int = field(default=200, metadata=_rng(lo=3))      # longest history
+    num_clusters: int = field(default=20, metadata=_rng(lo=1))  # interest clusters users drift between
+    seed: int = field(default=0, metadata=_rng(lo=0))           # the generator's seed
+    # request pages of about this many items (mindgr.datasets.synthetic); 0 = no pages
     page_size: float = field(default=0.0, metadata=_rng(lo=0.0))
 
 
@@ -49,17 +49,18 @@ class SyntheticConfig:
 class CsvConfig:
     """data.kind = csv: which columns of the interaction log hold what (see mindgr.datasets.csvlog)."""
     user_column: str = "user_id"              # a header name, or a 0-based field number with header: false
-    item_column: str = "item_id"
+    item_column: str = "item_id"              # the item id column
     time_column: str = "timestamp"            # "" = no timestamps: file order is the order
     page_column: str = ""                     # optional page / request id of every row
-    time_unit: str = field(default="s", metadata=_rng(choices=["s", "ms", "us", "ns"]))
+    time_unit: str = field(default="s", metadata=_rng(choices=["s", "ms", "us", "ns"]))  # unit of the time column
     separator: str = ","                      # one character, or tab / comma / semicolon / space / pipe
-    header: bool = True
+    header: bool = True                       # the first line names the columns
     dedupe: bool = False                      # drop events repeating an earlier one (counted either way)
 
 
 @dataclass
 class DataConfig:
+    # the reader of data.path (README: Data; `sequences` = `user item item ...` lines)
     kind: str = field(default="synthetic", metadata=_rng(
         choices=["synthetic", "movielens-1m", "movielens-100k", "kuairand", "sequences", "csv", "store"]))
     path: str = ""                            # source file/dir (or a prepared store dir for kind=store)
@@ -77,8 +78,7 @@ class DataConfig:
     # item: leave one item out (test = last item); page: leave one page out (test = last page, valid = the
     # page before, training stops before the held-out pages; targets: the page's first item + all its items)
     holdout_unit: str = field(default="item", metadata=_rng(choices=["item", "page"]))
-    # arch gr, training batches: rows (every target its own row, the prompt copied into each: the layout
-    # every run before this key used) or tree (each prompt once, every target a short segment on it)
+    # arch gr, training batches: rows (every target its own row, the prompt copied into each) or tree (each prompt once, every target a short segment on it)
     gr_layout: str = field(default="rows", metadata=_rng(choices=["rows", "tree"]))
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     csv: CsvConfig = field(default_factory=CsvConfig)
@@ -88,17 +88,17 @@ class DataConfig:
 class ModelConfig:
     arch: str = "hstu"   # a registered model (mindgr.models.registry), checked there: config cannot import models
     dim: int = field(default=50, metadata=_rng(lo=1))         # D, item embedding width
-    num_blocks: int = field(default=2, metadata=_rng(lo=1))
-    num_heads: int = field(default=1, metadata=_rng(lo=1))
+    num_blocks: int = field(default=2, metadata=_rng(lo=1))   # encoder (or decoder) blocks
+    num_heads: int = field(default=1, metadata=_rng(lo=1))    # attention heads
     dqk: int = field(default=0, metadata=_rng(lo=0))          # per-head q/k width; 0 = dim / heads
     dv: int = field(default=0, metadata=_rng(lo=0))           # per-head v width; 0 = dim / heads
-    dropout: float = field(default=0.2, metadata=_rng(lo=0.0, hi=0.95))
+    dropout: float = field(default=0.2, metadata=_rng(lo=0.0, hi=0.95))  # dropout rate in training
     time_bias: bool = True                    # HSTU relative time bias (needs timestamps)
     # The last position's time bias uses the row's request time (the target's time; the published HSTU
     # convention) instead of its own time. False (the default) is how every run before this key was
     # trained: a saved config.yaml without the key evaluates and resumes as it was trained.
     request_time: bool = False
-    num_time_buckets: int = field(default=128, metadata=_rng(lo=1))
+    num_time_buckets: int = field(default=128, metadata=_rng(lo=1))  # log-spaced time-gap buckets of the bias
     ffn_dim: int = field(default=0, metadata=_rng(lo=0))      # SASRec FFN width; 0 = dim
     ffn_multiply: int = field(default=1, metadata=_rng(lo=1))  # FuXi-alpha SwiGLU hidden width = dim * this
     # arch gr: how a history item enters the prompt: none (one token per code), item (one merged token
@@ -118,6 +118,7 @@ class LossConfig:
     # a registered objective (mindgr.models.objectives): sampled_softmax (item encoders), ntp / page_ntp
     # (next-token prediction of semantic IDs, model.arch gr); checked there: config cannot import models
     objective: str = "sampled_softmax"
+    # which negatives the sampled softmax scores: per token, one shared pool, the batch's targets, or pool + batch
     negatives: str = field(default="per_token", metadata=_rng(
         choices=["per_token", "shared_pool", "in_batch", "mixed"]))
     num_negatives: int = field(default=128, metadata=_rng(lo=1))   # R, per_token
@@ -131,7 +132,7 @@ class LossConfig:
     # ML-1M: "per_token" trained worse than both "full" and per_token negatives (benchmarks/results/negatives.md).
     pool_estimate: str = field(default="full", metadata=_rng(choices=["full", "per_token"]))
     fp16_negatives: bool = False               # hold shared candidate embeddings and scores in float16
-    temperature: float = field(default=0.05, metadata=_rng(lo=0.0, lo_open=True))
+    temperature: float = field(default=0.05, metadata=_rng(lo=0.0, lo_open=True))  # logits = cosine / temperature
 
 
 @dataclass
@@ -140,10 +141,10 @@ class TrainConfig:
     max_steps: int = field(default=0, metadata=_rng(lo=0))    # 0 = run all epochs
     batch_size: int = field(default=128, metadata=_rng(lo=1))  # mean sequences per batch
     lr: float = field(default=1e-3, metadata=_rng(lo=0.0, lo_open=True))
-    beta1: float = field(default=0.9, metadata=_rng(lo=0.0, hi=0.999999))
-    beta2: float = field(default=0.98, metadata=_rng(lo=0.0, hi=0.999999))
-    eps: float = field(default=1e-8, metadata=_rng(lo=0.0, lo_open=True))
-    weight_decay: float = field(default=0.0, metadata=_rng(lo=0.0))
+    beta1: float = field(default=0.9, metadata=_rng(lo=0.0, hi=0.999999))   # AdamWeightDecay
+    beta2: float = field(default=0.98, metadata=_rng(lo=0.0, hi=0.999999))  # AdamWeightDecay
+    eps: float = field(default=1e-8, metadata=_rng(lo=0.0, lo_open=True))   # AdamWeightDecay
+    weight_decay: float = field(default=0.0, metadata=_rng(lo=0.0))         # AdamWeightDecay
     # learning rate over the run (mindgr.train.schedule): constant, or a cosine decay from train.lr to
     # lr_floor * train.lr at the run's last step (train.epochs, or train.max_steps if that ends it first);
     # either after a linear warm-up of warmup_steps
@@ -193,7 +194,7 @@ class ParallelConfig:
     nproc: int = field(default=1, metadata=_rng(lo=1))       # processes `mindgr train` launches with msrun
     threads: int = field(default=0, metadata=_rng(lo=0))     # CPU compute threads per process; 0 = default
     bind_cores: bool = False                  # pin each rank's threads to its own share of the host's cores
-    balance: str = field(default="cost", metadata=_rng(choices=["cost", "tokens", "random"]))
+    balance: str = field(default="cost", metadata=_rng(choices=["cost", "tokens", "random"]))  # how a global batch is split
     draws: str = field(default="global", metadata=_rng(choices=["global", "sequence"]))  # host negatives/masks
     calibrate: bool = True                    # fit cost_a/b/c0 by a timed probe at start; false = use them
     cost_a: float = field(default=0.0, metadata=_rng(lo=0.0))   # cost per token (c(L) = c0 + a*L + b*L^2)
