@@ -173,7 +173,7 @@ def build(verbose: bool = False) -> str:
             pass
     # First use (or new sources, compiler, CPU): say so, the build is a minute of silence otherwise. On
     # stderr: stdout of the commands that print results stays theirs.
-    print(f"building the C++ kernels (first use, about a minute; cached in {directory})...", file=sys.stderr,
+    print(f"building the C++ kernels (first use, a minute or more; cached in {directory})...", file=sys.stderr,
           flush=True)
     t0 = time.perf_counter()
     fd, tmp = tempfile.mkstemp(prefix=".tmp_" + os.path.basename(out) + ".", suffix=".so", dir=directory)
