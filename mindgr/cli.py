@@ -322,7 +322,7 @@ def cmd_serve(args) -> int:
     try:
         from mindgr.serve.server import serve
     except ImportError as e:
-        raise ValueError(f"mindgr serve needs the serve extra (pip install 'mindgr[serve]'): {e}") from None
+        raise ValueError(f"mindgr serve needs the serve extra (pip install -e \".[serve]\" in the checkout): {e}") from None
     if (args.run is None) == (args.random_gr is None):
         raise ValueError("serve: give exactly one of --run RUN and --random-gr SPEC")
     if args.max_body_bytes < 1:

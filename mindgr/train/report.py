@@ -114,7 +114,7 @@ def _plot(path: Path, panels: list[tuple[str, list]], xlabel: str = "step"):
         import matplotlib
     except ImportError:
         raise ReportError("mindgr report draws with matplotlib, which is not installed: "
-                          "pip install 'mindgr[report]' (or matplotlib)") from None
+                          "pip install -e \".[report]\" in the checkout (or pip install matplotlib)") from None
     matplotlib.use("Agg")                              # files only: no display needed
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
