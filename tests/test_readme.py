@@ -20,7 +20,7 @@ def shell_lines(path: Path) -> list[str]:
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
         for line in joined.splitlines():
-            line = line.split(" #")[0].strip()
+            line = re.sub(r"\s\[--[^\]]*\]", "", line.split(" #")[0]).strip()   # drop optional [--flag ...]
             if line and not line.startswith("#"):
                 lines.append(line)
     return lines
