@@ -38,7 +38,9 @@ def test_sigint_saves_a_checkpoint_and_resume_continues(tmp_path, tiny_overrides
             break
     out = p.communicate(timeout=120)[0]
     assert p.returncode == 130, out[-2000:]
-    assert "stopped by SIGINT" in out, out[-2000:]
+    # named, not numbered; MindSpore turns a Ctrl-C that lands while its own handler is installed (inside a
+    # graph run, before the loop reinstalls its handlers) into SIGTERM, so either name may be reported
+    assert "stopped by SIGINT" in out or "stopped by SIGTERM" in out, out[-2000:]
     saved = json.loads(sorted((tmp_path / "tiny" / "checkpoints").glob("ckpt-step*.json"))[-1].read_text())
     assert saved["step"] >= 3
     resumed = subprocess.run(cmd[:-3] + ["train.epochs=200", "eval.every_epochs=0", "run.log_every=1",
