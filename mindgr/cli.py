@@ -65,23 +65,14 @@ def cmd_train(args) -> int:
     _check_writable(cfg.run_dir)   # a file in the way or a read-only disk: say so before data and compile
     args.writes_to = cfg.run_dir
     from mindgr.models.objectives import check_objective_arch
-    from mindgr.parallel.context import under_msrun
-    from mindgr.train.generative import is_generative_config
+    from mindgr.parallel.resolve import resolve
     check_objective_arch(cfg)      # next-token prediction for an item encoder (or the reverse): one line
-    if is_generative_config(cfg):  # the GR decoder (mindgr.train.generative), one process
-        from mindgr.train.generative import GenerativeStrategy as Strategy
-    elif under_msrun():  # a rank of a multi-process job (or msrun's scheduler, which stops in init)
-        if cfg.parallel.sparse != "none":
-            from mindgr.parallel.sparse.strategy import ShardedTableStrategy as Strategy
-        else:
-            from mindgr.parallel.strategy import DataParallelStrategy as Strategy
-    elif cfg.parallel.nproc > 1:
+    executor = resolve(cfg)        # the config's task on this process's executor (mindgr.parallel.resolve)
+    if executor is None:           # parallel.nproc > 1: launch the ranks with msrun
         from mindgr.parallel.launch import launch_train
         return launch_train(cfg, args.argv)
-    else:
-        from mindgr.train.local import LocalStrategy as Strategy
     from mindgr.train.loop import TrainLoop
-    TrainLoop(cfg, Strategy(cfg), resume=args.resume).fit()   # ends with its summary; results in eval.json
+    TrainLoop(cfg, executor, resume=args.resume).fit()   # ends with its summary; results in eval.json
     return 0
 
 
@@ -237,12 +228,15 @@ def _batch_shapes(text):
 
 
 def cmd_export(args) -> int:
-    from mindgr.serve.export import export_run
-    from mindgr.serve.generative import is_generative_run
+    from mindgr.serve.models import serving_kind
     if (args.run is None) == (args.random_gr is None):
         raise ValueError("export: give exactly one of --run RUN and --random-gr SPEC")
-    if args.random_gr is not None or is_generative_run(args.run):
-        return _export_generative(args)
+    kind = "generative" if args.random_gr is not None else serving_kind(args.run)   # the run's task says
+    return _EXPORTS[kind](args)
+
+
+def _export_retrieval(args) -> int:
+    from mindgr.serve.export import export_run
     m = export_run(args.run, args.out, args.checkpoint, _batch_shapes(args.batch_shapes or "1,4,16,64"))
     print(json.dumps({"run": m["run"], "checkpoint": m["checkpoint"], "out": str(args.out or f"{args.run}/export"),
                       "encoders": [e["file"] for e in m["encoders"].values()], "items": m["data"]["num_items"]}))
@@ -267,6 +261,9 @@ def _export_generative(args) -> int:
     return 0
 
 
+_EXPORTS = {"retrieval": _export_retrieval, "generative": _export_generative}   # serving kind -> export
+
+
 def _history_lines(args):
     """(label, raw ids) per user: --user-history, or one line of --users FILE each (blank lines skipped)."""
     from mindgr.serve.recommend import RequestError
@@ -286,15 +283,12 @@ def _history_lines(args):
 
 
 def cmd_recommend(args) -> int:
-    from mindgr.train.trainer import load_run
-    from mindgr.serve.recommend import Recommender, RequestError
-    from mindgr.serve.generative import GenerativeRecommender, is_generative_run, load_bundle
+    from mindgr.serve.models import load_recommender
+    from mindgr.serve.recommend import RequestError
     users = _history_lines(args)
-    if is_generative_run(args.run):        # beam search with the decoding engine (as mindgr serve)
-        rec = GenerativeRecommender(load_bundle(args.run, args.checkpoint), beam=args.beam or max(16, args.k),
-                                    shapes=(1, 4))
-    else:
-        rec = Recommender.from_run(load_run(args.run, args.checkpoint), shapes=(1, 16))
+    # generative runs: beam search with the decoding engine (as mindgr serve)
+    rec = load_recommender(args.run, args.checkpoint, shapes={"retrieval": (1, 16), "generative": (1, 4)},
+                           beam=args.beam or max(16, args.k))
     queries = []
     for label, hist in users:
         try:

@@ -294,11 +294,11 @@ def test_recommend_and_export_the_trained_run(gr_setup, tmp_path, capsys):
     from mindgr.cli import main
     from mindgr.generate.engine import DecodingEngine
     from mindgr.serve.export import load_generative_export
-    from mindgr.serve.generative import is_generative_run
+    from mindgr.serve.models import serving_kind
     from mindgr.train.generative import load_generative_run
     from mindgr.train.data import load_store
     run_dir, store = gr_setup["run"], load_store(load_config(None, SYNTH).data)
-    assert is_generative_run(run_dir)
+    assert serving_kind(run_dir) == "generative"
     raw = np.asarray(store.item_raw_ids)
     hist = [3, 8, 1, 20, 7]
     capsys.readouterr()

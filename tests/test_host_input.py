@@ -1,4 +1,4 @@
-"""Host input, bit for bit: the producer's StepInputs (LocalStrategy.prepare: packed batch, per-token
+"""Host input, bit for bit: the producer's StepInputs (RetrievalTask.inputs, what LocalExecutor.prepare returns: packed batch, per-token
 negatives, dropout masks) equal those of a plain reference (below: the per-row packing, the one uniform
 negative draw and the per-row mask conversion as they were before the producer was vectorised), over
 every batch of two epochs of synthetic data; evaluation batches too; and the step's tensors share the
@@ -70,13 +70,14 @@ def assert_same(got, want, what):
 # ---- the producer against it ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def strategy():
-    from mindgr.train.local import LocalStrategy
+    from mindgr.train.local import LocalExecutor
+    from mindgr.train.task import RetrievalTask
     cfg = load_config(None, ["data.synthetic.num_users=300", "data.synthetic.num_items=200", "data.max_len=30",
                              "data.synthetic.max_len=30", "data.synthetic.median_len=12", "train.batch_size=16",
                              "loss.num_negatives=16", "model.dropout=0.3", "model.dim=10", "run.seed=3"])
-    s = LocalStrategy(cfg)
+    s = LocalExecutor(cfg, RetrievalTask(cfg))
     s.build_data(None, False)
-    s.sampler = s.make_sampler(SimpleNamespace(dropout_sites=3, dropout_width=10))   # no model needed
+    s.task.sampler = s.task.make_sampler(SimpleNamespace(dropout_sites=3, dropout_width=10))   # no model needed
     return s
 
 

@@ -1,5 +1,5 @@
-"""The one training loop with a strategy of its own (no model, no compile): the seam a new task (e.g.
-generative retrieval) plugs into; run_steps; the step's inputs as one named structure."""
+"""The one training loop with an executor of its own (no model, no compile): the loop's narrow interface
+(mindgr.train.executor); run_steps; the step's inputs as one named structure."""
 import json
 
 import numpy as np
@@ -21,12 +21,22 @@ class _Plan:
             yield b, [b]
 
 
-def _toy_strategy(cfg):
+def _toy_executor(cfg):
     from mindspore import Parameter, Tensor
-    from mindgr.train.strategy import StepShape, StepStrategy
+    from mindgr.train.executor import Executor, StepShape
 
-    class Toy(StepStrategy):
-        """A task with its own data, step, FLOPs and evaluation: the loop only calls the interface."""
+    class Toy(Executor):
+        """An executor with its own data, step, FLOPs and evaluation (no task): the loop only calls the
+        executor's interface."""
+
+        def check_config(self):
+            pass
+
+        def on_run_dir(self, run_dir, fresh):
+            pass
+
+        def baselines(self):
+            return {}
 
         def build_data(self, run_dir, resuming):
             self.plan = _Plan()
@@ -65,7 +75,7 @@ def _toy_strategy(cfg):
             self.restored = path.name
             self.w.set_data(Tensor(tensors["w"]))
 
-    return Toy(cfg)
+    return Toy(cfg, None)
 
 
 def _toy_cfg(tmp_path, *extra):
@@ -74,15 +84,15 @@ def _toy_cfg(tmp_path, *extra):
                               "eval.every_epochs=1", "run.log_every=2", "ops.backend=reference", *extra])
 
 
-def test_a_strategy_with_its_own_data_trains_evaluates_checkpoints_and_resumes(tmp_path, monkeypatch):
+def test_an_executor_with_its_own_data_trains_evaluates_checkpoints_and_resumes(tmp_path, monkeypatch):
     from mindgr.train.loop import TrainLoop
     monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
     cfg = _toy_cfg(tmp_path)
-    loop = TrainLoop(cfg, _toy_strategy(cfg), quiet=True)
+    loop = TrainLoop(cfg, _toy_executor(cfg), quiet=True)
     result = loop.fit()
     assert loop.step == 6 and loop.epoch == 2
     assert result["checkpoint"]["name"] == "best" and result["checkpoint"]["step"] == 6
-    assert loop.strategy.restored == "best"                     # the final evaluation is of `best`
+    assert loop.executor.restored == "best"                     # the final evaluation is of `best`
     rows = [json.loads(line) for line in (tmp_path / "toy" / "metrics.jsonl").read_text().splitlines()]
     windows = [r for r in rows if "loss" in r]
     assert [r["step"] for r in windows] == [2, 4, 6]
@@ -90,11 +100,11 @@ def test_a_strategy_with_its_own_data_trains_evaluates_checkpoints_and_resumes(t
     assert [r["step"] for r in rows if r.get("eval") == "valid"][:2] == [3, 6]
     # resumed with more epochs: continues at epoch 2, batch 0, from the last checkpoint
     cfg = _toy_cfg(tmp_path, "train.epochs=3")
-    resumed = TrainLoop(cfg, _toy_strategy(cfg), resume=True, quiet=True)
-    assert resumed.strategy.restored == "ckpt-step00000006" and (resumed.step, resumed.epoch) == (6, 2)
-    assert float(resumed.strategy.w.asnumpy()[0]) == 6.0
+    resumed = TrainLoop(cfg, _toy_executor(cfg), resume=True, quiet=True)
+    assert resumed.executor.restored == "ckpt-step00000006" and (resumed.step, resumed.epoch) == (6, 2)
+    assert float(resumed.executor.w.asnumpy()[0]) == 6.0
     resumed.fit()
-    assert resumed.strategy.prepared[:3] == [(2, 0), (2, 1), (2, 2)] and resumed.step == 9
+    assert resumed.executor.prepared[:3] == [(2, 0), (2, 1), (2, 2)] and resumed.step == 9
 
 
 def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path, monkeypatch):
@@ -104,9 +114,9 @@ def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path,
 
     def run(*extra, resume=False):
         cfg = _toy_cfg(tmp_path, "train.epochs=6", *extra)
-        strategy = _toy_strategy(cfg)
-        strategy.evaluate = lambda split, step: {"count": 1, "ndcg@10": scores[step], "mrr": 0.0}
-        loop = TrainLoop(cfg, strategy, resume=resume, quiet=True)
+        executor = _toy_executor(cfg)
+        executor.evaluate = lambda split, step: {"count": 1, "ndcg@10": scores[step], "mrr": 0.0}
+        loop = TrainLoop(cfg, executor, resume=resume, quiet=True)
         return loop, loop.fit()
     loop, result = run("eval.patience=2")
     assert (loop.epoch, loop.step) == (4, 12)                  # best at epoch 2; epochs 3 and 4 no better
@@ -122,7 +132,7 @@ def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path,
 def test_run_steps_trains_n_more_steps_across_epochs(tmp_path):
     from mindgr.train.loop import TrainLoop
     cfg = _toy_cfg(tmp_path, "train.epochs=100", "eval.every_epochs=0", "run.ckpt_every=1000")
-    loop = TrainLoop(cfg, _toy_strategy(cfg), quiet=True)
+    loop = TrainLoop(cfg, _toy_executor(cfg), quiet=True)
     block = loop.run_steps(4)
     assert block["steps"] == 4 and loop.step == 4 and (loop.epoch, loop.next_batch) == (1, 1)
     assert block["tokens"] == 16 and block["flops"] == 160.0 and len(block["step_times"]) == 4

@@ -194,7 +194,7 @@ def test_encoder_flops_counts_every_term():
 def test_fuxi_trains_and_its_mfu_counts_fuxi_flops(tmp_path, tiny_overrides, monkeypatch):
     """The normal training path (cpu kernels when they build), and the logged MFU uses the FuXi count."""
     from mindgr.train import trainer as trainer_mod
-    from mindgr.train.local import LocalStrategy
+    from mindgr.train.local import LocalExecutor
     from mindgr.train.loop import TrainLoop
     from mindgr.train.flops import train_flops
     backend = "cpu" if HAVE_CXX else "reference"
@@ -202,15 +202,15 @@ def test_fuxi_trains_and_its_mfu_counts_fuxi_flops(tmp_path, tiny_overrides, mon
                                               "train.max_steps=4", "run.log_every=1", "eval.every_epochs=0"])
     monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
     seen = []
-    original = LocalStrategy.execute
+    original = LocalExecutor.execute
 
     def execute(self, prepared, step):
         loss, step_s, batch = original(self, prepared, step)
         seen.append(train_flops(self.cfg.model, batch["lengths"], batch["targets"],
-                                self.sampler.negatives.num_candidates) / batch["tokens"])
+                                self.task.sampler.negatives.num_candidates) / batch["tokens"])
         return loss, step_s, batch
 
-    monkeypatch.setattr(LocalStrategy, "execute", execute)
+    monkeypatch.setattr(LocalExecutor, "execute", execute)
     trainer = trainer_mod.Trainer(cfg, quiet=True)
     assert isinstance(trainer.model.encoder, FuXiAlpha)
     result = trainer.fit()

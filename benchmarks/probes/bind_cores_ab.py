@@ -26,12 +26,13 @@ two_cfg, _, _ = _configs(None, ["parallel.bind_cores=true"], str(Path("/tmp") / 
 ctx = init_distributed(1, True)
 
 from mindgr.parallel import comm  # noqa: E402  (after init_distributed)
-from mindgr.parallel.strategy import DataParallelStrategy  # noqa: E402
+from mindgr.parallel.executor import DataParallelExecutor  # noqa: E402
+from mindgr.train.task import RetrievalTask  # noqa: E402
 from mindgr.train.loop import TrainLoop  # noqa: E402
 
 every_core = sorted(os.sched_getaffinity(0) | set(range(os.cpu_count() or 1)))
-dp = TrainLoop(two_cfg, DataParallelStrategy(two_cfg), quiet=True)
-dp.strategy.watchdog.timeout = max(dp.strategy.watchdog.timeout, 60.0 * args.steps)
+dp = TrainLoop(two_cfg, DataParallelExecutor(two_cfg, RetrievalTask(two_cfg)), quiet=True)
+dp.executor.watchdog.timeout = max(dp.executor.watchdog.timeout, 60.0 * args.steps)
 run_dp_block(dp, 4)
 rates = {"pinned": [], "free": []}
 for r in range(args.rounds):
@@ -50,4 +51,4 @@ if ctx.rank == 0:
     print("  per round, real tokens/s pinned / free: " + ", ".join(f"{x:.0f}/{y:.0f}" for x, y in zip(a, b)))
     print(f"  pinned / free = {a.sum() / b.sum():.3f} [95% {np.percentile(boot, 2.5):.3f}, "
           f"{np.percentile(boot, 97.5):.3f}]", flush=True)
-dp.strategy.watchdog.close()
+dp.executor.watchdog.close()

@@ -21,7 +21,7 @@ ms.set_device("CPU")
 limit_threads(1)
 _, one_capacity, common = _configs(None, [], f"/tmp/dp-grads-probe-{time.time_ns()}")
 trainer = Trainer(load_config(None, common + one_capacity + ["run.name=probe"]), quiet=True)
-batches = [trainer.strategy.prepare(0, *item)[0].tensors()
+batches = [trainer.executor.prepare(0, *item)[0].tensors()
            for item in list(trainer.data.plan.iter_batches(0, 0))[:6]]
 local = LocalGrads(trainer.model.loss_net, trainer.model.optimizer.parameters)
 scale = Tensor(np.float32(1.0))

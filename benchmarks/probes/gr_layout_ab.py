@@ -42,11 +42,13 @@ def main(argv=None):
     from mindgr.ids.trie import PrefixTrie
     from mindgr.runtime import setup_mindspore
     from mindgr.train.generative import resolve_codes
-    from mindgr.train.task import ItemRetrievalTask
+    from mindgr.train.task import RetrievalTask
 
     cfg = load_config(args.config, args.set)
     setup_mindspore(cfg)
-    task_data = ItemRetrievalTask(cfg, check_negatives=False).data
+    task = RetrievalTask(cfg, check_negatives=False)
+    task.load()
+    task_data = task.data
     codes = resolve_codes(cfg)
     trie = PrefixTrie(codes.codes, codes.level_sizes)
     sides = {}

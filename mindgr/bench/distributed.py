@@ -42,7 +42,7 @@ def _tokens_per_s(run_dir: Path, warmup: int) -> dict:
     # CPU seconds all ranks spent per wall second (rank 0's cpu_util scaled by the ranks' CPU shares).
     cores = [r["cpu_util"] * (sum(r["rank_cpu_s"]) / r["rank_cpu_s"][0] if "rank_cpu_s" in r else 1.0)
              for r in rows]
-    # Where a 2-process step goes (per rank, logged by the DataParallelStrategy): the local forward +
+    # Where a 2-process step goes (per rank, logged by the DataParallelExecutor): the local forward +
     # backward (wall and CPU) and the gradient all-reduce + optimizer update.
     parts = {k: float(np.mean([np.mean(r[k]) for r in rows])) for k in ("rank_step_s", "rank_step_cpu_s",
                                                                            "reduce_apply_s") if rows and k in rows[0]}

@@ -4,7 +4,7 @@ short blocks of 1- and 2-process training inside the same two long-lived process
     python -m mindgr.parallel.launch --nproc 2 --threads 1 --log-dir D -- \
         -m mindgr.bench.scaling_blocks --out D/blocks.json --rounds 12 --steps 10 [--rank-tokens T] [SECTION.KEY=VALUE ...]
 
-Every rank builds two trainers on the benchmark model: the data-parallel one (DataParallelStrategy, global
+Every rank builds two trainers on the benchmark model: the data-parallel one (DataParallelExecutor, global
 batch = 2 x the per-rank capacity) and a single-process one (Trainer, own weights, batch = the per-rank
 capacity, no collective). Each round runs, in a rotating order and each after a barrier:
   two     both ranks train the data-parallel model together (gradient AllReduce every step);
@@ -36,11 +36,11 @@ def run_dp_block(trainer, steps: int) -> dict:
     """mindgr.bench.run_block, plus the data-parallel trainer's split of its steps (forward + backward,
     all-reduce + update)."""
     from mindgr.bench import run_block
-    from mindgr.parallel.strategy import DataParallelStrategy
+    from mindgr.parallel.executor import DataParallelExecutor
     rec = run_block(trainer, steps)
     rec["local_s"] = rec["apply_s"] = 0.0
-    if isinstance(trainer.strategy, DataParallelStrategy):    # its per-step split of the block
-        rec["local_s"], rec["apply_s"] = trainer.strategy.take_step_split()
+    if isinstance(trainer.executor, DataParallelExecutor):    # its per-step split of the block
+        rec["local_s"], rec["apply_s"] = trainer.executor.take_step_split()
     return rec
 
 
@@ -77,15 +77,16 @@ def main(argv=None) -> int:
     ctx = init_distributed(1, two_cfg.parallel.bind_cores)     # msrun's scheduler process stops in here
     if ctx.world != 2:
         raise SystemExit(f"scaling_blocks: needs exactly 2 ranks, got {ctx.world}")
-    from mindgr.parallel.strategy import DataParallelStrategy
+    from mindgr.parallel.executor import DataParallelExecutor
+    from mindgr.train.task import RetrievalTask
     from mindgr.train.loop import TrainLoop
     from mindgr.train.trainer import Trainer
 
     one_cfg = load_config(args.config, common + one_capacity + [f"run.name=one-rank{ctx.rank}",
                                                                 f"run.seed={ctx.rank + 1}"])
     t, b = one_cfg.data.token_capacity, one_cfg.data.row_capacity
-    dp = TrainLoop(two_cfg, DataParallelStrategy(two_cfg), quiet=True)
-    watchdog = dp.strategy.watchdog
+    dp = TrainLoop(two_cfg, DataParallelExecutor(two_cfg, RetrievalTask(two_cfg)), quiet=True)
+    watchdog = dp.executor.watchdog
     one = Trainer(one_cfg, quiet=True)
     watchdog.timeout = max(watchdog.timeout, 60.0 * args.steps)   # the peer may be busy for a block
     run_dp_block(dp, args.warmup)
@@ -100,11 +101,11 @@ def main(argv=None) -> int:
             if variant == "two":
                 rec = run_dp_block(dp, args.steps)                # tokens: the global batch's, on each rank
             elif variant == "local":
-                dp.strategy.apply_updates = False
+                dp.executor.apply_updates = False
                 try:
                     rec = run_dp_block(dp, args.steps)
                 finally:
-                    dp.strategy.apply_updates = True
+                    dp.executor.apply_updates = True
             elif variant == "pair" or ctx.rank == r % 2:
                 rec = run_dp_block(one, args.steps)
             else:

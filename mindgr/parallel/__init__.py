@@ -8,8 +8,9 @@ carry the collectives.
     calibrate timed probe that fits a, b, c0 on the compiled step
     plan      global batch -> this rank's packed batch (+ host draws mapped token by token)
     dp        data-parallel step: local grads of a globally normalised loss, summed by all-reduce
-    strategy  DataParallelStrategy: the step strategy of the one training loop (mindgr.train.loop) on every
-              rank: its share of the batch, rank-aware outputs, checkpoints and evaluation
+    executor  DataParallelExecutor: the executor of the one training loop (mindgr.train.loop) on every
+              rank, for any task: its share of the batch, rank-aware outputs, checkpoints and evaluation
+    resolve   resolve(cfg): the task and the executor that train a config in this process
     watchdog  a rank that stops making progress exits (no hang)
     launch    msrun wrapper used by `mindgr train --nproc N`
     sparse/   the item table sharded over node groups, semi-asynchronous cross-node exchange (docs/sparse.md)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mindgr.parallel.balance import CostModel, partition
-from mindgr.train.negatives import uniform_items
+from mindgr.train.rank_draws import SequenceDraws, local_rows  # noqa: F401  (their home is train/)
 
 
 def rank_capacities(token_capacity: int, row_capacity: int, world: int, slack: float) -> tuple[int, int]:
@@ -46,9 +46,12 @@ class RankPlanner:
     """Splits global batches for `rank` of `world`; every rank computes the same split independently."""
 
     def __init__(self, examples, world: int, rank: int, token_capacity: int, row_capacity: int,
-                 cost_model: CostModel, method: str = "cost", seed: int = 0):
+                 cost_model: CostModel, method: str = "cost", seed: int = 0, weights=None):
+        """weights: each example's share of the loss's normaliser, indexable by an index array (default: its
+        target tokens); a rank's loss weight is its examples' sum over the global batch's."""
         self.lengths = examples.lengths
-        self.targets = np.array([int((np.asarray(t) > 0).sum()) for t in examples.targets], dtype=np.int64)
+        self.targets = weights if weights is not None else \
+            np.array([int((np.asarray(t) > 0).sum()) for t in examples.targets], dtype=np.int64)
         self.world, self.rank = world, rank
         self.token_capacity, self.row_capacity = token_capacity, row_capacity
         self.cost_model, self.method, self.seed = cost_model, method, seed
@@ -71,46 +74,10 @@ class RankPlanner:
                if len(mine) else np.zeros(0, np.int64))
         costs = self.cost_model(lengths)
         tg = self.targets[indices]
-        total_targets = int(tg.sum())
+        total = tg.sum()
         return RankShare(
             indices=indices[mine], token_src=src.astype(np.int64),
-            scale=float(tg[mine].sum()) / max(total_targets, 1),
+            scale=float(tg[mine].sum()) / (float(total) if total > 0 else 1.0),
             rank_cost=np.array([costs[p].sum() for p in parts]),
             rank_tokens=np.array([lengths[p].sum() for p in parts], dtype=np.int64),
-            global_tokens=int(lengths.sum()), global_targets=total_targets, lengths=lengths)
-
-
-def local_rows(global_rows: np.ndarray, token_src: np.ndarray, capacity: int, fill, axis: int = 0) -> np.ndarray:
-    """This rank's rows of a host draw made for the global batch, padded with `fill` to `capacity`."""
-    shape = list(global_rows.shape)
-    shape[axis] = capacity
-    out = np.full(shape, fill, dtype=global_rows.dtype)
-    index = [slice(None)] * len(shape)
-    index[axis] = slice(0, len(token_src))
-    out[tuple(index)] = np.take(global_rows, token_src, axis=axis)
-    return out
-
-
-class SequenceDraws:
-    """parallel.draws=sequence: negatives and dropout masks drawn per sequence, from a generator keyed by
-    (seed, epoch, example index). A rank draws only its own tokens (O(own tokens), not O(global batch)),
-    and every token gets the same draws whatever the number of ranks; the stream differs from the
-    single-process trainer's (which draws per batch), so 1 process is matched only in distribution.
-    """
-
-    def __init__(self, seed: int, num_items: int, num_negatives: int, dropout: float, sites: int, width: int):
-        self.seed, self.num_items, self.num_negatives = seed, num_items, num_negatives
-        self.p, self.sites, self.width = dropout, sites, width
-
-    def draw(self, epoch: int, indices, lengths, capacity: int):
-        negatives = np.ones((capacity, self.num_negatives), np.int32)
-        drop = np.ones((self.sites, capacity, self.width), np.float32)
-        at = 0
-        for i, n in zip(indices, lengths):
-            rng = np.random.default_rng([self.seed, epoch, int(i), 13])
-            negatives[at: at + n] = uniform_items(rng, self.num_items, (n, self.num_negatives))
-            if self.p > 0:
-                keep = rng.random((self.sites, n, self.width), dtype=np.float32) >= self.p
-                drop[:, at: at + n] = keep * np.float32(1.0 / (1.0 - self.p))
-            at += n
-        return negatives, drop
+            global_tokens=int(lengths.sum()), global_targets=int(total), lengths=lengths)

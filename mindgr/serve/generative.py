@@ -261,14 +261,3 @@ def load_bundle(run_dir, which: str = "best", threads=None):
         raise ValueError(f"{Path(run_dir)}: serving a generative run needs mindgr.train.generative "
                          "(not in this build)") from None
     return load_generative_run(run_dir, which, threads=threads)
-
-
-def is_generative_run(run_dir) -> bool:
-    """True when the run trains a GR decoder (mindgr.train.generative.is_generative_config); False when
-    that module is not in this build (every run is then an HSTU-family run)."""
-    try:
-        from mindgr.train.generative import is_generative_config
-    except ImportError:
-        return False
-    from mindgr.train.trainer import run_config
-    return bool(is_generative_config(run_config(Path(run_dir))))

@@ -240,31 +240,17 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, which: str = "best
           random_gr: Optional[str] = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """Load the run (or build a random GR model), compile its batch shapes, serve until SIGINT/SIGTERM,
     drain, return. decode / beam / overlap / random_gr apply to generative models only."""
-    from mindgr.serve.recommend import DEFAULT_MAX_HISTORY
-    from mindgr.serve import generative as gr
-    max_history = max_history or DEFAULT_MAX_HISTORY
-    if random_gr is not None or (run_dir is not None and gr.is_generative_run(run_dir)):
-        if random_gr is not None:
-            _setup_random(threads)
-            bundle = gr.random_bundle(**gr.parse_random_spec(random_gr))
-        else:
-            bundle = gr.load_bundle(run_dir, which, threads)
-        rec = gr.GenerativeRecommender(bundle, beam, decode, shapes or gr.DEFAULT_GR_SHAPES, overlap, max_history)
-        info = {**gr.bundle_info(bundle), **rec.describe(), "queue_size": queue_size, "max_wait_ms": max_wait_ms}
-        banner = (f"mindgr serve: generative model ({info['checkpoint']}) on http://{host}:{port}, decode "
-                  f"{decode}, beam {beam}, overlap {'on' if overlap else 'off'}, user-batch shapes {rec.shapes}")
-    else:
-        from mindgr.train.trainer import load_run
-        from mindgr.serve.recommend import DEFAULT_SHAPES, Recommender
-        options = {"nprobe": nprobe} if index == "faiss-ivf" else {}
-        run = load_run(run_dir, which, threads=threads)
-        rec = Recommender.from_run(run, shapes or DEFAULT_SHAPES, index, max_history, **options)
-        info = {"run": str(run.run_dir), "checkpoint": run.checkpoint, "step": run.step, "arch": run.cfg.model.arch,
-                "items": rec.catalogue.num_items, "max_len": rec.max_len, "batch_shapes": rec.shapes,
-                "index": rec.index.name, "queue_size": queue_size, "max_wait_ms": max_wait_ms}
-        banner = (f"mindgr serve: {run.run_dir} ({run.checkpoint}) on http://{host}:{port}, batch shapes "
-                  f"{rec.shapes}, index {rec.index.name}")
-    info["max_body_bytes"] = max_body_bytes
+    from mindgr.serve.models import build_served, load_run
+    if random_gr is not None:
+        from mindgr.serve import generative as gr
+        _setup_random(threads)
+        kind, loaded = "generative", gr.random_bundle(**gr.parse_random_spec(random_gr))
+    else:                      # the run's task loads it and names its serving model
+        kind, loaded = load_run(run_dir, which, threads)
+    rec, info, text = build_served(kind, loaded, shapes=shapes, max_history=max_history, index=index, nprobe=nprobe,
+                                   beam=beam, decode=decode, overlap=overlap)
+    info.update({"queue_size": queue_size, "max_wait_ms": max_wait_ms, "max_body_bytes": max_body_bytes})
+    banner = "mindgr serve: " + text.format(url=f"http://{host}:{port}")
     return run_server(rec, info, banner, host, port, queue_size, max_wait_ms, graceful_timeout, test_delay_ms,
                       max_body_bytes)
 

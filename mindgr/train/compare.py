@@ -145,16 +145,15 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
     eval.filter_history. The metrics compared are the K every run evaluated (a generative run's list is
     only eval.beam long). max_users: generative runs decode (or reuse the ranks of) `mindgr eval --max-users`'s
     fixed sample of users; encoder runs rank everyone, and the pairing keeps the users both sides ranked."""
-    from mindgr.train.generative import is_generative_config
-    from mindgr.train.rundir import run_config
     from mindgr.train.run_eval import evaluate_any_run
+    from mindgr.train.tasks import resolve_run
     sides = [[runs] if isinstance(runs, (str, Path)) else list(runs) for runs in (runs_a, runs_b)]
     for runs in sides:                  # checked for both sides before any (slow) evaluation
         if not runs or any(not str(run) for run in runs):
             raise ValueError(f"a side of the comparison names an empty run directory ({runs}): give DIR or "
                              "DIR1,DIR2,... without empty entries")
     def evaluate(run):
-        sample = max_users if max_users is None or is_generative_config(run_config(Path(run))) else 0
+        sample = max_users if max_users is None or resolve_run(run).samples_users else 0
         return evaluate_any_run(Path(run), split, which, filter_history=filter_history, max_users=sample)
     evaluated = [[evaluate(run) for run in runs] for runs in sides]
     loaded = [[load_ranks(r["ranks_file"]) for r in side] for side in evaluated]

@@ -8,15 +8,15 @@ read: nothing outside the run dir is needed after the start. The data fingerprin
 the table's sha256 under "codes", checked on --resume and on load.
 
 The GR-specific parts live outside the loop: rows and the batch plan in mindgr.train.gr_data, decoding
-evaluation in mindgr.train.gr_eval, the decoder/loss/optimizer cells in GRModel below, and
-GenerativeStrategy, the step strategy (mindgr.train.strategy) that the one training loop
-(mindgr.train.loop) runs: build_data (the code table against the catalogue, the GR rows and plan),
-on_run_dir (the table into the run dir and the fingerprint), build, prepare/execute, batch_flops,
-evaluate (beam search). The run dir, checkpoints, resume, logging, divergence checks and best-validation
-selection are the loop's own. GenerativeTrainer(cfg) is the loop with that strategy.
+evaluation in mindgr.train.gr_eval, the decoder/loss/optimizer cells in GRModel below, and GenerativeTask,
+the task (mindgr.train.task) that any executor accepting it runs under the one training loop
+(mindgr.train.loop): load (the code table against the catalogue, the GR rows and plan), on_run_dir (the
+table into the run dir and the fingerprint), build_model, inputs / rank_inputs, flops, evaluate (beam
+search). The run dir, checkpoints, resume, logging, divergence checks and best-validation selection are the
+loop's own. GenerativeTrainer(cfg) is the loop with that task on the local executor.
 
-The agreed interface with serving (notes/gr_interface.md): `load_generative_run`, `LoadedGenerativeRun`,
-`is_generative_config`.
+The agreed interface with serving (notes/gr_interface.md): `load_generative_run`, `LoadedGenerativeRun`;
+which runs are generative: mindgr.train.tasks.
 """
 from __future__ import annotations
 
@@ -30,19 +30,12 @@ from mindgr.config import Config, ConfigError
 from mindgr.paths import atomic_write
 from mindgr.train.checkpoint import CheckpointError, CheckpointManager, file_sha256, load_checkpoint, restore_parameters
 from mindgr.train.gr_eval import USER_METRIC_PREFIX, user_metrics_of
-from mindgr.train.local import RetrievalStrategy
+from mindgr.train.task import ArrayInputs, Task
 from mindgr.train.loop import TrainLoop
 from mindgr.train.rundir import data_change_note, run_config, saved_checkpoint
 from mindgr.train.trainer import _ranks_dir, ranks_file_name, setup_mindspore
 
 CODES_FILE = "ids/codes.parquet"        # a GR run's own code table, relative to its run dir
-
-
-def is_generative_config(cfg: Config) -> bool:
-    """True when the run trains the GR decoder (model.arch gr, or a generative objective)."""
-    from mindgr.models.objectives import GENERATIVE_ARCH, _OBJECTIVES
-    spec = _OBJECTIVES.get(cfg.loss.objective)
-    return cfg.model.arch == GENERATIVE_ARCH or bool(spec is not None and spec.generative)
 
 
 # ---- the code table ----------------------------------------------------------------------------------
@@ -184,31 +177,65 @@ def gr_train_data(cfg: Config, data, table: CodeTable, trie):
         raise ConfigError(f"config: {e}") from None
 
 
-class GenerativeStrategy(RetrievalStrategy):
-    """The step strategy of a GR run (one process): its own task data (NTP token rows over the code table
-    and their batch plan, mindgr.train.gr_data), its own step inputs (mindgr.models.ntp.BATCH_KEYS + the
-    dropout masks), FLOPs (decoder + NTP head) and evaluation (trie-constrained beam search -> ranks ->
-    metrics, mindgr.train.gr_eval). The loop (run dir, checkpoints, resume, logging, `best`) is the one
-    every strategy uses; on_run_dir keeps the run's own code table in RUN/ids/."""
+class GRExamples:
+    """The GR examples an executor plans and splits: token rows per example, the global capacities, and each
+    example's share of the NTP loss normaliser (the sum of its target weights, computed when first asked)."""
+
+    def __init__(self, train):
+        self.train = train
+        self.lengths = train.tokens
+        self.token_capacity, self.row_capacity = train.token_capacity, train.row_capacity
+        self._weights = np.full(len(train.tokens), np.nan)
+
+    def __getitem__(self, indices):
+        """The loss weights of examples `indices` (RankPlanner's `weights`)."""
+        indices = np.asarray(indices, np.int64)
+        todo = indices[np.isnan(self._weights[indices])]
+        for i in np.unique(todo):
+            self._weights[i] = float(sum(np.float64(r["weight"].sum()) for r in self.train.rows(int(i))))
+        return self._weights[indices]
+
+
+class GenerativeTask(Task):
+    """Generative retrieval: its own task data (NTP token rows over the code table and their batch plan,
+    mindgr.train.gr_data), its own step inputs (mindgr.models.ntp.BATCH_KEYS + the dropout masks), FLOPs
+    (decoder + NTP head) and evaluation (trie-constrained beam search -> ranks -> metrics,
+    mindgr.train.gr_eval). on_run_dir keeps the run's own code table in RUN/ids/. Runs on the local and the
+    data-parallel executor (a rank packs its share of the global batch's examples, with its rows of the
+    single-process dropout masks)."""
+
+    name = "generative"
+    serving = "generative"
+    samples_users = True
 
     _restored: Path | None = None    # the checkpoint the decoder's weights are exactly (None once a step ran)
 
-    def check_config(self):
-        from mindgr.models import model_spec
+    def check_config(self, executor: str):
         from mindgr.models.objectives import check_objective_arch
-        model_spec(self.cfg.model.arch)
+        super().check_config(executor)
         check_objective_arch(self.cfg)
-        if self.cfg.parallel.nproc > 1 or self.cfg.parallel.sparse != "none":
-            raise ConfigError("config: model.arch = gr trains in one process (parallel.nproc = 1, parallel.sparse = none)")
-        if self.cfg.model.item_id_dropout > 0 and self.cfg.model.token_merger != "item_id":
-            raise ConfigError(f"config: model.item_id_dropout = {self.cfg.model.item_id_dropout} needs "
-                              f"model.token_merger = item_id (it is {self.cfg.model.token_merger})")
-        beam_width_of(self.cfg)
+        c = self.cfg
+        if executor not in ("local", "data_parallel"):
+            raise ConfigError("config: model.arch = gr trains in one process or data parallel (parallel.sparse = none)")
+        if executor != "local":
+            if c.data.gr_layout == "tree":
+                raise ConfigError("config: data.gr_layout = tree trains in one process (parallel.nproc = 1); use "
+                                  "data.gr_layout = rows with more processes")
+            if c.model.item_id_dropout > 0:
+                raise ConfigError("config: model.item_id_dropout trains in one process (parallel.nproc = 1) so far")
+            if c.model.trie_softmax:
+                raise ConfigError("config: model.trie_softmax (the trie head's entry layout) trains in one process "
+                                  "(parallel.nproc = 1) so far")
+        if c.model.item_id_dropout > 0 and c.model.token_merger != "item_id":
+            raise ConfigError(f"config: model.item_id_dropout = {c.model.item_id_dropout} needs "
+                              f"model.token_merger = item_id (it is {c.model.token_merger})")
+        beam_width_of(c)
 
-    def build_data(self, run_dir, resuming: bool):
+    def load(self, run_dir, resuming: bool):
         from mindgr.ids.trie import PrefixTrie
-        from mindgr.train.task import ItemRetrievalTask
-        self.task = ItemRetrievalTask(self.cfg, check_negatives=False)   # the store, split and eval sets
+        from mindgr.train.task import RetrievalTask
+        self.task = RetrievalTask(self.cfg, check_negatives=False)   # the store, split and eval sets
+        self.task.load()
         self.data = self.task.data
         if resuming:                         # a resumed run decodes with its own table, nothing else
             check_codes_fingerprint(run_dir)
@@ -218,10 +245,26 @@ class GenerativeStrategy(RetrievalStrategy):
         check_codes_catalogue(self.codes, self.data.store)
         self.trie = PrefixTrie(self.codes.codes, self.codes.level_sizes)
         self.train = gr_train_data(self.cfg, self.data, self.codes, self.trie)
+        self._examples = GRExamples(self.train)
         self.plan = self.train.plan
         return self.plan
 
-    def describe_data(self) -> str:
+    @property
+    def examples(self):
+        return self._examples
+
+    def example_weights(self):
+        return self._examples
+
+    def rank_capacities(self, world: int, slack: float) -> tuple[int, int]:
+        """Tokens as the retrieval task; rows: as many of the shortest row as the tokens hold (an example
+        may give several rows, so the global row capacity / world does not bound a rank's rows)."""
+        tokens, _ = super().rank_capacities(world, slack)
+        shortest = min(min(c) for c in self.train.row_counts)
+        rows = -(-tokens // shortest)                 # ceil
+        return tokens, int(-(-rows // 8) * 8)       # rounded up to 8
+
+    def describe(self) -> str:
         d, gd = self.data, self.train
         return (f"{d.store.num_users} users, {d.num_items} items, {len(gd.windows)} GR examples, capacity "
                 f"{gd.token_capacity} tokens x {gd.row_capacity} rows, {gd.plan.num_batches(0)} batches/epoch "
@@ -240,22 +283,21 @@ class GenerativeStrategy(RetrievalStrategy):
         fp["codes"] = codes_fingerprint(run_dir)
         write_json_atomic(fp_path, fp)
 
-    def build(self, run):
+    def build_model(self, log):
         from mindgr.train.local import HostSampler
-        from mindgr.train.strategy import StepShape
-        self.run = run
+        self.log = log
         gd = self.train
-        self.shape = StepShape.single(gd.token_capacity, gd.row_capacity)
         self.model = GRModel(self.cfg, self.trie, self.data.num_items, getattr(gd, "caps", None))
         self.sampler = HostSampler(self.cfg, self.data.num_items, self.model.decoder, gd.token_capacity)
-        run.log.info(f"GR: {self.cfg.loss.objective}, token merger {self.cfg.model.token_merger}, "
-                     f"{self.cfg.data.gr_layout} layout, codes "
-                     f"{'x'.join(str(s) for s in self.codes.level_sizes)} ({self.codes.source}); "
-                     f"{len(gd.windows)} examples, {int(gd.tokens.sum())} tokens/epoch; capacity "
-                     f"{gd.token_capacity} tokens x {gd.row_capacity} rows, {gd.plan.num_batches(0)} batches/epoch; "
-                     f"decoder max_len {self.model.decoder.max_len}")
+        log.info(f"GR: {self.cfg.loss.objective}, token merger {self.cfg.model.token_merger}, "
+                 f"{self.cfg.data.gr_layout} layout, codes "
+                 f"{'x'.join(str(s) for s in self.codes.level_sizes)} ({self.codes.source}); "
+                 f"{len(gd.windows)} examples, {int(gd.tokens.sum())} tokens/epoch; capacity "
+                 f"{gd.token_capacity} tokens x {gd.row_capacity} rows, {gd.plan.num_batches(0)} batches/epoch; "
+                 f"decoder max_len {self.model.decoder.max_len}")
+        return self.model
 
-    def prepare(self, epoch: int, b: int, indices):
+    def inputs(self, epoch: int, b: int, indices):
         batch, info = self.train.batch(indices)
         p_id = self.cfg.model.item_id_dropout
         if p_id > 0:                         # a stream of its own per (seed, epoch, batch): resumes exactly
@@ -263,19 +305,19 @@ class GenerativeStrategy(RetrievalStrategy):
             rng = np.random.default_rng([self.cfg.run.seed, epoch, b, 13])
             batch = dict(batch, slots=drop_item_slots(batch["slots"], self.train.pad_id, p_id, rng))
         drop = self.sampler.masks.batch(epoch, b)
-        return tuple(batch[k] for k in self.train.keys) + (drop,), info
+        return ArrayInputs(tuple(batch[k] for k in self.train.keys) + (drop,)), info
 
-    def execute(self, prepared, step: int):
-        import time
-        from mindspore import Tensor
-        inputs, info = prepared
-        tensors = [Tensor(x) for x in inputs]
-        self._restored = None                # the weights move on from any restored checkpoint
-        t0 = time.perf_counter()
-        loss = float(self.model.train_step(*tensors).asnumpy())
-        return loss, time.perf_counter() - t0, info
+    def rank_inputs(self, epoch: int, b: int, indices, share, shape):
+        """This rank's examples' rows packed at its capacities (rows keep the global batch's token order,
+        so share.token_src picks this rank's rows of the single-process masks), loss weighted by share.scale.
+        info: the global batch's tokens and row lengths (the step's FLOPs, as one process counts them)."""
+        batch, _ = self.train.batch(share.indices, shape.rank_tokens, shape.rank_rows)
+        drop = self.sampler.masks.rows(epoch, b, share.token_src, shape.rank_tokens)
+        arrays = tuple(batch[k] for k in self.train.keys) + (drop, np.float32(share.scale))
+        lengths = np.array([n for i in indices for n in self.train.row_counts[int(i)]], np.int64)
+        return ArrayInputs(arrays), {"tokens": share.global_tokens, "lengths": lengths}
 
-    def batch_flops(self, info: dict) -> float:
+    def flops(self, info: dict) -> float:
         from mindgr.models import model_spec
         from mindgr.models.objectives import objective_spec
         from mindgr.models.generative import prefix_attention_flops
@@ -289,43 +331,66 @@ class GenerativeStrategy(RetrievalStrategy):
                                                                   self.model.decoder.num_codes)
         return 3.0 * fwd
 
-    def restore(self, tensors: dict, path):
-        super().restore(tensors, path)
-        self._restored = Path(path)
+    def restored(self, path):
+        self._restored = None if path is None else Path(path)
 
-    def _best_restored(self) -> Path | None:
+    def _best_restored(self, run_dir) -> Path | None:
         """The best checkpoint when the decoder holds exactly its weights (the final evaluation), else None."""
-        best = CheckpointManager(self.run.run_dir, self.cfg.run.keep_last).best()
+        best = CheckpointManager(run_dir, self.cfg.run.keep_last).best()
         return best if best is not None and self._restored == best else None
 
-    def split_metrics(self, split: str) -> dict:
+    def evaluate(self, model, split: str, ctx) -> dict:
+        """Beam search of every user on every rank (the same decode; the writer keeps the ranks files)."""
         from mindgr.train.gr_eval import generative_metrics, progress_printer
         e = self.cfg.eval
         evalset = getattr(self.data.split, split)
         cap = e.max_users if split == "valid" else e.test_max_users
-        best = self._best_restored() if split == "test" else None
-        metrics = generative_metrics(self.model.decoder, self.trie, self.codes.codes, evalset, e.ks,
+        best = self._best_restored(ctx.run_dir) if split == "test" else None
+        metrics = generative_metrics(model.decoder, self.trie, self.codes.codes, evalset, e.ks,
                                      self.cfg.data.max_len, beam_width_of(self.cfg), e.batch_size,
                                      self.data.num_items, e.filter_history, cap, self.cfg.run.seed,
                                      per_user=best is not None,
-                                     progress=progress_printer(split, emit=self.run.log.info))
+                                     progress=_alive(ctx, split, progress_printer(split, emit=ctx.log.info)))
         if best is not None:                 # the final test decode: its ranks, for `mindgr eval` / `compare`
             metrics, both = metrics
-            ranks_dir, _ = _ranks_dir(self.run.run_dir)
-            save_decode_ranks(ranks_dir, split, "best", evalset.targets, both, best, cap)
+            if ctx.writer:
+                ranks_dir, _ = _ranks_dir(ctx.run_dir)
+                save_decode_ranks(ranks_dir, split, "best", evalset.targets, both, best, cap)
         d = metrics["decode"]
         capped = f" (eval.max_users = {cap} of {len(evalset.targets)})" if cap and cap < len(evalset.targets) else ""
-        self.run.log.info(f"decode {split}: {d['users']} users{capped}, beam {d['beam']}, history "
-                          f"{'filtered' if e.filter_history else 'not filtered'}, {d['users_per_s']:.0f} users/s, "
-                          f"prompt {d['prompt_tokens_mean']:.1f} tokens")
+        ctx.log.info(f"decode {split}: {d['users']} users{capped}, beam {d['beam']}, history "
+                 f"{'filtered' if e.filter_history else 'not filtered'}, {d['users_per_s']:.0f} users/s, "
+                 f"prompt {d['prompt_tokens_mean']:.1f} tokens")
         return metrics
+
+    # ---- saved runs -----------------------------------------------------------------------------
+    @classmethod
+    def load_run(cls, run_dir, which: str = "best", allow_data_change: bool = False, threads: int | None = None):
+        return load_generative_run(run_dir, which, allow_data_change, threads)
+
+    @classmethod
+    def evaluate_run(cls, run_dir, split: str = "test", which: str = "best", allow_data_change: bool = False,
+                     filter_history=None, max_users: int | None = None) -> dict:
+        return evaluate_generative_run(run_dir, split, which, allow_data_change, filter_history, max_users)
+
+
+def _alive(ctx, split: str, progress):
+    """A decode's progress callback that also tells the executor (its watchdog) the rank is alive."""
+    if ctx.beat is None:
+        return progress
+
+    def report(done: int, total: int, seconds: float):
+        ctx.beat(f"decoding {split}: {done}/{total} users")
+        progress(done, total, seconds)
+    return report
 
 
 class GenerativeTrainer(TrainLoop):
-    """The training loop with the GR strategy (one process)."""
+    """The training loop with the GR task on the local executor (one process)."""
 
     def __init__(self, cfg: Config, resume: bool = False, quiet: bool = False):
-        super().__init__(cfg, GenerativeStrategy(cfg), resume, quiet)
+        from mindgr.train.local import LocalExecutor
+        super().__init__(cfg, LocalExecutor(cfg, GenerativeTask(cfg)), resume, quiet)
 
 
 def beam_width_of(cfg: Config) -> int:
@@ -359,7 +424,8 @@ def load_generative_run(run_dir, which: str = "best", allow_data_change: bool = 
     was trained on must be unchanged (its fingerprint), unless allow_data_change."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)
-    if not is_generative_config(cfg):
+    from mindgr.models.objectives import objective_spec
+    if not objective_spec(cfg.loss.objective).generative:     # what its objective trains
         raise CheckpointError(f"{run_dir}: not a generative run (model.arch = {cfg.model.arch}); use mindgr.train.trainer.load_run")
     if threads is not None:
         cfg.parallel.threads = threads

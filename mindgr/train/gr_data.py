@@ -120,17 +120,18 @@ class GRTrainData:
             raise AssertionError(f"example {i}: rows differ from their planned token counts")
         return rows
 
-    def batch(self, indices) -> tuple[dict, dict]:
-        """(arrays of one batch at the fixed capacities, info: real tokens, fill, row lengths, targets)."""
+    def batch(self, indices, token_capacity: int | None = None, row_capacity: int | None = None) -> tuple[dict, dict]:
+        """(arrays of one batch at the fixed capacities (the run's, or a rank's), info: real tokens, fill, row
+        lengths, targets)."""
+        t_cap, b_cap = token_capacity or self.token_capacity, row_capacity or self.row_capacity
         rows = [r for i in indices for r in self.rows(int(i))]
-        packed = pack_rows(rows or [_empty_row(self.group, self.pad_id)], self.token_capacity, self.row_capacity,
-                           self.group, self.pad_id)
+        packed = pack_rows(rows or [_empty_row(self.group, self.pad_id)], t_cap, b_cap, self.group, self.pad_id)
         if len(packed) != 1:
             raise AssertionError("a planned batch does not fit its capacities")
         batch = packed[0]
         lengths = np.array([r["slots"].shape[0] for r in rows], np.int64)
         n = int(lengths.sum())
-        info = {"tokens": n, "fill": n / self.token_capacity, "lengths": lengths,
+        info = {"tokens": n, "fill": n / t_cap, "lengths": lengths,
                 "targets": int((batch["weight"] > 0).sum())}
         if self.entry_codes is not None:
             entries = head_entries(batch, self.codes.shape[1], self.level_offsets, self.entry_capacity)

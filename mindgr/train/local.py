@@ -1,4 +1,5 @@
-"""The local step strategy: one process trains the whole global batch with one compiled TrainStep.
+"""The local executor: one process trains the whole global batch of any task with one compiled TrainStep;
+and the retrieval task's model (encoder, loss, optimizer, cells) and host draws (negatives, dropout masks).
 
 Everything random on the host (negatives, dropout masks) is drawn from generators seeded by
 (seed, epoch, batch), so a run resumed from a checkpoint replays exactly what an uninterrupted run does.
@@ -10,9 +11,7 @@ import time
 import numpy as np
 
 from mindgr.config import Config
-from mindgr.train.checkpoint import named_parameters, restore_parameters
-from mindgr.train.step import StepInputs
-from mindgr.train.strategy import RunContext, StepShape, StepStrategy
+from mindgr.train.executor import Executor, RunContext, StepShape
 
 
 class Model:
@@ -59,79 +58,26 @@ class HostSampler:
         return self.draw_negatives(epoch, batch, targets), self.masks.batch(epoch, batch)
 
 
-class RetrievalStrategy(StepStrategy):
-    """What the item-retrieval strategies share: the task (data, FLOPs, baselines), the host sampler."""
+class LocalExecutor(Executor):
+    """One process, the whole global batch, one TrainStep (the model's own), for any task."""
 
-    def check_config(self):
-        from mindgr.models import model_spec
-        model_spec(self.cfg.model.arch)  # an unknown model.arch is a config error before any data loads
-
-    def build_data(self, run_dir, resuming: bool):
-        from mindgr.train.task import ItemRetrievalTask
-        self.task = ItemRetrievalTask(self.cfg)
-        self.data = self.task.data
-        self.plan = self.task.plan
-        return self.plan
-
-    def describe_data(self) -> str:
-        return self.task.describe()
-
-    def make_sampler(self, encoder) -> HostSampler:
-        from mindgr.train.negatives import item_frequencies
-        d = self.data
-        return HostSampler(self.cfg, d.num_items, encoder, d.train.token_capacity,
-                           item_frequencies(d.split.train, d.num_items))
-
-    def batch_flops(self, info: dict) -> float:
-        return self.task.flops(info, self.sampler.negatives.num_candidates)
-
-    def can_evaluate(self, split: str) -> bool:
-        return self.task.can_evaluate(split)
-
-    def baselines(self) -> dict:
-        return self.task.baselines()
-
-    def evaluate(self, split: str, step: int) -> dict:
-        self.model.encoder.set_train(False)
-        try:
-            return self.split_metrics(split)
-        finally:
-            self.model.encoder.set_train(True)
-
-    def split_metrics(self, split: str) -> dict:
-        from mindgr.train.evaluate import evaluate
-        return evaluate(self.model.encode_last, self.model.item_table(), self.data.eval[split],
-                        getattr(self.data.split, split), self.cfg.eval.ks, filter_history=self.cfg.eval.filter_history)
-
-    def named_state(self) -> dict:
-        return named_parameters(self.model.train_step)
-
-    def restore(self, tensors: dict, path):
-        restore_parameters(self.model.train_step, tensors, str(path))
-
-
-class LocalStrategy(RetrievalStrategy):
-    """One process, the whole global batch, one TrainStep."""
+    kind = "local"
 
     def build(self, run: RunContext):
         self.run = run
-        tr = self.data.train
-        self.shape = StepShape.single(tr.token_capacity, tr.row_capacity)
-        self.model = Model(self.cfg, self.data.num_items)
-        self.sampler = self.make_sampler(self.model.encoder)
+        ex = self.task.examples
+        self.shape = StepShape.single(ex.token_capacity, ex.row_capacity)
+        self.model = self.task.build_model(run.log)
 
     def prepare(self, epoch: int, b: int, indices):
         """Host work for batch `b` of `epoch` (in the input thread): (step inputs, what is trained)."""
-        batch = self.data.train.batch(indices)
-        negatives, drop = self.sampler.draw(epoch, b, batch.targets)
-        return StepInputs.from_batch(batch, negatives, drop), {
-            "tokens": batch.num_tokens, "fill": batch.fill, "lengths": np.diff(batch.offsets[: batch.num_rows + 1]),
-            "targets": int((batch.targets > 0).sum())}
+        return self.task.inputs(epoch, b, indices)
 
     def execute(self, prepared, step: int):
         """One optimizer step on prepared inputs: (loss, seconds inside the compiled step, info)."""
         inputs, info = prepared
         tensors = inputs.tensors()
+        self.task.restored(None)             # the weights move on from any restored checkpoint
         t0 = time.perf_counter()
         loss = float(self.model.train_step(*tensors).asnumpy())
         return loss, time.perf_counter() - t0, info

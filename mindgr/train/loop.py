@@ -1,13 +1,13 @@
-"""The one training loop: a StepStrategy's batches -> its step -> logs, checkpoints, evaluation.
+"""The one training loop: an executor's batches -> its step -> logs, checkpoints, evaluation.
 
-TrainLoop(cfg, strategy, resume, quiet).fit() owns what every way of training shares: the run directory
+TrainLoop(cfg, executor, resume, quiet).fit() owns what every way of training shares: the run directory
 (lock, resume refusals, data fingerprint, config.yaml), epochs and the batch cursor (epoch, next_batch),
 the background input stream, logging windows (progress, ETA, MFU), stop signals (saved at a step
 boundary), divergence checks, the evaluation cadence and `best`, checkpoint files, the final evaluation
-and the summary. The strategy (mindgr.train.strategy, whose docstring lists the interface) owns the
-task's data and batch plan, the model and compiled step, one global batch's host work and step, its
-FLOPs, evaluation, and the state a checkpoint holds: local (mindgr.train.local), data parallel
-(mindgr.parallel.strategy), sharded item table (mindgr.parallel.sparse.strategy).
+and the summary. It talks only to the executor (mindgr.train.executor, whose docstring lists that narrow
+interface): how a global batch is trained (local mindgr.train.local, data parallel mindgr.parallel.executor,
+sharded item table mindgr.parallel.sparse.executor); the executor asks its task (mindgr.train.task) for
+what is trained: data and batch plan, model, step inputs, FLOPs, evaluation.
 
 Benchmarks drive a built loop with `run_steps(n)` (n more steps through the same input stream, no signal
 handling) and read the per-block figures it returns.
@@ -30,7 +30,7 @@ from mindgr.train.logger import MetricsLog, format_metrics
 from mindgr.train.rundir import check_resume_config, read_run_config
 from mindgr.train.runlock import RunLock
 from mindgr.train import schedule
-from mindgr.train.strategy import RunContext, StepStrategy
+from mindgr.train.executor import Executor, RunContext
 
 
 class NullLog:
@@ -78,7 +78,7 @@ class StopSignals:
     def reclaim(self):
         """Install the Python handlers again at the C level: MindSpore puts its own SIGINT handler in place when
         it runs a graph (it turns Ctrl-C into SIGTERM), which would make Ctrl-C read as SIGTERM. The handler
-        Python holds is kept (a multi-process rank's agreement handler, mindgr.parallel.strategy, stays)."""
+        Python holds is kept (a multi-process rank's agreement handler, mindgr.parallel.executor, stays)."""
         import signal
         for sig in self._old:
             current = signal.getsignal(sig)
@@ -135,28 +135,28 @@ def _new_window() -> dict:
 
 
 class TrainLoop:
-    def __init__(self, cfg: Config, strategy: StepStrategy, resume: bool = False, quiet: bool = False):
-        self.cfg, self.strategy = cfg, strategy
-        strategy.check_config()
+    def __init__(self, cfg: Config, executor: Executor, resume: bool = False, quiet: bool = False):
+        self.cfg, self.executor = cfg, executor
+        executor.check_config()
         self.backend = setup_mindspore(cfg)
         self.run_dir = cfg.run_dir
         self.ckpts = CheckpointManager(self.run_dir, cfg.run.keep_last)
         self.lock = RunLock(self.run_dir)
-        self.writer = strategy.writer
+        self.writer = executor.writer
         self.host_cpu_s = 0.0                  # CPU seconds of the input thread's batch preparation
         try:
             if self.writer and self.run_dir.is_dir():
                 self.lock.acquire()                          # first: a second writer learns who holds the run
             self.resume_meta = self._check_run_dir(resume)   # only reads: a refused run writes nothing
             self.complete = resume and _reached_end(cfg, self.resume_meta)
-            self.plan = strategy.build_data(self.run_dir, self.resume_meta is not None)  # a failed load: no run dir
+            self.plan = executor.build_data(self.run_dir, self.resume_meta is not None)  # a failed load: no run dir
             self._prepare_run_dir(resume)
-            strategy.barrier()                               # the writer holds the lock; every rank checked the data
+            executor.barrier()                               # the writer holds the lock; every rank checked the data
             self.log = self._make_log(quiet) if self.writer else NullLog()
-            self.log.info(f"data: {strategy.describe_data()} | ops backend: {self.backend}")
+            self.log.info(f"data: {executor.describe_data()} | ops backend: {self.backend}")
             if self.log.note:
                 self.log.info(f"note: {self.log.note}")
-            strategy.build(RunContext(cfg, self.run_dir, self.ckpts.dir, self.log))
+            executor.build(RunContext(cfg, self.run_dir, self.ckpts.dir, self.log))
             self.step, self.epoch, self.next_batch = 0, 0, 0
             self.best = {"metric": -1.0, "epoch": None}
             self.history: list[dict] = []
@@ -170,12 +170,12 @@ class TrainLoop:
 
     @property
     def data(self):
-        """The strategy's data (for an item-retrieval run, mindgr.train.data.RunData)."""
-        return self.strategy.data
+        """The task's data (for an item-retrieval run, mindgr.train.data.RunData)."""
+        return self.executor.data
 
     @property
     def model(self):
-        return self.strategy.model
+        return self.executor.model
 
     def _make_log(self, quiet: bool):
         if self.complete:                     # a finished run's log is left exactly as it is
@@ -200,7 +200,7 @@ class TrainLoop:
         if self.writer and not self.complete:
             self._write_run_config()
         if self.writer:
-            self.strategy.on_run_dir(self.run_dir, fresh=self.resume_meta is None)
+            self.executor.on_run_dir(self.run_dir, fresh=self.resume_meta is None)
 
     def _check_data(self, resume: bool):
         from mindgr.train.data import FINGERPRINT_FILE, data_fingerprint, fingerprint_mismatch
@@ -249,7 +249,7 @@ class TrainLoop:
         if "optimizer.learning_rate" in tensors:   # train.lr may change on resume (e.g. lowered after a divergence)
             lr = tensors["optimizer.learning_rate"]
             tensors["optimizer.learning_rate"] = np.full(lr.shape, self.cfg.train.lr, lr.dtype)
-        self.strategy.restore(tensors, latest)
+        self.executor.restore(tensors, latest)
         self.step, self.epoch, self.next_batch = meta["step"], meta["epoch"], meta["next_batch"]
         self.best = meta.get("best", self.best)
         self.history = meta.get("history", [])
@@ -259,7 +259,7 @@ class TrainLoop:
         return {"step": self.step, "epoch": self.epoch, "next_batch": self.next_batch, "best": self.best,
                 "history": self.history, "log_bytes": self.log.position(),
                 "seed": self.cfg.run.seed, "rng": "host draws are seeded by (seed, epoch, batch)",
-                **self.strategy.meta()}
+                **self.executor.meta()}
 
     def _diverged(self, what: str) -> FloatingPointError:
         """The one-line end of a diverged run: where, what, the checkpoint it can continue from."""
@@ -273,23 +273,23 @@ class TrainLoop:
     def ensure_finite(self):
         """Non-finite (or overflowing) weights or optimizer state end the run before they reach a checkpoint
         or `best` (the check every checkpoint load makes too)."""
-        reason = nonfinite_reason(self.strategy.named_state())
+        reason = nonfinite_reason(self.executor.named_state())
         if reason:
             raise self._diverged(reason)
-        other = self.strategy.check_finite()
+        other = self.executor.check_finite()
         if other:
             raise self._diverged(other)
 
     def save(self):
-        self.strategy.settle("saving a checkpoint", self.step)
+        self.executor.settle("saving a checkpoint", self.step)
         self.ensure_finite()                  # every rank (identical weights): all stop at the same step
-        return self.strategy.save_checkpoint(
-            self.step, {"epoch": self.epoch, "batch": self.next_batch}, lambda: self.ckpts.save(self.step, self.strategy.named_state(), self._meta()))
+        return self.executor.save_checkpoint(
+            self.step, {"epoch": self.epoch, "batch": self.next_batch}, lambda: self.ckpts.save(self.step, self.executor.named_state(), self._meta()))
 
     def _save_best(self):
-        self.strategy.settle("saving the best checkpoint", self.step)
+        self.executor.settle("saving the best checkpoint", self.step)
         self.ensure_finite()
-        self.strategy.save_best(lambda: self.ckpts.save_best(self.strategy.named_state(), self._meta()))
+        self.executor.save_best(lambda: self.ckpts.save_best(self.executor.named_state(), self._meta()))
 
     # ---- training --------------------------------------------------------------------------------
     def measure_peak(self) -> float:
@@ -312,7 +312,7 @@ class TrainLoop:
                 return self._already_complete()
             return self._fit()
         except RuntimeError as e:
-            clearer = self.strategy.failure(e, self.step)
+            clearer = self.executor.failure(e, self.step)
             if clearer is None:
                 raise
             raise clearer from None
@@ -369,7 +369,7 @@ class TrainLoop:
         """Train until the run's epochs end or the step count reaches `until` (0: no limit). `window` is the
         logging window (reset when it is logged); `block`, if given, sums the same figures over the call."""
         sums = (window,) if block is None else (window, block)
-        cfg, strategy = self.cfg, self.strategy
+        cfg, executor = self.cfg, self.executor
         scheduled = not schedule.is_constant(cfg.train)
         lr_horizon = schedule.horizon(cfg.train, self.plan.num_batches(0))
         done = False
@@ -382,15 +382,15 @@ class TrainLoop:
                         lr = schedule.learning_rate(cfg.train, self.step + 1, lr_horizon)
                         if lr != self.lr_now:      # e.g. flat after a warm-up: no write into the optimizer
                             self.lr_now = lr
-                            strategy.set_learning_rate(lr)
-                    loss, step_s, batch = strategy.execute(prepared, self.step + 1)
+                            executor.set_learning_rate(lr)
+                    loss, step_s, batch = executor.execute(prepared, self.step + 1)
                     stop.reclaim()
                     self.step, self.next_batch = self.step + 1, b + 1
                     if not math.isfinite(loss):
                         raise self._diverged(f"the loss is {loss} (batch {b})")
                     if self.started:           # (a benchmark may drive the loop without fit)
                         self.started["tokens"] += batch["tokens"]
-                    flops = strategy.batch_flops(batch)
+                    flops = executor.batch_flops(batch)
                     for w in sums:
                         w["loss"] += loss
                         w["n"] += 1
@@ -420,22 +420,22 @@ class TrainLoop:
                     self._end_of_epoch()
 
     def _input_stream(self, epoch: int):
-        """(batch number, indices) with the strategy's prepared batch, `data.prefetch` batches ahead in a
-        thread (inline with data.prefetch=0), wrapped by the strategy (the ranks' stop agreement)."""
+        """(batch number, indices) with the executor's prepared batch, `data.prefetch` batches ahead in a
+        thread (inline with data.prefetch=0), wrapped by the executor (the ranks' stop agreement)."""
         from mindgr.train.pipeline import Inline, Prefetcher
         items = self.plan.iter_batches(epoch, self.next_batch)
 
         def make(item):
             c0 = time.thread_time()
             try:
-                return self.strategy.prepare(epoch, *item)
+                return self.executor.prepare(epoch, *item)
             finally:
                 self.host_cpu_s += time.thread_time() - c0
         if self.cfg.data.prefetch == 0:
             stream = Inline(items, make)
         else:
             stream = Prefetcher(items, make, self.cfg.data.prefetch)
-        return self.strategy.stream(stream)
+        return self.executor.stream(stream)
 
     def _log_window(self, w: dict, peak: float):
         # Evaluation and checkpoint pauses are reported apart: the busy fraction is that of the training loop.
@@ -445,7 +445,7 @@ class TrainLoop:
                "fill": w["fill"] / w["n"], "mfu": w["flops"] / wall / peak,
                "compute_fraction": w["step_s"] / wall, "input_wait_s": w["wait_s"], "pause_s": w["pause_s"],
                "cpu_util": (time.process_time() - w["cpu0"]) / (wall + w["pause_s"])}  # cores this process kept busy
-        extra, text = self.strategy.window_extra()
+        extra, text = self.executor.window_extra()
         rec.update(extra)
         if self.lr_now is not None:            # under a schedule: the rate of the window's last step
             rec["lr"] = self.lr_now
@@ -468,7 +468,7 @@ class TrainLoop:
 
     def _end_of_epoch(self):
         every = self.cfg.eval.every_epochs
-        if every and self.epoch % every == 0 and self.strategy.can_evaluate("valid"):
+        if every and self.epoch % every == 0 and self.executor.can_evaluate("valid"):
             self.ensure_finite()              # diverged weights are never evaluated into a `best`
             metrics = self.evaluate("valid")
             key = self._selection_key()
@@ -486,11 +486,11 @@ class TrainLoop:
             self.save()
 
     def evaluate(self, split: str) -> dict:
-        if not self.strategy.can_evaluate(split):
+        if not self.executor.can_evaluate(split):
             return {"count": 0}
         t0 = time.perf_counter()
-        metrics = self.strategy.evaluate(split, self.step)
-        eval_ranks = self.strategy.eval_ranks
+        metrics = self.executor.evaluate(split, self.step)
+        eval_ranks = self.executor.eval_ranks
         rec = {"eval": split, "step": self.step, "epoch": self.epoch, "seconds": time.perf_counter() - t0,
                "ranks": eval_ranks, **metrics}
         ranks = f", {eval_ranks} ranks" if eval_ranks > 1 else ""
@@ -500,12 +500,12 @@ class TrainLoop:
 
     def finish(self) -> dict:
         """Test (and validation) metrics of the best validation checkpoint, or of the last weights."""
-        self.strategy.settle("final evaluation", self.step)
+        self.executor.settle("final evaluation", self.step)
         try:
             result = {"run": str(self.run_dir), "step": self.step, "epoch": self.epoch, "history": self.history}
             best = self.ckpts.best()
             valid = None
-            if best is None and self.strategy.can_evaluate("valid"):
+            if best is None and self.executor.can_evaluate("valid"):
                 # No validation ran during training (a short run, or eval.every_epochs = 0): the final weights
                 # are validated now and kept as `best`, so every later command finds a best checkpoint.
                 self.ensure_finite()
@@ -517,16 +517,16 @@ class TrainLoop:
                 best = self.ckpts.best()
             if best is not None:
                 tensors, meta = load_checkpoint(best)
-                self.strategy.restore(tensors, best)
+                self.executor.restore(tensors, best)
                 result["checkpoint"] = {"name": "best", **self.best}
                 if valid is None:             # the best's validation was logged when it was chosen: not again
                     valid = self._best_validation()
             else:
                 result["checkpoint"] = {"name": "last", "step": self.step}
-            self.strategy.training_done()
+            self.executor.training_done()
             result["valid"] = valid if valid is not None else self.evaluate("valid")
             result["test"] = self.evaluate("test")
-            for name, metrics in self.strategy.baselines().items():
+            for name, metrics in self.executor.baselines().items():
                 result[name] = metrics
                 self.log.info(f"{name.replace('_', ' baseline, ')}: {format_metrics(metrics)}")
             started = self.started
@@ -539,7 +539,7 @@ class TrainLoop:
             self.log.info(self._summary(result))
             return result
         finally:
-            self.strategy.close()
+            self.executor.close()
 
     def _selection_key(self) -> str:
         """The validation metric that chooses `best`: NDCG@10 (or at the largest K without 10)."""

@@ -8,7 +8,7 @@
 where S is the run's horizon: train.epochs times the batches of an epoch, or train.max_steps if that is
 smaller. Steps count from 1 (the first optimizer step). The rate is a function of the step alone, so a
 resumed run continues the same curve; raising train.epochs on resume stretches it from there on.
-The trainer sets it before every step (StepStrategy.set_learning_rate) when the schedule is not a plain
+The trainer sets it before every step (Executor.set_learning_rate) when the schedule is not a plain
 constant; a constant run never touches the optimizer's rate.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@
     exchange      the cross-node gradient exchange, synchronous or one step behind (bounded staleness)
     traffic       bytes per step inside / across nodes, the two-bandwidth cost model, the hot-row cut
     step          the compiled step that takes the gathered rows as an input and returns their gradient
-    strategy      ShardedTableStrategy: the data-parallel strategy with the item table sharded
+    executor      ShardedTableExecutor: the data-parallel executor with the item table sharded
 The shards' checkpoint files (save / load, resharding to another rank count) are mindgr.train.table_checkpoint.
 The msrun self-check of these pieces is tests/harness/sparse_selftest.py.
 """

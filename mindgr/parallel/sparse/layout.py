@@ -2,7 +2,7 @@
 that says who owns which rows, who replicates them, and the per-rank capacities of a step.
 
 Made once per job from the topology and the config (no communication: every rank computes the same plan,
-its own fields included), then consumed by the sharded-table strategy (mindgr.parallel.sparse.strategy: its StepShape) and by
+its own fields included), then consumed by the sharded-table executor (mindgr.parallel.sparse.executor: its StepShape) and by
 `mindgr bench sparse`. Rows are sharded round robin: shard k owns the ids with id % shards == k
 (mindgr.parallel.sparse.init.owned_rows).
   hierarchical  the shards are the local ranks of a node group; every node group holds the whole table

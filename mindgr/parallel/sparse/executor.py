@@ -1,7 +1,8 @@
-"""ShardedTableStrategy: the data-parallel step strategy with the item table sharded (parallel.sparse).
+"""ShardedTableExecutor: the data-parallel executor with the item table sharded (parallel.sparse), for the
+retrieval task (a task with an item table).
 
 Per step s, on every rank (docs/sparse.md):
-  input thread  its share of the global batch (as DataParallelStrategy), the distinct ids of its tokens,
+  input thread  its share of the global batch (as DataParallelExecutor), the distinct ids of its tokens,
                 targets and negatives, every id remapped to its slot in that list (padded to U_cap)
   lookup        the rows of those ids from their owners (ShardedTable.lookup, inside the shard group)
   background    (staleness >= 1) the cross-node exchange of step s-1's embedding gradient
@@ -20,10 +21,10 @@ import numpy as np
 
 from mindgr.config import ConfigError
 from mindgr.parallel import comm
-from mindgr.parallel.strategy import DataParallelStrategy, _step_cpu
+from mindgr.parallel.executor import DataParallelExecutor, _step_cpu
 from mindgr.train import table_checkpoint as table_ckpt
 from mindgr.train.step import StepInputs
-from mindgr.train.strategy import StepShape
+from mindgr.train.executor import StepShape
 
 
 def remap(uniq: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -109,8 +110,10 @@ class _SparseLocal:
         return m.grads(Tensor(rows), *x.as_tuple())
 
 
-class ShardedTableStrategy(DataParallelStrategy):
+class ShardedTableExecutor(DataParallelExecutor):
     """Data parallel for the dense weights; the item table sharded over each node group's ranks."""
+
+    kind = "sharded_table"
 
     def set_learning_rate(self, lr: float):
         super().set_learning_rate(lr)
@@ -150,6 +153,7 @@ class ShardedTableStrategy(DataParallelStrategy):
         else:                                            # flat: every rank owns a shard, no replicas
             group, inter = None, (None, list(layout.replicas))
         model = SparseModel(self.cfg, self.data.num_items, layout, group, self.traffic)
+        self.task.model, self.task.sampler = model, self.task.make_sampler(model.encoder)   # the task's draws
         exchange = exchange_replicas
         if layout.kind == "frequency":
             exchange = (lambda s, g, *a: exchange_hot(s, g, model.table.hot_slots, *a))
@@ -258,13 +262,13 @@ class ShardedTableStrategy(DataParallelStrategy):
         ids, *rest = encoder_inputs(batch)
         return self.model.encode_rows(Tensor(rows), Tensor(remap(uniq, ids)), *[Tensor(x) for x in rest]).asnumpy()
 
-    def split_metrics(self, split: str) -> dict:
+    def rank_items(self, model, evalset, split_data, ks, filter_history):
+        """The split ranking with users encoded from gathered rows and scored against the assembled table."""
         from mindgr.parallel.evaluate import evaluate_sharded
         full, inv_norm = self.eval_table
-        return evaluate_sharded(None, None, self.data.eval[split], getattr(self.data.split, split), self.cfg.eval.ks,
-                                self.ctx.rank, self.ctx.world, beat=self.watchdog.beat,
-                                encode_batch=self.encode_batch, score=lambda u: (u @ full.T) * inv_norm[None, :],
-                                filter_history=self.cfg.eval.filter_history)
+        return evaluate_sharded(None, None, evalset, split_data, ks, self.ctx.rank, self.ctx.world,
+                                beat=self.watchdog.beat, encode_batch=self.encode_batch,
+                                score=lambda u: (u @ full.T) * inv_norm[None, :], filter_history=filter_history)
 
     # ---- state, checkpoints ----------------------------------------------------------------------
     def rank_state(self, step: int, cursor: dict) -> dict:

@@ -1,32 +1,32 @@
-"""StepStrategy: how a run builds its data and model and trains one global batch; the loop
-(mindgr.train.loop.TrainLoop) asks it for everything that is not the loop itself.
+"""Executor: HOW a run trains one global batch (one process, data parallel, sharded table); the task
+(mindgr.train.task) says WHAT is trained. The loop (mindgr.train.loop.TrainLoop) talks only to the executor,
+which hands every question about the data, inputs, FLOPs and evaluation to its task.
 
 The loop owns the run directory (lock, resume refusals, data fingerprint, config.yaml), epochs and the
 batch cursor, logging windows, stop signals, divergence checks, the evaluation cadence and `best`,
-checkpoint files and the final summary. A strategy owns, in the order the loop calls it:
+checkpoint files and the final summary. An executor owns, in the order the loop calls it:
 
-  check_config()              one-line ConfigError before anything is loaded or compiled
+  check_config()              one-line ConfigError before anything is loaded or compiled (the task's and its own)
   writer, eval_ranks          does this process write the shared outputs; processes sharing an evaluation
   build_data(run_dir, resuming) -> plan
-                              the task's data; `plan.num_batches(epoch)`, `plan.iter_batches(epoch, start)`
-                              -> (batch number, indices) (a GR task brings its own token rows and plan;
-                              a resumed run may read what it keeps in its run dir)
-  on_run_dir(run_dir, fresh)  the writer, once the run dir is prepared (config, data fingerprint): what the
-                              task keeps there (e.g. a GR run's own code table)
-  describe_data() -> str      the data line of the log
+                              the task's data and batch plan: `plan.num_batches(epoch)`,
+                              `plan.iter_batches(epoch, start)` -> (batch number, indices)
+  on_run_dir(run_dir, fresh)  the writer, once the run dir is prepared: what the task keeps there
+  describe_data() -> str      the data line of the log (the task's)
   barrier()                   ranks meet (after the run directory is prepared)
-  build(run)                  model, compiled step, host samplers; `run` is a RunContext
+  build(run)                  the task's model, this executor's compiled step; `run` is a RunContext
   shape                       StepShape: the step's global and per-rank capacities (computed once)
   stream(items)               the input stream, wrapped (the ranks' stop agreement)
-  prepare(epoch, b, indices)  host work of one global batch, in the input thread: (inputs, info)
+  prepare(epoch, b, indices)  host work of one global batch, in the input thread: (inputs, info) (the task
+                              builds the inputs of the whole batch or of this rank's share)
   set_learning_rate(lr)       the rate of the next steps (only under a non-constant train.lr_schedule)
   execute(prepared, step)     one optimizer step: (loss, seconds inside the step, info); info holds
-                              "tokens", "fill" (logging) and whatever batch_flops needs
-  batch_flops(info)           model FLOPs of that step (MFU)
+                              "tokens", "fill" (logging) and whatever the task's flops need
+  batch_flops(info)           model FLOPs of that step (MFU; the task's)
   window_extra()              more fields (and text) for a logging window, at the same steps on every rank
-  can_evaluate(split)         whether `split` has examples; evaluate(split, step) -> metrics
-                              (dot-product ranking here, beam search -> ranks -> metrics for GR)
-  baselines() -> dict         figures for the final result, e.g. {"popularity_test": metrics}
+  can_evaluate(split)         whether `split` has examples; evaluate(split, step) -> metrics (the task's
+                              evaluation, with this executor's ranking: one process or split over ranks)
+  baselines() -> dict         figures for the final result, e.g. {"popularity_test": metrics} (the task's)
   named_state()               the tensors a checkpoint holds (name -> Parameter); restore(tensors, path)
   check_finite() -> str|None  state outside named_state that went non-finite (e.g. a table shard)
   settle(what, step)          a consistent state before an evaluation or checkpoint (flush an exchange,
@@ -39,6 +39,9 @@ checkpoint files and the final summary. A strategy owns, in the order the loop c
   training_done()             training is over (free optimizer state before the final evaluation)
   failure(error, step)        a clearer error for a failed step (a dead peer), or None
   close()                     end of the run's final evaluation
+
+Executors: mindgr.train.local.LocalExecutor, mindgr.parallel.executor.DataParallelExecutor,
+mindgr.parallel.sparse.executor.ShardedTableExecutor; which one a config runs: mindgr.parallel.resolve.
 """
 from __future__ import annotations
 
@@ -63,6 +66,18 @@ class StepShape:
 
 
 @dataclass
+class EvalContext:
+    """What a task's evaluation gets from the executor: its ranking (rank_items(model, evalset, split_data, ks,
+    filter_history) -> metrics, in one process or split over ranks), the log, the run dir and
+    whether this process writes the shared outputs; beat(what): a long evaluation is alive (a watchdog)."""
+    rank_items: object
+    log: object
+    run_dir: Path
+    writer: bool
+    beat: object = None
+
+
+@dataclass
 class RunContext:
     """What the loop hands a strategy when it builds: the config, where the run writes, its log."""
     cfg: object                  # mindgr.config.Config
@@ -71,11 +86,13 @@ class RunContext:
     log: object                  # MetricsLog (writer) or a log that drops everything
 
 
-class StepStrategy(abc.ABC):
-    """The interface of the module docstring; defaults are those of one process."""
+class Executor(abc.ABC):
+    """The interface of the module docstring; defaults are those of one process, and the task's answers."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    kind = "local"               # the name a task's check_config sees (Task.check_config(executor_kind))
+
+    def __init__(self, cfg, task):
+        self.cfg, self.task = cfg, task
 
     # ---- who this process is ------------------------------------------------------------------
     @property
@@ -87,22 +104,28 @@ class StepStrategy(abc.ABC):
         return 1
 
     def check_config(self):
-        """Raise ConfigError for a config this strategy cannot train."""
+        """Raise ConfigError for a config this executor (or its task) cannot train."""
+        self.task.check_config(self.kind)
 
     def barrier(self):
         pass
 
     # ---- data and model ------------------------------------------------------------------------
-    @abc.abstractmethod
     def build_data(self, run_dir: Path, resuming: bool):
         """Load the task's data; returns its batch plan (also kept as self.plan)."""
+        self.plan = self.task.load(run_dir, resuming)
+        return self.plan
+
+    @property
+    def data(self):
+        return self.task.data
 
     def on_run_dir(self, run_dir: Path, fresh: bool):
         """Called on the writer after the run dir is prepared; `fresh`: not a resume."""
+        self.task.on_run_dir(run_dir, fresh)
 
-    @abc.abstractmethod
     def describe_data(self) -> str:
-        ...
+        return self.task.describe()
 
     @abc.abstractmethod
     def build(self, run: RunContext):
@@ -125,33 +148,46 @@ class StepStrategy(abc.ABC):
     def execute(self, prepared, step: int):
         ...
 
-    @abc.abstractmethod
     def batch_flops(self, info: dict) -> float:
-        ...
+        return self.task.flops(info)
 
     def window_extra(self) -> tuple[dict, str]:
         return {}, ""
 
     # ---- evaluation ----------------------------------------------------------------------------
-    @abc.abstractmethod
     def can_evaluate(self, split: str) -> bool:
-        ...
+        return self.task.can_evaluate(split)
 
-    @abc.abstractmethod
     def evaluate(self, split: str, step: int) -> dict:
-        ...
+        """The task's evaluation of the current weights (dropout off), ranked by this executor's `rank_items`."""
+        self.model.encoder.set_train(False)
+        try:
+            ctx = EvalContext(self.rank_items, self.run.log, self.run.run_dir, self.writer, self.settle_beat)
+            return self.task.evaluate(self.model, split, ctx)
+        finally:
+            self.model.encoder.set_train(True)
+
+    def rank_items(self, model, evalset, split_data, ks, filter_history):
+        """Dot-product ranking of an item-retrieval evaluation (the model's encode_last against its item
+        table): in one process here; other executors split it over ranks."""
+        from mindgr.train.evaluate import evaluate
+        return evaluate(model.encode_last, model.item_table(), evalset, split_data, ks, filter_history=filter_history)
+
+    def settle_beat(self, what: str):
+        """Tell whoever watches this process that it is alive (nobody in one process)."""
 
     def baselines(self) -> dict:
-        return {}
+        return self.task.baselines()
 
     # ---- state ---------------------------------------------------------------------------------
-    @abc.abstractmethod
     def named_state(self) -> dict:
-        ...
+        from mindgr.train.checkpoint import named_parameters
+        return named_parameters(self.model.train_step)
 
-    @abc.abstractmethod
     def restore(self, tensors: dict, path: Path):
-        ...
+        from mindgr.train.checkpoint import restore_parameters
+        restore_parameters(self.model.train_step, tensors, str(path))
+        self.task.restored(path)
 
     def check_finite(self) -> str | None:
         return None

@@ -1,11 +1,12 @@
-"""DataParallelStrategy: the step strategy every rank of an msrun job runs under the one training loop
-(mindgr.train.loop).
+"""DataParallelExecutor: the executor every rank of an msrun job runs under the one training loop
+(mindgr.train.loop), for any task that accepts it (retrieval, generative).
 
-Per step every rank takes the same global batch (the single-process EpochPlan), keeps its cost-balanced
-part (mindgr.parallel.plan), computes the gradients of its share of the globally normalised loss, and
+Per step every rank takes the same global batch (the task's single-process plan), keeps its cost-balanced
+part (mindgr.parallel.plan), has the task pack that share (Task.rank_inputs, its loss weighted by the
+share of the global normaliser), computes the gradients of its share of the globally normalised loss, and
 the gradients are summed over ranks (mindgr.parallel.dp). Rank 0 writes the shared outputs (config,
 metrics, checkpoints, eval.json); every rank writes its own shard state next to each checkpoint.
-Evaluation is split over ranks and gathered (mindgr.parallel.evaluate). A watchdog ends a rank that
+A dot-product evaluation is split over ranks and gathered (mindgr.parallel.evaluate). A watchdog ends a rank that
 stops making progress.
 """
 from __future__ import annotations
@@ -24,9 +25,7 @@ from mindgr.parallel.balance import CostModel, imbalance
 from mindgr.parallel.context import CollectiveError, collective_failure, init_distributed
 from mindgr.parallel.watchdog import Watchdog
 from mindgr.train.checkpoint import named_parameters
-from mindgr.train.local import RetrievalStrategy
-from mindgr.train.step import StepInputs
-from mindgr.train.strategy import RunContext, StepShape
+from mindgr.train.executor import Executor, RunContext, StepShape
 
 
 def param_digest(cell) -> int:
@@ -140,16 +139,15 @@ class _AgreeingStream:
         return self._inner.close(*args, **kwargs)
 
 
-class DataParallelStrategy(RetrievalStrategy):
+class DataParallelExecutor(Executor):
     """Every rank trains its cost-balanced share of the global batch; dense gradients are summed."""
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    kind = "data_parallel"
+
+    def __init__(self, cfg, task):
+        super().__init__(cfg, task)
         self.ctx = init_distributed(cfg.parallel.threads, cfg.parallel.bind_cores)  # msrun's scheduler stops here
         self.fault = _fault_plan()
-        if cfg.loss.negatives != "per_token":
-            raise ConfigError(f"config: loss.negatives = {cfg.loss.negatives!r}: only per_token is supported with "
-                              "more than one process so far")
         self.watchdog = Watchdog(cfg.parallel.timeout, self.ctx.rank)
         self.win = {"pred": [], "pred_step": [], "local": [], "local_cpu": [], "apply": [], "steps": [], "costs": [],
                     "tokens": []}
@@ -171,15 +169,12 @@ class DataParallelStrategy(RetrievalStrategy):
     # ---- setup -----------------------------------------------------------------------------------
     def plan_shape(self) -> StepShape:
         """The step's per-rank capacities: the global ones / world with parallel.capacity_slack headroom."""
-        from mindgr.parallel.plan import rank_capacities
-        tr = self.data.train
-        tokens, rows = rank_capacities(tr.token_capacity, tr.row_capacity, self.ctx.world,
-                                       self.cfg.parallel.capacity_slack)
-        return StepShape(tr.token_capacity, tr.row_capacity, tokens, rows)
+        ex = self.task.examples
+        tokens, rows = self.task.rank_capacities(self.ctx.world, self.cfg.parallel.capacity_slack)
+        return StepShape(ex.token_capacity, ex.row_capacity, tokens, rows)
 
     def build_model(self):
-        from mindgr.train.local import Model
-        return Model(self.cfg, self.data.num_items)
+        return self.task.build_model(self.run.log)
 
     def make_local_step(self):
         """The step whose `local(*inputs)` the calibration times (a sharded table replaces it)."""
@@ -189,29 +184,25 @@ class DataParallelStrategy(RetrievalStrategy):
     def build(self, run: RunContext):
         from mindgr.parallel.plan import RankPlanner
         self.run = run
-        cfg, tr, world = self.cfg, self.data.train, self.ctx.world
+        cfg, ex, world = self.cfg, self.task.examples, self.ctx.world
         self.shape = self.plan_shape()
-        longest = int(tr.lengths.max())
+        longest = int(ex.lengths.max())
         if longest > self.shape.rank_tokens:
-            raise ConfigError(f"config: data.token_capacity = {tr.token_capacity} over {world} ranks leaves "
+            raise ConfigError(f"config: data.token_capacity = {ex.token_capacity} over {world} ranks leaves "
                               f"{self.shape.rank_tokens} tokens per rank, less than the longest sequence ({longest}): "
                               "raise data.token_capacity (or train.batch_size)")
         self.model = self.build_model()
-        self.sampler = self.make_sampler(self.model.encoder)
         self.dp = self.make_local_step()
-        self.calibration = self._calibrate() if cfg.parallel.calibrate else None
+        probe = self.task.calibration_inputs() if cfg.parallel.calibrate else None
+        self.calibration = self._calibrate(probe) if probe else None
         p = cfg.parallel
         self.cost_model = self.calibration["model"] if self.calibration else CostModel(p.cost_a, p.cost_b, p.cost_c0)
+        if not self.calibration and cfg.parallel.calibrate:     # a task without a probe: balance by tokens
+            self.cost_model = CostModel(a=1.0, b=0.0)
         self.fixed_s = self.calibration["fixed_s"] if self.calibration else 0.0   # per-step cost every rank pays
-        self.planner = RankPlanner(tr, world, self.ctx.rank, self.shape.rank_tokens, self.shape.rank_rows,
-                                   self.cost_model, p.balance, cfg.run.seed)
-        self.seq_draws = None
-        if p.draws == "sequence":
-            from mindgr.parallel.plan import SequenceDraws
-            sites, _, width = self.sampler.shape
-            self.seq_draws = SequenceDraws(cfg.run.seed, self.data.num_items, cfg.loss.num_negatives,
-                                           cfg.model.dropout, sites, width)
-        elif world > 8:
+        self.planner = RankPlanner(ex, world, self.ctx.rank, self.shape.rank_tokens, self.shape.rank_rows,
+                                   self.cost_model, p.balance, cfg.run.seed, self.task.example_weights())
+        if p.draws != "sequence" and world > 8:
             run.log.info(f"note: parallel.draws=global makes every rank draw the negatives of the whole global "
                          f"batch ({world} ranks' tokens); parallel.draws=sequence draws only its own")
         cm, sh = self.cost_model, self.shape
@@ -220,18 +211,18 @@ class DataParallelStrategy(RetrievalStrategy):
                      f"{p.capacity_slack:g}), balance {p.balance}, cost c(L) = {cm.c0:.3g} + {cm.a:.3g} L + "
                      f"{cm.b:.3g} L^2" + (f" (calibrated in {self.calibration['probe_s']:.1f}s, fixed "
                                            f"{self.calibration['fixed_s'] * 1e3:.1f} ms/step)"
-                                           if self.calibration else " (given)"))
+                                           if self.calibration else
+                                           " (given)" if not cfg.parallel.calibrate else " (by tokens: the task has no probe)"))
         if self.calibration:
             run.log.write({"calibration": {**cm.as_dict(), "fixed_s": self.calibration["fixed_s"],
                                            "rel_residual": self.calibration["rel_residual"],
                                            "probe": self.calibration["probe"], "world": world}})
 
-    def _calibrate(self) -> dict:
+    def _calibrate(self, probe: dict) -> dict:
         from mindgr.parallel.calibrate import calibrate, grads_timer
         self.watchdog.beat("calibrating the cost model")
-        sites, _, width = self.sampler.shape
-        time_step = grads_timer(self.dp.local, self.data.num_items, self.shape.rank_tokens, self.shape.rank_rows,
-                                self.cfg.loss.num_negatives, sites, width, seed=self.cfg.run.seed)
+        time_step = grads_timer(self.dp.local, probe["num_items"], self.shape.rank_tokens, self.shape.rank_rows,
+                                probe["num_negatives"], probe["sites"], probe["width"], seed=self.cfg.run.seed)
         result = calibrate(time_step, self.shape.rank_tokens, self.shape.rank_rows, self.cfg.data.max_len)
         m = result["model"]
         # Every rank must split batches identically: average the fits, then take rank 0's bytes.
@@ -256,24 +247,11 @@ class DataParallelStrategy(RetrievalStrategy):
                                "rank has probably died or hung (see its log)")
 
     def prepare(self, epoch: int, b: int, indices):
-        """Host work for global batch `b` (in the input thread): this rank's part, packed, with its draws."""
-        from mindgr.datasets import build_batch
-        from mindgr.parallel.plan import local_rows
-        tr, sh = self.data.train, self.shape
+        """Host work for global batch `b` (in the input thread): this rank's part, packed by the task."""
+        sh = self.shape
         share = self.planner.share(epoch, b, indices)
-        batch = build_batch(share.indices, tr.inputs, tr.times, tr.targets, sh.rank_tokens, sh.rank_rows,
-                            tr.request_times)
-        if self.seq_draws is not None:
-            negatives, drop = self.seq_draws.draw(epoch, share.indices, self.planner.lengths[share.indices],
-                                                  sh.rank_tokens)
-        else:                    # the single-process draws: negatives of the global batch, masks of own rows
-            negatives = self.sampler.draw_negatives(epoch, b)
-            negatives = local_rows(negatives, share.token_src, sh.rank_tokens, fill=1)
-            drop = self.sampler.masks.rows(epoch, b, share.token_src, sh.rank_tokens)
-        inputs = StepInputs.from_batch(batch, negatives, drop, share.scale)
-        return inputs, {"tokens": share.global_tokens,
-                        "fill": share.global_tokens / (self.ctx.world * sh.rank_tokens),
-                        "lengths": share.lengths, "targets": share.global_targets, "share": share}
+        inputs, info = self.task.rank_inputs(epoch, b, indices, share, sh)
+        return inputs, {**info, "fill": share.global_tokens / (self.ctx.world * sh.rank_tokens), "share": share}
 
     def before_step(self, step: int):
         self.watchdog.beat(f"training step {step}")
@@ -283,6 +261,7 @@ class DataParallelStrategy(RetrievalStrategy):
     def execute(self, prepared, step: int):
         inputs, info = prepared
         tensors = inputs.tensors()
+        self.task.restored(None)             # the weights move on from any restored checkpoint
         self.before_step(step)
         t0, c0 = time.perf_counter(), _step_cpu()
         loss, grads = self.dp.grads(*tensors)
@@ -349,12 +328,15 @@ class DataParallelStrategy(RetrievalStrategy):
                        f"{extra['imbalance_measured'] * 100:.1f}% meas")
 
     # ---- evaluation ------------------------------------------------------------------------------
-    def split_metrics(self, split: str) -> dict:
+    def rank_items(self, model, evalset, split_data, ks, filter_history):
+        """The dot-product ranking split over the ranks and gathered."""
         from mindgr.parallel.evaluate import evaluate_sharded
-        return evaluate_sharded(self.model.encode_last, self.model.item_table(), self.data.eval[split],
-                                getattr(self.data.split, split), self.cfg.eval.ks, self.ctx.rank,
-                                self.ctx.world, beat=self.watchdog.beat,
-                                filter_history=self.cfg.eval.filter_history)
+        return evaluate_sharded(model.encode_last, model.item_table(), evalset, split_data, ks, self.ctx.rank,
+                                self.ctx.world,
+                                beat=self.watchdog.beat, filter_history=filter_history)
+
+    def settle_beat(self, what: str):
+        self.watchdog.beat(what)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def settle(self, what: str, step: int):
