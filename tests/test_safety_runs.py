@@ -193,8 +193,9 @@ def test_eval_one_line_errors(store_run, tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="no best checkpoint.*--checkpoint latest"):
         trainer.evaluate_run(run, which="best")
     # a read-only run dir: the ranks go to the cache, and the result says where
-    real = trainer._can_write
-    monkeypatch.setattr(trainer, "_can_write", lambda d: OSError(30, "Read-only file system")
+    import mindgr.train.saved_run as saved_run    # where evaluations pick their ranks directory
+    real = saved_run._can_write
+    monkeypatch.setattr(saved_run, "_can_write", lambda d: OSError(30, "Read-only file system")
                         if str(d).startswith(str(run)) else real(d))
     monkeypatch.setenv("MINDGR_CACHE", str(tmp_path / "cache"))
     out = trainer.evaluate_run(run, which="latest")
