@@ -12,7 +12,7 @@ msrun starts `python` from PATH). Failure handling, outermost first:
   - workers record their pid in LOG_DIR/rank{r}.pid; whatever is still alive when the launcher leaves
     is killed by pid.
 Ctrl-C / SIGTERM: the launcher forwards the signal to every rank by pid; the ranks agree on it at the next
-step boundary (mindgr.parallel.strategy), rank 0 saves a checkpoint and all exit; the launcher waits for
+step boundary (mindgr.parallel.executor), rank 0 saves a checkpoint and all exit; the launcher waits for
 them (at most `stop_grace` seconds), then kills what is left. A second signal kills at once.
 """
 from __future__ import annotations
