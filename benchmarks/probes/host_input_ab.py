@@ -6,7 +6,7 @@ tensors) of two checkouts at ML-1M shape, in alternating subprocesses, ms per ba
 Each side is `git archive HEAD` of its checkout, unpacked to a temporary directory and put first on
 PYTHONPATH of a subprocess (so that side's own `mindgr` is imported); the rounds alternate old, new,
 old, ... Every subprocess loads configs/ml-1m/hstu.yaml's data (or --data-dir), draws the first
---batches batches of epoch 0 as LocalExecutor.prepare (RetrievalTask.inputs) does, and times each part with the thread's CPU
+--batches batches of epoch 0 as RetrievalTask.inputs does, and times each part with the thread's CPU
 clock (time.thread_time: what it takes from the 2 shared cores) and the wall clock; per round the
 median over batches, then the median [range] over rounds. `plan` is the per-epoch batch plan divided by
 the batches of an epoch. Skips (exit 0) when the ML-1M files are absent.

@@ -93,7 +93,8 @@ def bench_variants(cfg_path: str, overrides, variants: dict, steps: int = 10, me
     for name in names:
         total = float(np.sum(times[name]))
         result["variants"][name] = {
-            "overrides": list(variants[name]), "negatives_per_position": trainers[name].executor.task.sampler.negatives.num_candidates,
+            "overrides": list(variants[name]),
+            "negatives_per_position": trainers[name].executor.task.sampler.negatives.num_candidates,
             "step_time_s_median": float(np.median(times[name])), "real_tokens_per_s": tokens / total,
             "mfu": flops[name] / total / peak, "first_step_s_incl_compile": compile_s[name]}
     if memory:

@@ -211,8 +211,8 @@ class DataParallelExecutor(Executor):
                      f"{p.capacity_slack:g}), balance {p.balance}, cost c(L) = {cm.c0:.3g} + {cm.a:.3g} L + "
                      f"{cm.b:.3g} L^2" + (f" (calibrated in {self.calibration['probe_s']:.1f}s, fixed "
                                            f"{self.calibration['fixed_s'] * 1e3:.1f} ms/step)"
-                                           if self.calibration else
-                                           " (given)" if not cfg.parallel.calibrate else " (by tokens: the task has no probe)"))
+                                           if self.calibration else " (given)" if not cfg.parallel.calibrate
+                                           else " (by tokens: the task has no probe)"))
         if self.calibration:
             run.log.write({"calibration": {**cm.as_dict(), "fixed_s": self.calibration["fixed_s"],
                                            "rel_residual": self.calibration["rel_residual"],
