@@ -79,7 +79,7 @@ class EvalContext:
 
 @dataclass
 class RunContext:
-    """What the loop hands a strategy when it builds: the config, where the run writes, its log."""
+    """What the loop hands an executor when it builds: the config, where the run writes, its log."""
     cfg: object                  # mindgr.config.Config
     run_dir: Path
     ckpt_dir: Path               # run_dir / checkpoints
@@ -141,7 +141,7 @@ class Executor(abc.ABC):
 
     def set_learning_rate(self, lr: float):
         """The optimizer's rate from the next step on (mindgr.train.schedule): its learning_rate Parameter,
-        read by the compiled step, so no recompilation. A strategy with another optimizer sets that too."""
+        read by the compiled step, so no recompilation. An executor with another optimizer sets that too."""
         set_optimizer_lr(self.model.optimizer, lr)
 
     @abc.abstractmethod

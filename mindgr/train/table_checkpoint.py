@@ -8,7 +8,7 @@ takes, for each of its ids, the row from the file that holds it: the same ids wi
 (reshard), bit for bit. Files are written atomically (mindgr.paths.atomic_write).
 
 The file format lives in the train layer so that loading a trained run (mindgr.train.trainer.load_run)
-can reassemble a sharded table; the sharded-table strategy (mindgr.parallel.sparse) writes and reads it.
+can reassemble a sharded table; the sharded-table executor (mindgr.parallel.sparse) writes and reads it.
 """
 from __future__ import annotations
 
