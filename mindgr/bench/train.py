@@ -39,8 +39,8 @@ def synthetic_codes(num_items: int, levels: int, codes_per_level: int, seed: int
 def _gr_synthetic_codes(cfg, tmp: str) -> str | None:
     """A GR config with neither ids.codes nor ids.from_run: write a synthetic table of the data's catalogue
     (ids.levels x ids.codes_per_level, seed ids.seed) and point ids.codes at it. Returns a description."""
-    from mindgr.train.generative import is_generative_config
-    if not is_generative_config(cfg) or cfg.ids.codes or cfg.ids.from_run:
+    from mindgr.train.tasks import task_class
+    if not task_class(cfg).semantic_ids or cfg.ids.codes or cfg.ids.from_run:
         return None
     from pathlib import Path
     from mindgr.ids.codes import save_codes
@@ -54,21 +54,21 @@ def _gr_synthetic_codes(cfg, tmp: str) -> str | None:
 
 def _trie_capacities(trainer) -> list | None:
     """The most children any prefix has, per level (a GR run's trie), else None."""
-    trie = getattr(trainer.strategy, "trie", None)
+    trie = getattr(trainer.executor.task, "trie", None)
     return None if trie is None else [int(m.sum(1).max()) for m in trie.masks]
 
 
 def bench_train(cfg, steps: int = 20, warmup: int = 3, out: str | None = None) -> dict:
-    from mindgr.train.generative import GenerativeTrainer, is_generative_config
+    from mindgr.train.local import LocalExecutor
+    from mindgr.train.loop import TrainLoop
     from mindgr.train.peak import busy_reason, measure_peak, quiet_peak
-    from mindgr.train.trainer import Trainer
+    from mindgr.train.tasks import resolve_task
     with tempfile.TemporaryDirectory() as tmp:
         cfg.run.out_dir, cfg.run.name = tmp, "bench"
         quiet_run(cfg)
         codes_note = _gr_synthetic_codes(cfg, tmp)
-        trainer = (GenerativeTrainer if is_generative_config(cfg) else Trainer)(cfg, quiet=True)
-        data = trainer.data
-        train_data = trainer.strategy.train if is_generative_config(cfg) else data.train
+        trainer = TrainLoop(cfg, LocalExecutor(cfg, resolve_task(cfg)), quiet=True)   # the config's task
+        train_data = trainer.executor.task.examples          # the global capacities
         from mindgr.bench.backends import peak_rss_mb, rss_mb
         rss_before = rss_mb()
         compile_s = trainer.run_steps(1)["step_s"]          # the first step includes the compile

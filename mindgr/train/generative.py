@@ -207,6 +207,7 @@ class GenerativeTask(Task):
     name = "generative"
     serving = "generative"
     samples_users = True
+    semantic_ids = True
 
     _restored: Path | None = None    # the checkpoint the decoder's weights are exactly (None once a step ran)
 

@@ -27,6 +27,7 @@ class Task(abc.ABC):
     name = ""                 # the registry's name (mindgr.train.tasks.TASKS)
     serving = ""              # which serving model serves its runs (mindgr.serve.models.SERVING_MODELS)
     samples_users = False     # `mindgr eval --max-users` applies (a decode of a fixed user sample)
+    semantic_ids = False      # trains over a semantic-ID code table (ids.codes / ids.from_run)
 
     def __init__(self, cfg):
         self.cfg = cfg
