@@ -56,14 +56,43 @@ def _engine_vs_naive(seed, merger, beam):
     engine = DecodingEngine(dec, trie, codes, beam, 12, num_users=4)
     naive = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache="recompute", selection="full_sort",
                            masks="rebuild")
+    per_beam = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache="per_beam")
     items, scores = engine.search(hist, k)
     want_items, want_scores = naive.search(hist, k)
     np.testing.assert_array_equal(items, want_items)
     np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=2e-5)
     assert (items > 0).all()
+    # the cached baseline (prompt K/V copied per beam, reordered by parent each step): the same lists
+    pb_items, pb_scores = per_beam.search(hist, k)
+    np.testing.assert_array_equal(pb_items, want_items)
+    np.testing.assert_allclose(pb_scores, want_scores, rtol=1e-5, atol=2e-5)
+    np.testing.assert_array_equal(per_beam.search(hist[::-1], k)[0], want_items[::-1])
     # a second request reuses the same graphs and masks and gives its own answer
     items2, _ = engine.search(hist[::-1], k)
     np.testing.assert_array_equal(items2, items[::-1])
+
+
+def test_per_beam_cache_reorders_by_parent():
+    """A state-level check that the per-beam cache really follows the parents: steps fed with random codes
+    and random parents give the shared state's logits (which finds ancestry by parent indices instead)."""
+    sizes = [4, 3, 3, 2]
+    codes, dec, hist = case(11, "item", sizes, 30, users=2)
+    rng = np.random.default_rng(3)
+    u, beam, p_cap = 2, 5, 9
+    shared = dec.decode_state(u, beam, p_cap)
+    per_beam = dec.decode_state(u, beam, p_cap, layout="per_beam")
+    prompts = dec.prompts(hist, codes, p_cap)
+    np.testing.assert_allclose(per_beam.prefill(prompts), shared.prefill(prompts), rtol=1e-5, atol=1e-5)
+    parents = [np.zeros((u, beam), np.int64)]
+    for level in range(1, len(sizes)):
+        step_codes = rng.integers(0, sizes[level - 1], (u, beam))
+        want = shared.step(level, step_codes, parents)
+        got = per_beam.step(level, step_codes, parents)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        parents.append(rng.integers(0, beam, (u, beam)))
+    blk = dec.blocks[0]
+    per_token = dec.num_blocks * blk.h * (blk.dqk + blk.dv) * 4
+    assert per_beam.nbytes()["beams"] == per_token * u * beam * (p_cap + len(sizes) - 1)
 
 
 def test_cache_bytes_grow_with_prompt_plus_beams_times_steps():
@@ -106,6 +135,8 @@ def test_partial_selection_equals_full_sort(seed):
 def test_bad_engine_options_are_one_line():
     codes, dec, _ = case(0, "none", [3, 3], 6, users=1)
     trie = PrefixTrie(codes, [3, 3])
+    with pytest.raises(ValueError, match="decode cache = 'dense': expected one of shared, per_beam, recompute"):
+        DecodingEngine(dec, trie, codes, 4, 6, 1, cache="dense")
     with pytest.raises(ValueError, match="decode selection = 'heap': expected one of partial, full_sort"):
         DecodingEngine(dec, trie, codes, 4, 6, 1, selection="heap")
     with pytest.raises(ValueError, match="exceeds the decoder's max_len 16"):

@@ -14,7 +14,9 @@ Ideas (xGR, arXiv 2512.11529), as built here:
   sort of beam x vocabulary.
 - Valid-item masks from the trie (mindgr.ids.trie), built once per tokenizer and reused by every step
   and request (`masks="reuse"`).
-The naive baseline stays selectable: `cache="recompute"` (every beam's whole sequence re-run each step,
+The baselines stay selectable: `cache="per_beam"` (the cached beam search of common generate()
+implementations: the prompt's K/V copied per beam, every beam's cache gathered from its parent's each step;
+the decoder's state with layout "per_beam"), `cache="recompute"` (every beam's whole sequence re-run each step,
 mindgr.models.generative.RecomputeScorer), `selection="full_sort"`, `masks="rebuild"`.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from mindgr.generate.beam import NEG_INF, beam_search, check_widths, select_full
 from mindgr.models.generation import check_generator
 from mindgr.models.generative import LastTokenLogits, RecomputeScorer, level_log_softmax
 
-CACHES = ("shared", "recompute")
+CACHES = ("shared", "per_beam", "recompute")
 SELECTIONS = ("partial", "full_sort")
 MASKS = ("reuse", "rebuild")
 
@@ -127,8 +129,11 @@ class DecodingEngine:
         self.dec, self.trie, self.codes = decoder, trie, np.asarray(codes)
         self.beam, self.p_cap, self.num_users = beam, max_prompt_tokens, num_users
         self.cache, self.selection, self.masks = cache, selection, masks
-        self.state = (decoder.decode_state(num_users, beam, max_prompt_tokens, runner=runner)
-                      if cache == "shared" else None)
+        self.state = None
+        if cache == "shared":
+            self.state = decoder.decode_state(num_users, beam, max_prompt_tokens, runner=runner)
+        elif cache == "per_beam":
+            self.state = decoder.decode_state(num_users, beam, max_prompt_tokens, runner=runner, layout="per_beam")
         if cache == "recompute":
             self.recompute_net = LastTokenLogits(decoder)
             self.recompute_net.set_train(False)

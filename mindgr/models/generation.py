@@ -11,6 +11,7 @@ A generative decoder has
     trie_softmax                             its scoring rule: renormalise each step over the trie's children
     prompts(histories, codes, max_prompt_tokens) -> [per user prompt]   (the input of prefill)
     decode_state(num_users, beam, max_prompt_tokens, runner=None) -> DecodeState
+    (optionally layout="per_beam": a state that copies the prompt's K/V per beam, the engine's cached baseline)
 and, for the engine's recompute baseline (mindgr.models.generative.RecomputeScorer), the plain forward
 construct(slots, merged, offsets) -> hidden and logits(hidden).
 """

@@ -118,10 +118,15 @@ class GRDecoder(nn.Cell):
         """Per user (slots, merged) of its prompt (prompts_of)."""
         return prompts_of(self, histories, codes, max_prompt_tokens)
 
-    def decode_state(self, num_users: int, beam: int, max_prompt_tokens: int, runner=None, parts: str = "both"):
+    def decode_state(self, num_users: int, beam: int, max_prompt_tokens: int, runner=None, parts: str = "both",
+                     layout: str = "shared"):
         """The decoding state of a batch of users: the shared prompt K/V cache and per-beam records
-        (mindgr.models.kv_cache.KVCacheState, which compiles prefill and step below)."""
+        (mindgr.models.kv_cache.KVCacheState, which compiles prefill and step below); layout "per_beam":
+        the usual generate() cache, the prompt copied per beam (mindgr.models.per_beam_cache, a baseline)."""
         from mindgr.models.kv_cache import KVCacheState
+        if layout == "per_beam":
+            from mindgr.models.per_beam_cache import PerBeamKVState
+            return PerBeamKVState(self, num_users, beam, max_prompt_tokens, runner)
         return KVCacheState(self, num_users, beam, max_prompt_tokens, parts, runner)
 
     def prefill(self, slots, merged, offsets, last, num_users: int, p_cap: int):

@@ -111,6 +111,26 @@ class HSTUBlock(nn.Cell):
         o = uu * layers.layer_norm(attn.reshape(u * b, h * dv))
         return x + ops.matmul(o, self.w_out) + self.b_out, kr, vr
 
+    def per_beam_step(self, x, kc, vc, parent, slot, idx, mask):
+        """The per-beam cache's step (the usual generate() layout, mindgr.models.per_beam_cache): every beam
+        holds its own copy of the prompt's and its decoded tokens' K/V. x [N, D] one token per beam (N =
+        users x beam); kc / vc [N, H, L, d]: the caches of the previous step's beams, L = prompt capacity +
+        decoded slots; parent [N] int32: the row each beam forked from (the whole row is gathered: the copy
+        a beam reorder does); slot [L]: 1 where this token's K/V is written; idx [N, L] int32 / mask [N, L]:
+        each key's position-bias index and validity -> (y [N, D], the reordered caches with this token)."""
+        n, h, dqk, dv = x.shape[0], self.h, self.dqk, self.dv
+        length = kc.shape[2]
+        uu, v, q, k = self._uvqk_plain(x)
+        write = slot.reshape(1, 1, length, 1) > 0.5
+        kc = ops.where(write, k.reshape(n, h, 1, dqk), ops.gather(kc, parent, 0))
+        vc = ops.where(write, v.reshape(n, h, 1, dv), ops.gather(vc, parent, 0))
+        s = (q.reshape(n, h, 1, dqk) * kc).sum(-1)                                          # [N, H, L]
+        w = ops.silu(s + ops.gather(self.w_pos, idx, 0)[:, None, :])
+        w = w * (mask * (1.0 / float(self.max_len)))[:, None, :]
+        attn = ops.matmul(w.reshape(n, h, 1, length), vc).reshape(n, h * dv)
+        o = uu * layers.layer_norm(attn)
+        return x + ops.matmul(o, self.w_out) + self.b_out, kc, vc
+
 
 class HSTU(ItemSequenceEncoder):
     """Jagged HSTU encoder. construct(ids, positions, offsets, timestamps, drop, request_times) -> [T, D]

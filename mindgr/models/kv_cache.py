@@ -57,6 +57,23 @@ def _inline(fn, *args):
     return fn(*args)
 
 
+def prompt_batch(dec, prompts, u: int, p: int):
+    """The prefill's inputs: each user's prompt at stride p, a filler row after it -> (slots, merged, offsets,
+    last token of each user, prompt lengths [U])."""
+    slots = np.full((u * p, dec.group), dec.pad_id, np.int32)
+    merged = np.zeros(u * p, np.float32)
+    bounds = [0]
+    lengths = np.zeros(u, np.int64)
+    for i in range(u):
+        ps, pm = prompts[i] if i < len(prompts) else prompts[0]        # spare capacity: any prompt
+        n = ps.shape[0]
+        slots[i * p:i * p + n], merged[i * p:i * p + n] = ps, pm
+        lengths[i] = n
+        bounds += [i * p + n, (i + 1) * p]                             # the user's row, then a filler row
+    last = (np.arange(u) * p + lengths - 1).astype(np.int32)
+    return slots, merged, np.asarray(bounds, np.int32), last, lengths
+
+
 class KVCacheState(DecodeState):
     """Shared prompt K/V + append-only per-beam records with parent indices, for num_users x beam."""
 
@@ -78,19 +95,7 @@ class KVCacheState(DecodeState):
         self.prefill_net, self.step_net = other.prefill_net, other.step_net
 
     def prefill(self, prompts):
-        dec, u, p = self.dec, self.u, self.p
-        slots = np.full((u * p, dec.group), dec.pad_id, np.int32)
-        merged = np.zeros(u * p, np.float32)
-        bounds = [0]
-        self.lengths = np.zeros(u, np.int64)
-        for i in range(u):
-            ps, pm = prompts[i] if i < len(prompts) else prompts[0]    # spare capacity: any prompt
-            n = ps.shape[0]
-            slots[i * p:i * p + n], merged[i * p:i * p + n] = ps, pm
-            self.lengths[i] = n
-            bounds += [i * p + n, (i + 1) * p]                         # the user's row, then a filler row
-        offsets = np.asarray(bounds, np.int32)
-        last = (np.arange(u) * p + self.lengths - 1).astype(np.int32)
+        slots, merged, offsets, last, self.lengths = prompt_batch(self.dec, prompts, self.u, self.p)
         t0 = time.perf_counter()
         logits = self.run(self._prefill_graph, slots, merged, offsets, last)
         self.timings["prefill"] += time.perf_counter() - t0
