@@ -94,8 +94,8 @@ def test_staleness_two_is_exact_and_replicas_agree(tmp_path, tiny_overrides):
                   for r in range(2)]
         assert states[0]["table"]["node"] != states[1]["table"]["node"]
         assert states[0]["table"]["rows_crc32"] == states[1]["table"]["rows_crc32"]
-    assert sorted(p.name for p in (run / "checkpoints").glob("*.table-*")) == [
-        "ckpt-step00000005.table-0of1.npz", "ckpt-step00000010.table-0of1.npz"]
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.table-*")) == [   # a finished run has a best
+        "best.table-0of1.npz", "ckpt-step00000005.table-0of1.npz", "ckpt-step00000010.table-0of1.npz"]
 
 
 def test_frequency_layout_trains_like_flat_and_resumes_as_flat(tmp_path, tiny_overrides):

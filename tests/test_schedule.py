@@ -46,17 +46,17 @@ def test_bad_schedule_settings_are_one_line_errors():
 
 
 def test_the_loop_sets_each_steps_rate_and_continues_the_curve_on_resume(tmp_path, monkeypatch):
-    from test_loop import _toy_cfg, _toy_strategy
+    from test_loop import _toy_cfg, _toy_executor
     from mindgr.train.loop import TrainLoop
     monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
 
     def run(epochs, resume=False):
         cfg = _toy_cfg(tmp_path, f"train.epochs={epochs}", "train.lr_schedule=cosine", "train.warmup_steps=2",
                        "train.lr_floor=0.2")
-        strategy = _toy_strategy(cfg)
+        executor = _toy_executor(cfg)
         seen = []
-        strategy.set_learning_rate = seen.append
-        loop = TrainLoop(cfg, strategy, resume=resume, quiet=True)
+        executor.set_learning_rate = seen.append
+        loop = TrainLoop(cfg, executor, resume=resume, quiet=True)
         loop.fit()
         return cfg, seen
     cfg, seen = run(2)                                    # 3 batches an epoch: steps 1..6 of a 6-step run
@@ -70,13 +70,13 @@ def test_the_loop_sets_each_steps_rate_and_continues_the_curve_on_resume(tmp_pat
 
 
 def test_constant_runs_never_touch_the_rate(tmp_path, monkeypatch):
-    from test_loop import _toy_cfg, _toy_strategy
+    from test_loop import _toy_cfg, _toy_executor
     from mindgr.train.loop import TrainLoop
     monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
     cfg = _toy_cfg(tmp_path)
-    strategy = _toy_strategy(cfg)
-    strategy.set_learning_rate = lambda lr: pytest.fail("a constant run set the rate")
-    TrainLoop(cfg, strategy, quiet=True).fit()
+    executor = _toy_executor(cfg)
+    executor.set_learning_rate = lambda lr: pytest.fail("a constant run set the rate")
+    TrainLoop(cfg, executor, quiet=True).fit()
 
 
 @pytest.mark.slow
