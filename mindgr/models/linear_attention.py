@@ -1,0 +1,206 @@
+"""The linear-attention block: causal retention with a fixed per-head decay, gated like HSTU's block.
+
+Per block, for jagged tokens x [T, D] (rows given by offsets [B+1]):
+    u, v, q, k = split(SiLU(LN(x) W_uvqk));  q scaled by dqk**-0.5
+    S_t = gamma_h * S_{t-1} + k_t v_t^T      per row and head, S = 0 before a row's first token
+    o_t = q_t^T S_t                          = sum_{j<=t, same row} gamma_h^(t-j) (q_t . k_j) v_j
+    y   = x + Linear(Dropout(u * LN(o)))     (LN affine-free over all heads, as HSTU's u * LN(A v))
+Parameters are named as HSTU's (`{prefix}.w_uvqk`, `{prefix}.w_out`, `{prefix}.b_out`); there is no
+position or time bias: the decay encodes recency.
+
+Which decay, and why. RetNet's multi-scale retention (Sun et al., 2023): a FIXED decay per head,
+gamma_h = 1 - 2**(-5 - h), so head 0 remembers ~32 tokens, head 1 ~64, ... (head h ~2**(5+h)). Not a
+data-dependent gate (GLA, Mamba-2): with a fixed gamma the state after n more tokens is the old state times
+the scalar gamma_h**n, so "decay the shared prompt state by n decoded steps" is one scalar per head, which
+is what decoding many beams over one shared prompt state exploits (the prompt part of every beam's
+attention is q^T (gamma**n S_prompt)). No normaliser (RetNet's GroupNorm is replaced by HSTU's LN of the
+gated output), no softmax: like HSTU's pointwise attention, a token's output is a plain sum over its past.
+
+Training form: CHUNKED over the flat token stream (`chunked_linear_attention`). The T tokens (padded with
+zeros to a multiple of the chunk C) are cut into Nc = ceil(T / C) chunks of C consecutive tokens; a chunk
+may hold the end of one row, whole rows and the start of another, so every product is masked by "same
+row" (row ids from the offsets):
+  - intra-chunk: (q k^T) * gamma^(i-j) [j <= i, same row] times v, one batched [C, C] product per chunk;
+  - each chunk's contribution to the state of the row its last token belongs to, decayed to the chunk's
+    end: K^T diag(gamma^(C-1-j) [row(j) = row(last)]) V  [H, Nc, dqk, dv];
+  - the state entering chunk n: the sum over earlier chunks m whose last row is chunk n's first row
+    (contiguous rows make every chunk between them that row's too) of gamma^(C (n-1-m)) * contribution(m),
+    ONE [Nc, Nc] masked decay-matrix product per head (no loop, so autodiff gives the backward);
+  - its readout: gamma^(i+1) q_i^T S_in(n) for the tokens of that first row.
+Every decay is a constant of (gamma, C, Nc); only the row masks depend on the batch. The flat layout needs
+no per-row padding (GR batches have many short rows and a long tail): the work is T*C for the chunks and
+Nc^2 for the state pass, at the batch's static token capacity. Tokens past offsets[-1] give zeros.
+
+Ascend mapping (UNVERIFIED, no Ascend device here): CANN's linear-attention primitives are the gated delta
+rule pair: aclnnChunkGatedDeltaRule (chunked prefill / forward over variable-length sequences given
+actual_seq_lengths, with a log-decay input g and the final states) and aclnnRecurrentGatedDeltaRule (the
+token-by-token decode step over a state pool addressed by per-sequence ssm_state_indices: the shape of
+a per-beam / shared-prompt state table). Their update is the delta rule S = a S + b k (v - a S^T k)^T
+with L2-normalised q / k in bfloat16, so this block's plain decayed sum is not a setting of them (the
+erase term cannot be switched off); fitting them means either a delta-rule backbone, or composing the
+chunked form above from aclnn batched matmuls as here.
+"""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindgr.models import layers
+from mindgr.models.layers import apply_dropout, param, trunc_normal, xavier_uniform
+from mindgr.ops.linear import linear
+from mindgr.ops.norm import gated_layer_norm, layer_norm, silu_split
+from mindgr.ops.reference import token_rows
+
+DEFAULT_CHUNK = 64
+
+
+def decay_rates(num_heads: int) -> np.ndarray:
+    """RetNet's fixed multi-scale decays gamma_h = 1 - 2**(-5 - h), float32 [H]."""
+    return (1.0 - 2.0 ** (-5.0 - np.arange(num_heads, dtype=np.float64))).astype(np.float32)
+
+
+def _powers(log_decay, n, keep):
+    """gamma_h ** n where `keep` (bool, broadcast with n), else 0; log_decay shaped to broadcast with n.
+    n is clamped at 0 before the exp so that masked-out (negative) exponents cannot overflow."""
+    e = ops.exp(log_decay * ops.maximum(n, ops.zeros_like(n)))
+    return e * keep.astype(e.dtype)
+
+
+def chunked_linear_attention(q, k, v, offsets, log_decay, chunk: int = DEFAULT_CHUNK):
+    """o_t = sum_{j<=t, same row} gamma_h^(t-j) (q_t . k_j) v_j by the chunked form (module docstring).
+
+    q, k [T, H, dqk]; v [T, H, dv]; offsets [B+1] int32; log_decay [H] float32 (log gamma_h);
+    chunk C (capped at T). -> [T, H, dv], zeros for the tokens past offsets[-1]."""
+    t, h, dqk = q.shape
+    dv = v.shape[2]
+    num_rows = offsets.shape[0] - 1
+    c = max(1, min(int(chunk), t))
+    nc = -(-t // c)
+    tp = nc * c
+    seg = token_rows(offsets, t)                                  # [T] row of each token, B past the end
+    if tp > t:                                                    # zero tokens in a row of their own
+        pad = tp - t
+        q = ops.concat((q, ops.zeros((pad, h, dqk), q.dtype)), 0)
+        k = ops.concat((k, ops.zeros((pad, h, dqk), k.dtype)), 0)
+        v = ops.concat((v, ops.zeros((pad, h, dv), v.dtype)), 0)
+        seg = ops.concat((seg, ops.ones((pad,), seg.dtype) * (num_rows + 1)), 0)
+    qc = q.reshape(nc, c, h, dqk).transpose(2, 0, 1, 3)           # [H, Nc, C, dqk]
+    kc = k.reshape(nc, c, h, dqk).transpose(2, 0, 1, 3)
+    vc = v.reshape(nc, c, h, dv).transpose(2, 0, 1, 3)            # [H, Nc, C, dv]
+    segc = seg.reshape(nc, c)
+    lg = log_decay.reshape(h, 1, 1, 1)
+    pos = ops.arange(c).astype(ms.float32)
+
+    # intra-chunk: gamma^(i-j) for j <= i in the same row
+    diff = (pos[:, None] - pos[None, :]).reshape(1, 1, c, c)
+    same = segc[:, :, None] == segc[:, None, :]                    # [Nc, C, C]
+    decay = _powers(lg, diff, ops.logical_and(diff >= 0, same[None]))          # [H, Nc, C, C]
+    out = ops.matmul(ops.matmul(qc, kc.transpose(0, 1, 3, 2)) * decay, vc)      # [H, Nc, C, dv]
+    if nc > 1:
+        first, last = segc[:, 0], segc[:, c - 1]
+        # each chunk's part of its last row's state, decayed to the chunk's end
+        w_tail = _powers(lg.reshape(h, 1, 1), (c - 1 - pos).reshape(1, 1, c), (segc == last[:, None])[None])
+        kv = ops.matmul((kc * w_tail[..., None]).transpose(0, 1, 3, 2), vc)    # [H, Nc, dqk, dv]
+        # the state entering chunk n: chunks m < n that end in chunk n's first row, decayed C*(n-1-m) steps
+        ci = ops.arange(nc).astype(ms.float32)
+        steps = (ci[:, None] - 1.0 - ci[None, :]).reshape(1, nc, nc) * float(c)
+        link = ops.logical_and(steps >= 0, (first[:, None] == last[None, :])[None])
+        carry = _powers(lg.reshape(h, 1, 1), steps, link)                        # [H, Nc, Nc]
+        s_in = ops.matmul(carry, kv.reshape(h, nc, dqk * dv)).reshape(h, nc, dqk, dv)
+        # its readout by the tokens of that first row: gamma^(i+1) q_i^T S_in
+        w_in = _powers(lg.reshape(h, 1, 1), (pos + 1.0).reshape(1, 1, c), (segc == first[:, None])[None])
+        out = out + ops.matmul(qc, s_in) * w_in[..., None]
+    o = out.transpose(1, 2, 0, 3).reshape(tp, h, dv)[:t]
+    real = (seg[:t] < num_rows).astype(o.dtype)
+    return o * real[:, None, None]
+
+
+class LinearAttentionBlock(nn.Cell):
+    """One linear-attention block (module docstring). h, dqk, dv; decay: np.float32 [H] (gamma_h).
+
+    construct(x, offsets, timestamps=None, request_times=None, drop_mask=None) -> [T, D]: the signature
+    of HSTUBlock's, so a decoder calls either the same way (timestamps and request_times are ignored).
+    The pieces a cached decoder composes (plain MindSpore ops, no backend kernels):
+    project(x) -> (u [T, H*dv], q [T, H, dqk] (scaled), k [T, H, dqk], v [T, H, dv]);
+    finish(x, u, o [T, H*dv]) -> y (no dropout); prompt_forward(x, offsets, rows, row_len) -> (y, S)."""
+
+    def __init__(self, rng, dim, num_heads, dqk, dv, prefix, chunk: int = DEFAULT_CHUNK):
+        super().__init__()
+        self.h, self.dqk, self.dv = num_heads, dqk, dv
+        self.chunk = int(chunk)
+        self.decay = decay_rates(num_heads)
+        self.log_decay = Tensor(np.log(self.decay.astype(np.float64)).astype(np.float32))
+        self.scale = float(dqk) ** -0.5
+        width = num_heads * (2 * dv + 2 * dqk)
+        self.w_uvqk = param(trunc_normal(rng, (dim, width), 0.02), f"{prefix}.w_uvqk")
+        self.w_out = param(xavier_uniform(rng, num_heads * dv, dim), f"{prefix}.w_out")
+        self.b_out = param(np.zeros(dim, np.float32), f"{prefix}.b_out")
+
+    def construct(self, x, offsets, timestamps=None, request_times=None, drop_mask=None):
+        """x [T, D] -> [T, D] (training and the plain forward; the ops backend's fused glue as HSTU's)."""
+        t = x.shape[0]
+        hv, hqk = self.h * self.dv, self.h * self.dqk
+        u, v, q, k = silu_split(linear(layer_norm(x), self.w_uvqk), (hv, hv, hqk, hqk))
+        q = q.reshape(t, self.h, self.dqk) * self.scale
+        attn = chunked_linear_attention(q, k.reshape(t, self.h, self.dqk), v.reshape(t, self.h, self.dv),
+                                        offsets, self.log_decay, self.chunk)
+        o = gated_layer_norm(u, attn.reshape(t, hv))
+        if drop_mask is not None:
+            o = apply_dropout(o, drop_mask)
+        return x + linear(o, self.w_out) + self.b_out
+
+    # ---- the pieces of a cached forward (what a decoder built from these blocks generates with) ----------
+
+    def project(self, x):
+        """u [T, H*dv], q [T, H, dqk] (times dqk**-0.5), k [T, H, dqk], v [T, H, dv] of inputs x [T, D]."""
+        t = x.shape[0]
+        hv, hqk = self.h * self.dv, self.h * self.dqk
+        z = ops.silu(ops.matmul(layers.layer_norm(x), self.w_uvqk))
+        u, v, q, k = ops.split(z, [hv, hv, hqk, hqk], 1)
+        return (u, q.reshape(t, self.h, self.dqk) * self.scale, k.reshape(t, self.h, self.dqk),
+                v.reshape(t, self.h, self.dv))
+
+    def finish(self, x, u, o):
+        """The block's output from its attention output o [T, H*dv]: x + Linear(u * LN(o)) (no dropout)."""
+        return x + ops.matmul(u * layers.layer_norm(o), self.w_out) + self.b_out
+
+    def prompt_forward(self, x, offsets, rows: int, row_len: int):
+        """The block over prompts laid out one per `row_len` tokens (x [rows*row_len, D]: row r's prompt is
+        the jagged row holding token r*row_len, the rest of its stride another row or padding, as
+        mindgr.models.kv_cache.prompt_batch lays them out) -> (y [T, D], S [rows, H, dqk, dv]): each
+        prompt's state after its last token (its tokens only: what follows in the stride neither adds to
+        nor decays it)."""
+        y = self.construct(x, offsets)                  # (graph mode cannot call `self`)
+        _, _, k, v = self.project(x)
+        num_rows = offsets.shape[0] - 1
+        seg = token_rows(offsets, x.shape[0]).reshape(rows, row_len)
+        mine = ops.logical_and(seg == seg[:, :1], seg < num_rows)                     # [rows, L]
+        n = mine.astype(ms.float32).sum(1, keepdims=True)                             # [rows, 1] prompt length
+        age = n - 1.0 - ops.arange(row_len).astype(ms.float32).reshape(1, row_len)    # steps to the last token
+        w = _powers(self.log_decay.reshape(1, self.h, 1), age[:, None, :], mine[:, None, :])   # [rows, H, L]
+        kr = k.reshape(rows, row_len, self.h, self.dqk).transpose(0, 2, 3, 1) * w[:, :, None, :]
+        vr = v.reshape(rows, row_len, self.h, self.dv).transpose(0, 2, 1, 3)
+        return y, ops.matmul(kr, vr)                                                  # [rows, H, dqk, dv]
+
+
+def encoder_flops(model_cfg, lengths, chunk: int = DEFAULT_CHUNK) -> float:
+    """Forward FLOPs of linear-attention blocks for rows of these token lengths (conventions:
+    mindgr.train.flops): per block and real token the projections as HSTU's, 2*D*H*(2dv+2dqk) + 2*H*dv*D;
+    per head the chunked form's work a row needs, its tokens chunked from the row's start: intra-chunk pairs
+    (causal half, diagonal included) x (2*dqk + 2*dv), each token's k v^T into its chunk's state and q against
+    the incoming state, 2 x 2*dqk*dv, and the state pass, 2*dqk*dv per pair of the row's chunks. Products the
+    flat batch layout masks out (other rows sharing a chunk, padding) are not counted, as HSTU's count leaves
+    out the masked half."""
+    from mindgr.models.hstu import head_widths
+    m = model_cfg
+    lengths = np.asarray(lengths, dtype=np.int64)
+    d, h = m.dim, m.num_heads
+    dqk, dv = head_widths(m)
+    c = int(chunk)
+    per_token = 2 * d * h * (2 * dv + 2 * dqk) + 2 * h * dv * d + h * 4 * dqk * dv
+    full, rest = lengths // c, lengths % c
+    pairs = full * (c * (c + 1) // 2) + rest * (rest + 1) // 2
+    chunks = full + (rest > 0)
+    attn = h * ((2 * dqk + 2 * dv) * float(pairs.sum()) + 2 * dqk * dv * float((chunks * (chunks - 1) // 2).sum()))
+    return m.num_blocks * (per_token * float(lengths.sum()) + attn)

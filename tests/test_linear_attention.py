@@ -1,0 +1,286 @@
+"""The linear-attention block (mindgr.models.linear_attention) against a plain recurrent numpy reference.
+
+The reference walks every row token by token in float64: S = gamma * S + k v^T, o = q^T S (S = 0 at a
+row's start). Checked: the chunked form's forward on jagged batches with rows of length 0, 1, N and a long
+tail (a row over several chunks, lengths that are not multiples of the chunk, a partly filled last chunk,
+tokens past offsets[-1]); its gradients against those of a dense O(T^2) masked form written here in
+MindSpore (whose forward is itself checked against the reference); the whole block's forward and
+gradients against central differences of the float64 numpy block; prompt_forward's states; project /
+finish against construct.
+
+Tolerances (float32 MindSpore vs float64 numpy): values rtol 1e-4 / atol 1e-5 (attention atol 1e-4 over
+sums of up to ~60 terms); gradients along random directions d: |<g, d> - fd| <= 3e-4 sum|g d| + 1e-6, as
+tests/test_models_hstu.py.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_HERE = Path(__file__).resolve().parent
+for _p in (str(_HERE.parent), str(_HERE)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import mindspore as ms  # noqa: E402
+from mindspore import Tensor, nn, ops  # noqa: E402
+
+from block_grad import BlockGrad  # noqa: E402
+from mindgr.models.linear_attention import (LinearAttentionBlock, chunked_linear_attention,  # noqa: E402
+                                            decay_rates)
+
+pytestmark = pytest.mark.graph_mode("auto")
+
+D, DQK, DV = 8, 3, 4
+
+
+# ---- the numpy reference ------------------------------------------------------------------------------
+
+def recurrent_attention(q, k, v, offsets, decay):
+    """Per row, head and token: S = gamma_h S + k_t v_t^T; o_t = q_t^T S. -> (o [T, H, dv] (zeros past
+    offsets[-1]), final state of every row [B, H, dqk, dv] (zeros for an empty row))."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    t, h, dqk = q.shape
+    dv = v.shape[2]
+    out = np.zeros((t, h, dv))
+    states = np.zeros((len(offsets) - 1, h, dqk, dv))
+    for b in range(len(offsets) - 1):
+        for head in range(h):
+            s = np.zeros((dqk, dv))
+            for i in range(int(offsets[b]), int(offsets[b + 1])):
+                s = decay[head] * s + np.outer(k[i, head], v[i, head])
+                out[i, head] = q[i, head] @ s
+            states[b, head] = s
+    return out, states
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def layer_norm(x, eps=1e-6):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
+
+
+def numpy_block(p, offsets, h, decay):
+    """The block's formulas in float64 with the recurrent attention."""
+    x = p["x"]
+    t = x.shape[0]
+    z = silu(layer_norm(x) @ p["w_uvqk"])
+    hv, hqk = h * DV, h * DQK
+    u, v, q, k = np.split(z, np.cumsum([hv, hv, hqk]), axis=1)
+    o, _ = recurrent_attention(q.reshape(t, h, DQK) * DQK ** -0.5, k.reshape(t, h, DQK), v.reshape(t, h, DV),
+                               offsets, decay)
+    return x + (u * layer_norm(o.reshape(t, hv))) @ p["w_out"] + p["b_out"]
+
+
+# ---- MindSpore cells under test -----------------------------------------------------------------------
+
+def dense_linear_attention(q, k, v, offsets, log_decay):
+    """The O(T^2) masked form: o = ((q k^T) * gamma^(i-j) [j <= i, same row]) v per head (the test's second
+    MindSpore path, for gradients)."""
+    t, h, _ = q.shape
+    num_rows = offsets.shape[0] - 1
+    seg = ops.searchsorted(offsets[1:], ops.arange(t, dtype=offsets.dtype), right=True)
+    pos = ops.arange(t).astype(ms.float32)
+    diff = pos[:, None] - pos[None, :]
+    keep = ops.logical_and(diff >= 0, seg[:, None] == seg[None, :])
+    keep = ops.logical_and(keep, (seg < num_rows)[:, None])
+    w = ops.exp(log_decay.reshape(h, 1, 1) * ops.maximum(diff, 0.0)[None]) * keep.astype(ms.float32)[None]
+    scores = ops.matmul(q.transpose(1, 0, 2), k.transpose(1, 2, 0)) * w                 # [H, T, T]
+    return ops.matmul(scores, v.transpose(1, 0, 2)).transpose(1, 0, 2)
+
+
+class AttentionLoss(nn.Cell):
+    def __init__(self, h, chunk, dense=False):
+        super().__init__()
+        self.chunk, self.dense = chunk, dense
+        self.log_decay = Tensor(np.log(decay_rates(h).astype(np.float64)).astype(np.float32))
+
+    def construct(self, q, k, v, offsets, c):
+        if self.dense:
+            o = dense_linear_attention(q, k, v, offsets, self.log_decay)
+        else:
+            o = chunked_linear_attention(q, k, v, offsets, self.log_decay, self.chunk)
+        return (o * c).sum(), o
+
+
+class AttentionGrad(nn.Cell):
+    def __init__(self, loss):
+        super().__init__()
+        self.fn = ms.value_and_grad(loss, grad_position=(0, 1, 2), has_aux=True)
+
+    def construct(self, q, k, v, offsets, c):
+        return self.fn(q, k, v, offsets, c)
+
+
+def jagged(lengths, t_cap):
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    assert offsets[-1] <= t_cap
+    return offsets
+
+
+# rows of length 0, 1, N and a long tail; with chunk 8 the 37-token row spans 5 chunks, 61 tokens of 64
+# leave a tail past offsets[-1], the last chunk is partly filled for T_cap = 67.
+LAYOUTS = [([0, 3, 1, 37, 0, 5, 8, 7], 64), ([37, 1, 0, 9, 2], 67), ([1], 5), ([0, 0], 4), ([16, 16], 32)]
+
+
+@pytest.mark.parametrize("h", [1, 3])
+@pytest.mark.parametrize("chunk", [8, 5, 64])
+def test_chunked_attention_matches_recurrent_reference_and_dense_gradients(h, chunk):
+    rng = np.random.default_rng([h, chunk])
+    decay = decay_rates(h).astype(np.float64)
+    chunked = AttentionGrad(AttentionLoss(h, chunk))
+    dense = AttentionGrad(AttentionLoss(h, chunk, dense=True))
+    for lengths, t_cap in LAYOUTS:
+        offsets = jagged(lengths, t_cap)
+        q = rng.standard_normal((t_cap, h, DQK)).astype(np.float32)
+        k = rng.standard_normal((t_cap, h, DQK)).astype(np.float32)
+        v = rng.standard_normal((t_cap, h, DV)).astype(np.float32)
+        c = rng.standard_normal((t_cap, h, DV)).astype(np.float32)
+        args = [Tensor(a) for a in (q, k, v, offsets, c)]
+        ref, _ = recurrent_attention(q, k, v, offsets, decay)
+        (f, o), grads = chunked(*args)
+        (fd, od), grads_d = dense(*args)
+        np.testing.assert_allclose(o.asnumpy(), ref, rtol=1e-4, atol=1e-4, err_msg=str(lengths))
+        np.testing.assert_allclose(od.asnumpy(), ref, rtol=1e-4, atol=1e-4, err_msg=str(lengths))
+        assert abs(float(f.asnumpy()) - float((ref * c).sum())) <= 1e-4 * (1 + abs(float((ref * c).sum())))
+        for name, g, gd in zip("qkv", grads, grads_d):
+            np.testing.assert_allclose(g.asnumpy(), gd.asnumpy(), rtol=1e-4, atol=1e-4, err_msg=f"d{name} {lengths}")
+        # the tail past offsets[-1] is inert: no output, no gradient
+        end = int(offsets[-1])
+        assert not o.asnumpy()[end:].any() and not any(g.asnumpy()[end:].any() for g in grads)
+
+
+def test_decays_are_retnets_and_cross_chunk_state_matters():
+    np.testing.assert_allclose(decay_rates(3), [1 - 1 / 32, 1 - 1 / 64, 1 - 1 / 128], rtol=1e-7)
+    # a row over many chunks: the chunked output differs from the intra-chunk part alone (so the carried
+    # state is what makes it match the reference)
+    rng = np.random.default_rng(3)
+    h, t = 2, 40
+    offsets = jagged([t], t)
+    q, k = (rng.standard_normal((t, h, DQK)).astype(np.float32) for _ in range(2))
+    v = rng.standard_normal((t, h, DV)).astype(np.float32)
+    c = np.zeros((t, h, DV), np.float32)
+    args = [Tensor(a) for a in (q, k, v, offsets, c)]
+    (_, o8), _ = AttentionGrad(AttentionLoss(h, 8))(*args)
+    ref, _ = recurrent_attention(q, k, v, offsets, decay_rates(h).astype(np.float64))
+    local = ref.copy()
+    for s in range(0, t, 8):     # attention within each chunk only
+        local[s:s + 8], _ = recurrent_attention(q[s:s + 8], k[s:s + 8], v[s:s + 8], jagged([8], 8),
+                                                decay_rates(h).astype(np.float64))
+    assert np.abs(ref[8:] - local[8:]).max() > 1e-2
+    np.testing.assert_allclose(o8.asnumpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def block_params(block):
+    return {p.name.split(".")[-1]: p for p in block.trainable_params()}
+
+
+def randomize(block, rng):
+    scales = {"w_uvqk": 0.6, "w_out": 0.4, "b_out": 0.1}
+    values = {}
+    for name, p in block_params(block).items():
+        v = (rng.standard_normal(p.shape) * scales[name]).astype(np.float32)
+        p.set_data(Tensor(v))
+        values[name] = v.astype(np.float64)
+    return values
+
+
+@pytest.mark.parametrize("h", [1, 2])
+def test_block_forward_and_gradients_match_numpy(h):
+    rng = np.random.default_rng([11, h])
+    block = LinearAttentionBlock(rng, D, h, DQK, DV, "blk", chunk=8)
+    assert sorted(p.name for p in block.trainable_params()) == ["blk.b_out", "blk.w_out", "blk.w_uvqk"]
+    grad_cell = BlockGrad(block)
+    names = [p.name.split(".")[-1] for p in grad_cell.weights]
+    decay = block.decay.astype(np.float64)
+    for lengths, t_cap in LAYOUTS[:2]:
+        values = randomize(block, rng)
+        offsets = jagged(lengths, t_cap)
+        ts = np.zeros(t_cap, np.int64)                     # ignored by the block
+        x = rng.standard_normal((t_cap, D)).astype(np.float32)
+        c = rng.standard_normal((t_cap, D)).astype(np.float32)
+        (f, y), (gx, gw) = grad_cell(Tensor(x), Tensor(offsets), Tensor(ts), Tensor(c))
+        grads = {"x": gx.asnumpy(), **{n: g.asnumpy() for n, g in zip(names, gw)}}
+        p = dict(values, x=x.astype(np.float64))
+        y_np = numpy_block(p, offsets, h, decay)
+        np.testing.assert_allclose(y.asnumpy(), y_np, rtol=1e-4, atol=1e-5)
+        c64 = c.astype(np.float64)
+
+        def objective(qp):
+            return float((numpy_block(qp, offsets, h, decay) * c64).sum())
+
+        eps = 1e-5
+        for name, g in grads.items():
+            for _ in range(2):
+                d = rng.standard_normal(g.shape)
+                plus, minus = dict(p), dict(p)
+                plus[name] = p[name] + eps * d
+                minus[name] = p[name] - eps * d
+                fd = (objective(plus) - objective(minus)) / (2 * eps)
+                an = float((g.astype(np.float64) * d).sum())
+                assert abs(an - fd) <= 3e-4 * float(np.abs(g * d).sum()) + 1e-6, (name, lengths, an, fd)
+        # tail tokens: only the residual path reaches them
+        end = int(offsets[-1])
+        np.testing.assert_array_equal(grads["x"][end:], c[end:])
+
+
+class PromptForward(nn.Cell):
+    def __init__(self, block, rows, row_len):
+        super().__init__()
+        self.block, self.rows, self.row_len = block, rows, row_len
+
+    def construct(self, x, offsets):
+        return self.block.prompt_forward(x, offsets, self.rows, self.row_len)
+
+
+class Parts(nn.Cell):
+    """project -> the dense attention -> finish: the pieces a cached decoder composes."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def construct(self, x, offsets):
+        u, q, k, v = self.block.project(x)
+        o = dense_linear_attention(q, k, v, offsets, self.block.log_decay)
+        return self.block.finish(x, u, o.reshape(x.shape[0], -1)), self.block(x, offsets)
+
+
+def test_prompt_forward_states_and_the_decoding_pieces():
+    """Prompts one per row_len tokens with a filler row after each (mindgr.models.kv_cache.prompt_batch's
+    layout, a full-stride prompt included): S = each prompt's final recurrent state."""
+    from mindgr.models.kv_cache import prompt_batch
+    rng = np.random.default_rng(5)
+    h, rows, row_len = 2, 4, 11
+    block = LinearAttentionBlock(rng, D, h, DQK, DV, "blk", chunk=4)
+    randomize(block, rng)
+
+    class Dec:     # what prompt_batch reads of a decoder
+        group, pad_id = 1, 0
+    lengths = [3, 11, 1, 7]
+    prompts = [(np.ones((n, 1), np.int32), np.zeros(n, np.float32)) for n in lengths]
+    _, _, offsets, _, got_lengths = prompt_batch(Dec, prompts, rows, row_len)
+    assert list(got_lengths) == lengths
+    x = rng.standard_normal((rows * row_len, D)).astype(np.float32)
+    y, s = PromptForward(block, rows, row_len)(Tensor(x), Tensor(offsets))
+    p = {n: q.asnumpy().astype(np.float64) for n, q in block_params(block).items()}
+    y_np = numpy_block(dict(p, x=x.astype(np.float64)), offsets, h, block.decay.astype(np.float64))
+    np.testing.assert_allclose(y.asnumpy(), y_np, rtol=1e-4, atol=1e-5)
+    # the reference's final states of the prompts' rows (every other jagged row is a filler)
+    z = silu(layer_norm(x.astype(np.float64)) @ p["w_uvqk"])
+    _, v, q, k = np.split(z, np.cumsum([h * DV, h * DV, h * DQK]), axis=1)
+    t = x.shape[0]
+    _, states = recurrent_attention(q.reshape(t, h, DQK), k.reshape(t, h, DQK), v.reshape(t, h, DV), offsets,
+                                    block.decay.astype(np.float64))
+    np.testing.assert_allclose(s.asnumpy(), states[0::2], rtol=1e-4, atol=1e-5)
+    assert s.shape == (rows, h, DQK, DV)
+
+    # project / finish with the plain attention give construct's output
+    offsets2 = jagged([0, 3, 1, 9, 5], 20)
+    x2 = rng.standard_normal((20, D)).astype(np.float32)
+    y_parts, y_block = Parts(block)(Tensor(x2), Tensor(offsets2))
+    np.testing.assert_allclose(y_parts.asnumpy(), y_block.asnumpy(), rtol=1e-4, atol=1e-5)
