@@ -111,6 +111,12 @@ class ModelConfig:
     # arch gr: each code's softmax runs over the codes the prefix trie allows after the item's earlier
     # codes (in training and in decoding), instead of over every code of its level
     trie_softmax: bool = False
+    # arch gr: the decoder's blocks: hstu (pointwise SiLU attention with a relative position bias) or linear
+    # (causal linear attention with a fixed per-head decay, HSTU's gating kept; mindgr.models.linear_attention)
+    backbone: str = field(default="hstu", metadata=_rng(choices=["hstu", "linear"]))
+    # backbone linear: tokens per chunk of the chunked training form (intra-chunk products + a state carried
+    # between chunks); any value gives the same outputs, it only trades the two parts' work
+    linear_chunk: int = field(default=64, metadata=_rng(lo=1))
 
 
 @dataclass
@@ -402,6 +408,13 @@ def _validate_cross(cfg: Config):
         if getattr(m, name) == 0 and m.dim % m.num_heads:
             raise ConfigError(f"config: model.{name} = 0 derives dim/num_heads, but model.dim = {m.dim} "
                               f"is not divisible by model.num_heads = {m.num_heads}: set model.{name}")
+    if m.backbone != "hstu":
+        if m.arch != "gr":
+            raise ConfigError(f"config: model.backbone = {m.backbone} is a backbone of the generative decoder "
+                              f"(model.arch gr), not of model.arch {m.arch}")
+        if cfg.data.gr_layout == "tree":
+            raise ConfigError(f"config: data.gr_layout = tree needs model.backbone = hstu (its virtual rows "
+                              f"are HSTU attention rows); use data.gr_layout = rows with model.backbone = {m.backbone}")
     if cfg.data.kind != "synthetic" and not cfg.data.path:
         raise ConfigError(f"config: data.path = '': data.kind = {cfg.data.kind} needs a source path")
     if cfg.data.timestamps and cfg.data.kind != "movielens-1m":

@@ -284,3 +284,60 @@ def test_prompt_forward_states_and_the_decoding_pieces():
     x2 = rng.standard_normal((20, D)).astype(np.float32)
     y_parts, y_block = Parts(block)(Tensor(x2), Tensor(offsets2))
     np.testing.assert_allclose(y_parts.asnumpy(), y_block.asnumpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_gr_decoder_with_the_linear_backbone_trains():
+    """model.backbone linear: the GR decoder's blocks are linear-attention blocks, called as HSTU's, and the
+    NTP loss of a learnable successor chain falls well below its start (one compiled graph)."""
+    from gr_fixtures import random_codes
+    from mindgr.models.generative import GRDecoder
+    from mindgr.models.ntp import NTPLoss, batch_tensors, pack_rows, user_rows
+    rng = np.random.default_rng(9)
+    num_items, sizes = 24, [4, 4, 2]
+    codes = random_codes(rng, num_items, sizes)
+    succ = rng.permutation(num_items) + 1
+    hist = []
+    for _ in range(16):
+        s = [int(rng.integers(1, num_items + 1))]
+        for _ in range(4):
+            s.append(int(succ[s[-1] - 1]) if rng.random() < 0.9 else int(rng.integers(1, num_items + 1)))
+        hist.append(np.asarray(s))
+    dec = GRDecoder(sizes, 16, 1, 2, 8, 8, max_len=16, seed=0, backbone="linear", linear_chunk=16)
+    assert isinstance(dec.blocks[0], LinearAttentionBlock) and dec.blocks[0].chunk == 16
+    assert not any("w_pos" in p.name for p in dec.trainable_params())
+    loss = NTPLoss(dec)
+    rows = [r for h in hist for r in user_rows(h, codes, dec.level_offsets, "ntp", "none")]
+    batches = pack_rows(rows, 320, 64, dec.group, dec.pad_id)
+    assert len(batches) == 1
+    args = batch_tensors(batches[0])
+    step = nn.TrainOneStepCell(loss, nn.Adam(dec.trainable_params(), learning_rate=0.02))
+    losses = [float(step(*args).asnumpy()) for _ in range(60)]     # the loss before each update
+    first, last = losses[0], losses[-1]
+    assert first > 3.0 and last < 0.5 * first, (first, last)     # initial ~ log(32) = 3.47
+    with pytest.raises(ValueError, match="backbone"):
+        GRDecoder(sizes, 16, 1, 2, 8, 8, max_len=16, backbone="mamba")
+
+
+def test_backbone_config_and_flops():
+    from mindgr.config import ConfigError, load_config
+    from mindgr.models.generative import encoder_flops
+    from mindgr.models.hstu import encoder_flops as hstu_flops
+    from mindgr.models.linear_attention import encoder_flops as linear_flops
+    base = ["model.arch=gr", "loss.objective=ntp", "ids.codes=x.parquet"]
+    with pytest.raises(ConfigError, match="model.backbone = linear is a backbone of the generative decoder"):
+        load_config(None, ["model.backbone=linear"])
+    with pytest.raises(ConfigError, match="data.gr_layout = tree needs model.backbone = hstu"):
+        load_config(None, base + ["model.backbone=linear", "data.gr_layout=tree"])
+    with pytest.raises(ConfigError, match="model.backbone"):
+        load_config(None, base + ["model.backbone=rnn"])
+    cfg = load_config(None, base + ["model.backbone=linear", "model.linear_chunk=4", "model.dim=8",
+                                     "model.num_heads=2", "model.num_blocks=3"])
+    m = cfg.model
+    assert encoder_flops(m, [5, 9]) == linear_flops(m, [5, 9], 4)
+    # by hand, per block: projections 2*8*2*(2*4+2*4) + 2*2*4*8 = 640 per token; per head: intra-chunk pairs
+    # (rows chunked 4+1, 4+4+1: 10+1 + 10+10+1 = 32) x 16, 2 x 2*16 per token, 2*16 per pair of the row's
+    # chunks (1 + 3)
+    per_block = 640 * 14 + 2 * (32 * 16 + 64 * 14 + 32 * 4)
+    assert encoder_flops(m, [5, 9]) == 3 * per_block
+    m.backbone = "hstu"
+    assert encoder_flops(m, [5, 9]) == hstu_flops(m, [5, 9])

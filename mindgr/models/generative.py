@@ -8,6 +8,9 @@ What was chosen, and why:
   the decoder's cached forward (prefill / step below, HSTUBlock.cached_step) keep the prompt's K/V once
   and each beam's few tokens apart.
   No time bias (semantic-ID tokens of one item share a timestamp); relative position bias only.
+  model.backbone linear swaps the blocks for mindgr.models.linear_attention.LinearAttentionBlock (causal
+  linear attention with a fixed per-head decay, HSTU's gating kept, no position bias), called the same way
+  in training; its cached decoding keeps a recurrent state instead of the prompt's K/V.
 - Token input: a code embedding per (level, code) plus a level embedding, times sqrt(D) as in HSTU.
   Codes are numbered globally: gid = level_offsets[level] + code, level_offsets = cumsum(level_sizes).
 - Output: a final affine-free LayerNorm, then one head per level (one [D, sum K] matrix whose columns
@@ -37,14 +40,22 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgr.models.hstu import HSTUBlock
+from mindgr.models.linear_attention import LinearAttentionBlock
 from mindgr.models.layers import apply_dropout, last_positions, layer_norm, param, trunc_normal, xavier_uniform
 from mindgr.models.ntp import code_tokens, group_width, prompt_tokens, tokens_per_prompt_item
 
 
+BACKBONES = ("hstu", "linear")      # model.backbone: the decoder's blocks
+
+
 class GRDecoder(nn.Cell):
     def __init__(self, level_sizes, dim: int, num_blocks: int, num_heads: int, dqk: int, dv: int, max_len: int,
-                 token_merger: str = "none", seed: int = 0, trie_softmax: bool = False, num_items: int = 0):
+                 token_merger: str = "none", seed: int = 0, trie_softmax: bool = False, num_items: int = 0,
+                 backbone: str = "hstu", linear_chunk: int = 64):
         super().__init__()
+        if backbone not in BACKBONES:
+            raise ValueError(f"backbone {backbone!r}: expected one of {', '.join(BACKBONES)}")
+        self.backbone = backbone
         sizes = [int(s) for s in level_sizes]
         rng = np.random.default_rng([seed, 17])
         self.level_sizes = sizes
@@ -70,9 +81,13 @@ class GRDecoder(nn.Cell):
         if self.group > 1:
             self.w_merge = param(xavier_uniform(rng, self.group * dim, dim), "w_merge")
             self.b_merge = param(np.zeros(dim, np.float32), "b_merge")
-        self.blocks = nn.CellList([
-            HSTUBlock(rng, dim, num_heads, dqk, dv, max_len, 128, False, f"blocks.{i}")
-            for i in range(num_blocks)])
+        if backbone == "linear":        # no position bias: the per-head decay encodes recency
+            blocks = [LinearAttentionBlock(rng, dim, num_heads, dqk, dv, f"blocks.{i}", linear_chunk)
+                      for i in range(num_blocks)]
+        else:
+            blocks = [HSTUBlock(rng, dim, num_heads, dqk, dv, max_len, 128, False, f"blocks.{i}")
+                      for i in range(num_blocks)]
+        self.blocks = nn.CellList(blocks)
         self.w_head = param(xavier_uniform(rng, dim, self.num_codes), "w_head")
         self.b_head = param(np.zeros(self.num_codes, np.float32), "b_head")
         self.scale = float(np.sqrt(dim))
@@ -123,6 +138,9 @@ class GRDecoder(nn.Cell):
         """The decoding state of a batch of users: the shared prompt K/V cache and per-beam records
         (mindgr.models.kv_cache.KVCacheState, which compiles prefill and step below); layout "per_beam":
         the usual generate() cache, the prompt copied per beam (mindgr.models.per_beam_cache, a baseline)."""
+        if self.backbone != "hstu":
+            raise NotImplementedError(f"the {self.backbone} backbone has no cached decoding state yet; decode it "
+                                      "with the recompute search (DecodingEngine cache='recompute')")
         from mindgr.models.kv_cache import KVCacheState
         if layout == "per_beam":
             from mindgr.models.per_beam_cache import PerBeamKVState
@@ -317,7 +335,7 @@ def build_decoder(model_cfg, level_sizes, max_history: int, seed: int, num_items
     dv = m.dv or m.dim // m.num_heads
     max_len = decoder_max_len(lt, m.token_merger, max_history)
     return GRDecoder(level_sizes, m.dim, m.num_blocks, m.num_heads, dqk, dv, max_len, m.token_merger, seed,
-                     m.trie_softmax, num_items)
+                     m.trie_softmax, num_items, m.backbone, m.linear_chunk)
 
 
 def build(model_cfg, num_items, max_len, seed, item_init):
@@ -328,8 +346,11 @@ def build(model_cfg, num_items, max_len, seed, item_init):
 
 
 def encoder_flops(model_cfg, lengths) -> float:
-    """Forward FLOPs of the decoder's HSTU blocks for rows of these token lengths (same count as HSTU's)."""
-    from mindgr.models import hstu
+    """Forward FLOPs of the decoder's blocks for rows of these token lengths: HSTU's count, or the linear
+    blocks' (mindgr.models.linear_attention.encoder_flops) with model.backbone linear."""
+    from mindgr.models import hstu, linear_attention
+    if getattr(model_cfg, "backbone", "hstu") == "linear":
+        return linear_attention.encoder_flops(model_cfg, lengths, model_cfg.linear_chunk)
     return hstu.encoder_flops(model_cfg, lengths)
 
 
