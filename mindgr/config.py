@@ -43,6 +43,9 @@ class SyntheticConfig:
     seed: int = field(default=0, metadata=_rng(lo=0))           # the generator's seed
     # request pages of about this many items (mindgr.datasets.synthetic); 0 = no pages
     page_size: float = field(default=0.0, metadata=_rng(lo=0.0))
+    # a value per interaction (a 1-5 rating that depends on the user's interest in the item's cluster,
+    # drawn from a stream of its own: the item sequences are the same with or without it)
+    values: bool = False
 
 
 @dataclass
@@ -52,6 +55,7 @@ class CsvConfig:
     item_column: str = "item_id"              # the item id column
     time_column: str = "timestamp"            # "" = no timestamps: file order is the order
     page_column: str = ""                     # optional page / request id of every row
+    value_column: str = ""                    # optional value of every row (a rating, watch ratio, ...): a number
     time_unit: str = field(default="s", metadata=_rng(choices=["s", "ms", "us", "ns"]))  # unit of the time column
     separator: str = ","                      # one character, or tab / comma / semicolon / space / pipe
     header: bool = True                       # the first line names the columns
@@ -122,7 +126,8 @@ class ModelConfig:
 @dataclass
 class LossConfig:
     # a registered objective (mindgr.models.objectives): sampled_softmax (item encoders), ntp / page_ntp
-    # (next-token prediction of semantic IDs, model.arch gr); checked there: config cannot import models
+    # (next-token prediction of semantic IDs, model.arch gr), rating (the reward model: an item encoder
+    # regressing each interaction's value; needs data with values); checked there: config cannot import models
     objective: str = "sampled_softmax"
     # which negatives the sampled softmax scores: per token, one shared pool, the batch's targets, or pool + batch
     negatives: str = field(default="per_token", metadata=_rng(

@@ -1,10 +1,12 @@
 """`csv` kind: an interaction log with one row per event, columns chosen by the user.
 
-    user_id,item_id,timestamp[,page_id]      (names, separator and time unit are options)
+    user_id,item_id,timestamp[,page_id][,value]      (names, separator and time unit are options)
 
 Each user's rows are ordered by time (stable: equal times keep file order) or, without a time column, kept
 in file order. The optional page column (e.g. a request or page-view id) is carried into the store beside
-every item, for models that group a user's items by the page they were shown on.
+every item, for models that group a user's items by the page they were shown on. The optional value
+column (a rating, watch ratio, purchase flag: any finite number) is carried the same way
+(SequenceStore.value_seqs), for objectives that learn from it.
 
 Duplicate events are counted and reported (the summary and stats.json, `duplicate_events`): an event is a
 duplicate when an earlier row has the same user, item, timestamp (and page); without a time column, when
@@ -61,7 +63,7 @@ def _columns(path, header_row, wanted, sep, header):
 def duplicate_events(out: dict) -> np.ndarray:
     """Bool mask over the parsed rows (file order): True for a row that repeats an earlier event (same
     user, item, time and page; without times: the same user's previous row, same item and page)."""
-    keys = [np.asarray(out[role], np.int64) for role in ("user", "item", "time", "page") if role in out]
+    keys = [np.asarray(out[role], np.int64) for role in ("user", "item", "time", "page") if role in out]  # not the value
     n = len(keys[0])
     dup = np.zeros(n, bool)
     if n < 2:
@@ -81,13 +83,25 @@ def duplicate_events(out: dict) -> np.ndarray:
     return dup
 
 
+def parse_value(text, field):
+    """A row's value: any finite number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadLine("non-numeric field", f"field {field} is not a number: {text!r}") from None
+    if not np.isfinite(value):
+        raise BadLine("non-numeric field", f"field {field} is not a finite number: {text!r}")
+    return value
+
+
 def read_csv_log(path, user_column="user_id", item_column="item_id", time_column="timestamp", page_column="",
-                 time_unit="s", separator=",", header=True, lenient=False, dedupe=False):
+                 time_unit="s", separator=",", header=True, lenient=False, dedupe=False, value_column=""):
     """An interaction log (CSV or any one-character separator) -> SequenceStore.
 
     ``time_column=""`` means no timestamps (file order is the order); ``time_unit`` is the unit of the
     time column (s, ms, us, ns; stored as s or ms). Ids must be integers >= 0. Duplicate events
     (`duplicate_events`) are counted in the store's stats; ``dedupe`` drops them (the first is kept).
+    ``value_column`` (optional, "" = none): a number per row kept as the interaction's value.
     """
     path = check_file(path)
     sep = _separator(path, separator)
@@ -98,6 +112,8 @@ def read_csv_log(path, user_column="user_id", item_column="item_id", time_column
         wanted["time"] = time_column
     if page_column != "":
         wanted["page"] = page_column
+    if value_column != "":
+        wanted["value"] = value_column
     lines = read_lines(path)
     reader = csv.reader(lines, delimiter=sep)
     nfields = None
@@ -134,7 +150,10 @@ def read_csv_log(path, user_column="user_id", item_column="item_id", time_column
                 text = row[k].strip()
                 if not text:
                     raise BadLine("missing field", f"field {name} is empty")
-                parsed[role] = parse_time(text, name) if role == "time" else parse_id(text, name, 0)
+                if role == "value":
+                    parsed[role] = parse_value(text, name)
+                else:
+                    parsed[role] = parse_time(text, name) if role == "time" else parse_id(text, name, 0)
         except BadLine as bad:
             if not lenient:
                 raise DataError(path, reader.line_num, bad.message) from None
@@ -153,6 +172,6 @@ def read_csv_log(path, user_column="user_id", item_column="item_id", time_column
     times = None
     if "time" in out:
         times = [t // divisor for t in out["time"]] if divisor > 1 else out["time"]
-    store = build_store("csv", out["user"], out["item"], times, unit, pages=out.get("page"))
+    store = build_store("csv", out["user"], out["item"], times, unit, pages=out.get("page"), values=out.get("value"))
     store.read_notes = notes
     return store

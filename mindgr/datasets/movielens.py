@@ -14,13 +14,13 @@ from .store import SequenceStore, remap_items
 
 
 def _read_rating_lines(path, sep, field_names, lenient):
-    """Parse `user SEP item SEP rating SEP timestamp` lines into int64 arrays."""
+    """Parse `user SEP item SEP rating SEP timestamp` lines: (users, items, times, ratings) lists."""
     lines = read_lines(path)
     layout = sep.join(field_names) if sep != "\t" else "<tab>".join(field_names)
     nfields = len(field_names)
     user_f, item_f, rating_f, time_f = field_names
     skips = SkipCounter()
-    users, items, times = [], [], []
+    users, items, times, ratings = [], [], [], []
     for lineno, line in enumerate(progress(lines, path, len(lines)), 1):
         if not line.strip():
             continue
@@ -36,10 +36,12 @@ def _read_rating_lines(path, sep, field_names, lenient):
             u = parse_id(parts[0], user_f, 1)
             i = parse_id(parts[1], item_f, 1)
             try:
-                float(parts[2])
+                r = float(parts[2])
             except ValueError:
                 raise BadLine("non-numeric field",
                                f"field {rating_f} is not a number: {parts[2].strip()!r}") from None
+            if not np.isfinite(r):
+                raise BadLine("non-numeric field", f"field {rating_f} is not a finite number: {parts[2].strip()!r}")
             t = parse_time(parts[3], time_f)
         except BadLine as bad:
             if not lenient:
@@ -49,10 +51,11 @@ def _read_rating_lines(path, sep, field_names, lenient):
         users.append(u)
         items.append(i)
         times.append(t)
+        ratings.append(r)
     report(path, skips)
     if not users:
         raise DataError(path, None, f"no valid interactions ({skips.summary()})")
-    return users, items, times
+    return users, items, times, ratings
 
 
 def _read_sequence_lines(path, lenient, timestamps=None):
@@ -71,8 +74,8 @@ def _attach_times(seq_path, user_ids, seqs, ratings_path, lenient):
     the zero-gap bucket of the time bias (the position bias is unaffected)."""
     ratings_path = Path(ratings_path)
     check_file(ratings_path)
-    users, items, times = _read_rating_lines(ratings_path, "::", ["UserID", "MovieID", "Rating", "Timestamp"],
-                                             lenient)
+    users, items, times, _ = _read_rating_lines(ratings_path, "::", ["UserID", "MovieID", "Rating", "Timestamp"],
+                                                lenient)
     when = dict(zip(zip(users, items), times))
     covered = set(users)
     out, with_times = [], 0
@@ -113,7 +116,10 @@ def _is_ratings_file(path):
 
 
 def read_movielens_1m(path, lenient=False, timestamps=None):
-    """ML-1M from ratings.dat(.gz) (`UserID::MovieID::Rating::Timestamp`) or sequences.txt.
+    """ML-1M from ratings.dat(.gz) (`UserID::MovieID::Rating::Timestamp`, e.g. the official lines of users
+    1-2999 in ratings_users_1-2999.dat.gz: a file whose name says ratings is read as one) or sequences.txt.
+    A ratings file keeps each rating as the interaction's value (SequenceStore.value_seqs); sequences.txt
+    has none.
 
     A directory uses ratings.dat, then ratings.dat.gz, then sequences.txt. `timestamps` (sequences.txt
     only): a ratings file whose timestamps are attached to the users it covers (see _attach_times).
@@ -131,14 +137,17 @@ def read_movielens_1m(path, lenient=False, timestamps=None):
         return _read_sequence_lines(path, lenient, timestamps)
     if timestamps:
         raise DataError(path, None, "data.timestamps is for sequences.txt; a ratings file has its own timestamps")
-    users, items, times = _read_rating_lines(path, "::", ["UserID", "MovieID", "Rating", "Timestamp"], lenient)
-    return build_store("movielens-1m", users, items, times, "s")
+    users, items, times, ratings = _read_rating_lines(path, "::", ["UserID", "MovieID", "Rating", "Timestamp"],
+                                                      lenient)
+    return build_store("movielens-1m", users, items, times, "s", values=ratings)
 
 
 def read_movielens_100k(path, lenient=False):
-    """ML-100K u.data: tab-separated `user item rating timestamp` (path = file or its directory)."""
+    """ML-100K u.data: tab-separated `user item rating timestamp` (path = file or its directory); the rating
+    is kept as the interaction's value."""
     path = Path(path)
     if path.is_dir():
         path = path / "u.data"
-    users, items, times = _read_rating_lines(path, "\t", ["user_id", "item_id", "rating", "timestamp"], lenient)
-    return build_store("movielens-100k", users, items, times, "s")
+    users, items, times, ratings = _read_rating_lines(path, "\t", ["user_id", "item_id", "rating", "timestamp"],
+                                                      lenient)
+    return build_store("movielens-100k", users, items, times, "s", values=ratings)

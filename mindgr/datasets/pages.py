@@ -35,7 +35,8 @@ def timestamp_pages(store):
         pages.append(np.concatenate([[0], np.cumsum(t[1:] != t[:-1])]).astype(np.int64))
     out = dataclasses.replace(store, user_ids=np.asarray(store.user_ids)[keep],
                               item_seqs=[store.item_seqs[u] for u in keep],
-                              time_seqs=[store.time_seqs[u] for u in keep], page_seqs=pages)
+                              time_seqs=[store.time_seqs[u] for u in keep], page_seqs=pages,
+                              value_seqs=None if store.value_seqs is None else [store.value_seqs[u] for u in keep])
     return out, store.num_users - len(keep)
 
 

@@ -102,9 +102,9 @@ def parse_time(text, field):
     return value
 
 
-def build_store(name, users, items, times, time_unit, pages=None):
+def build_store(name, users, items, times, time_unit, pages=None, values=None):
     """Group interactions by user (ascending id), stable-sorted by time when given; `pages` (one id per
-    interaction) follow their items."""
+    interaction) and `values` (one float per interaction, kept as float32) follow their items."""
     users = np.asarray(users, dtype=np.int64)
     items = np.asarray(items, dtype=np.int64)
     order = np.arange(len(users))
@@ -119,5 +119,9 @@ def build_store(name, users, items, times, time_unit, pages=None):
     page_seqs = None
     if pages is not None:
         page_seqs = np.split(np.asarray(pages, dtype=np.int64)[order], starts[1:])
+    value_seqs = None
+    if values is not None:
+        value_seqs = np.split(np.asarray(values, dtype=np.float32)[order], starts[1:])
     return SequenceStore(name=name, user_ids=user_ids, item_seqs=item_seqs, time_seqs=time_seqs,
-                         item_raw_ids=item_raw_ids, time_unit=time_unit, page_seqs=page_seqs)
+                         item_raw_ids=item_raw_ids, time_unit=time_unit, page_seqs=page_seqs,
+                         value_seqs=value_seqs)

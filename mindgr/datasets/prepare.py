@@ -19,10 +19,10 @@ KIND_OPTIONS = {
     "kuairand": {"positive_column": str, "positive_value": int},
     "sequences": {},
     "csv": {"user_column": (str, int), "item_column": (str, int), "time_column": (str, int),
-            "page_column": (str, int), "time_unit": str, "separator": str, "header": bool, "dedupe": bool},
+            "page_column": (str, int), "value_column": (str, int), "time_unit": str, "separator": str, "header": bool, "dedupe": bool},
     "synthetic": {"num_users": int, "num_items": int, "median_len": int, "max_len": int, "min_len": int,
                   "num_clusters": int, "seed": int, "sigma": float, "zipf_a": float,
-                  "page_size": float},
+                  "page_size": float, "values": bool},
 }
 KINDS = tuple(KIND_OPTIONS)
 _READERS = {"movielens-1m": read_movielens_1m, "movielens-100k": read_movielens_100k, "kuairand": read_kuairand,

@@ -1,7 +1,9 @@
 """SequenceStore: every user's chronological item sequence, plus its on-disk form.
 
 Item ids are remapped to a dense 1..V range (0 is the padding id) so embedding
-tables have no holes; ``item_raw_ids`` maps them back to the source ids.
+tables have no holes; ``item_raw_ids`` maps them back to the source ids. An optional value per
+interaction (a rating, watch ratio, purchase flag: ``value_seqs``, float32) sits next to each item;
+a store without values has ``value_seqs = None`` and no values column on disk.
 """
 import json
 import os
@@ -31,6 +33,11 @@ class SequenceStore:
     time_unit: str = "s"  # "s" or "ms"
     page_seqs: list | None = None  # U int64 arrays: the page/request id of every item (csv page_column), or None
     read_notes: dict | None = None  # what the reader counted in the raw file (csv: duplicate events), for stats
+    value_seqs: list | None = None  # U float32 arrays: a value per interaction (e.g. the rating), or None
+
+    @property
+    def has_values(self):
+        return self.value_seqs is not None
 
     @property
     def num_items(self):
@@ -69,6 +76,7 @@ class SequenceStore:
             "length_p90": float(p90),
             "length_p99": float(p99),
             "length_max": int(lens.max()),
+            **({"has_values": True} if self.has_values else {}),
             **(self.read_notes or {}),
         }
 
@@ -130,6 +138,8 @@ def write_store(store, out_dir):
                                             pa.int64())
     if store.page_seqs is not None:
         columns["page_ids"] = _list_array([np.asarray(p, dtype=np.int64) for p in store.page_seqs], pa.int64())
+    if store.value_seqs is not None:
+        columns["values"] = _list_array([np.asarray(v, dtype=np.float32) for v in store.value_seqs], pa.float32())
     seq_table = pa.table(columns).replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
     raw = np.asarray(store.item_raw_ids, dtype=np.int64)
     items_table = pa.table({
@@ -158,7 +168,7 @@ def _require_columns(path, table, names):
             raise DataError(path, None, f"missing column '{name}' (found: {', '.join(table.column_names)})")
 
 
-def _flatten_list_column(path, table, name, user_ids):
+def _flatten_list_column(path, table, name, user_ids, dtype=np.int64):
     """Return (values, lengths) of a list column, rejecting null lists or values."""
     col = table.column(name).combine_chunks()
     if col.null_count:
@@ -168,7 +178,7 @@ def _flatten_list_column(path, table, name, user_ids):
     if values.null_count:
         raise DataError(path, None, f"column '{name}' holds null values")
     lens = col.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
-    return values.to_numpy(zero_copy_only=False).astype(np.int64), lens
+    return values.to_numpy(zero_copy_only=False).astype(dtype), lens
 
 
 def _row_of(flat_index, lens):
@@ -231,6 +241,17 @@ def read_store(path):
             raise DataError(seq_path, None, f"row {row} (user {user_ids[row]}): {plens[row]} page ids "
                                             f"for {lens[row]} items")
         page_seqs = np.split(flat_pages, splits) if len(lens) else []
+    value_seqs = None
+    if "values" in table.column_names:
+        flat_values, vlens = _flatten_list_column(seq_path, table, "values", user_ids, np.float32)
+        if not np.array_equal(vlens, lens):
+            row = int(np.flatnonzero(vlens != lens)[0])
+            raise DataError(seq_path, None, f"row {row} (user {user_ids[row]}): {vlens[row]} values "
+                                            f"for {lens[row]} items")
+        if not np.isfinite(flat_values).all():
+            row = _row_of(int(np.flatnonzero(~np.isfinite(flat_values))[0]), lens)
+            raise DataError(seq_path, None, f"row {row} (user {user_ids[row]}): a value is not finite")
+        value_seqs = np.split(flat_values, splits) if len(lens) else []
     item_seqs = np.split(flat_items.astype(np.int32), splits) if len(lens) else []
     return SequenceStore(
         name=meta.get("name", root.name),
@@ -240,4 +261,5 @@ def read_store(path):
         item_raw_ids=np.concatenate([[-1], raw_ids]).astype(np.int64),
         time_unit=meta.get("time_unit", "s"),
         page_seqs=page_seqs,
+        value_seqs=value_seqs,
     )

@@ -54,11 +54,13 @@ def _session_gaps(rng, n, new_session):
 
 
 def generate_synthetic(num_users=2000, num_items=1000, median_len=50, max_len=200, min_len=5,
-                       num_clusters=20, seed=0, sigma=0.8, zipf_a=1.1, page_size=0.0):
+                       num_clusters=20, seed=0, sigma=0.8, zipf_a=1.1, page_size=0.0, values=False):
     """Deterministic (per seed) synthetic store; time_unit "ms", raw item ids 1..num_items.
 
     page_size > 0: the log is a sequence of request pages of about page_size items each (page_seqs);
-    page_size 0 (the default): one item per step, no pages, the data exactly as before pages existed."""
+    page_size 0 (the default): one item per step, no pages, the data exactly as before pages existed.
+    values: a 1-5 rating per interaction (value_seqs, see _ratings), drawn after the items from a stream
+    of its own, so the items, times and pages are the same with or without values."""
     if not (1 <= min_len <= max_len) or num_users < 1 or num_items < 2:
         raise ValueError("need num_users >= 1, num_items >= 2 and 1 <= min_len <= max_len")
     if page_size < 0 or 0 < page_size < 1:
@@ -89,14 +91,16 @@ def generate_synthetic(num_users=2000, num_items=1000, median_len=50, max_len=20
     succ[rows, cols] = in_cluster.neighbour(rows)
 
     # Each user prefers a few clusters (sparse Dirichlet) and switches among them.
-    pref_cdf = np.cumsum(rng.dirichlet(np.full(num_clusters, 0.3), size=num_users), axis=1)
+    pref = rng.dirichlet(np.full(num_clusters, 0.3), size=num_users)
+    pref_cdf = np.cumsum(pref, axis=1)
 
     def pick_cluster(users):
         u = rng.random(len(users))[:, None]
         return np.minimum((pref_cdf[users] < u).sum(axis=1), num_clusters - 1)
 
     if page_size > 0:
-        return _paged_store(rng, lens, page_size, succ, in_cluster, pick_cluster, pop_cdf, num_items)
+        store = _paged_store(rng, lens, page_size, succ, in_cluster, pick_cluster, pop_cdf, num_items)
+        return _with_ratings(store, seed, pref, cluster) if values else store
 
     steps = int(lens.max())
     items = np.empty((num_users, steps), dtype=np.int64)
@@ -126,9 +130,34 @@ def generate_synthetic(num_users=2000, num_items=1000, median_len=50, max_len=20
     splits = np.cumsum(lens)[:-1]
     raw_seqs = np.split(items[mask] + 1, splits)
     item_seqs, item_raw_ids = remap_items(raw_seqs)  # keep only items that occur
-    return SequenceStore(name="synthetic", user_ids=np.arange(1, num_users + 1, dtype=np.int64),
-                         item_seqs=item_seqs, time_seqs=np.split(times[mask], splits),
-                         item_raw_ids=item_raw_ids, time_unit="ms")
+    store = SequenceStore(name="synthetic", user_ids=np.arange(1, num_users + 1, dtype=np.int64),
+                          item_seqs=item_seqs, time_seqs=np.split(times[mask], splits),
+                          item_raw_ids=item_raw_ids, time_unit="ms")
+    return _with_ratings(store, seed, pref, cluster) if values else store
+
+
+def _ratings(rng, pref, cluster, users, items):
+    """1-5 ratings of (user, item) interactions (items: 0-based generator indices). A rating rises with the
+    user's interest in the item's cluster (its preference weight over the user's largest one, in [0, 1]),
+    with a quality of its own per item and a leniency per user, plus noise: an item outside the user's
+    clusters (a popularity-noise step) tends to be rated low, the user's main cluster high. The item mean
+    and user mean capture quality and leniency; the interest term needs the user's history."""
+    num_users, num_items = pref.shape[0], len(cluster)
+    quality = rng.standard_normal(num_items)
+    leniency = rng.standard_normal(num_users)
+    interest = pref[users, cluster[items]] / pref[users].max(axis=1)
+    score = 2.2 + 2.5 * interest + 0.6 * quality[items] + 0.4 * leniency[users] + 0.5 * rng.standard_normal(len(items))
+    return np.clip(np.rint(score), 1, 5).astype(np.float32)
+
+
+def _with_ratings(store, seed, pref, cluster):
+    """The store with a rating per interaction (_ratings), from a stream seeded by (seed, 17)."""
+    lens = store.lengths()
+    users = np.repeat(np.arange(store.num_users), lens)
+    items = store.item_raw_ids[np.concatenate(store.item_seqs)] - 1     # raw ids are the generator's + 1
+    values = _ratings(np.random.default_rng([seed, 17]), pref, cluster, users, items)
+    store.value_seqs = np.split(values, np.cumsum(lens)[:-1])
+    return store
 
 
 _P_ANCHOR = 0.5   # paged: a page slot is a successor of the previous page's anchor item (else cluster popularity)

@@ -29,14 +29,15 @@ def _read_source(data_cfg):
         s = d.synthetic
         return read_any("synthetic", None, num_users=s.num_users, num_items=s.num_items,
                         median_len=s.median_len, min_len=s.min_len, max_len=s.max_len,
-                        num_clusters=s.num_clusters, seed=s.seed, page_size=s.page_size)
+                        num_clusters=s.num_clusters, seed=s.seed, page_size=s.page_size,
+                        **({"values": True} if s.values else {}))
     if d.kind == "store" or (Path(d.path) / "sequences.parquet").is_file():
         return read_store(d.path)
     opts = {"positive_column": d.positive_column} if d.kind == "kuairand" else {}
     if d.kind == "csv":
         opts = {name: getattr(d.csv, name) for name in ("user_column", "item_column", "time_column",
                                                         "page_column", "time_unit", "separator", "header",
-                                                        "dedupe")}
+                                                        "dedupe", "value_column")}
     if d.timestamps:
         opts["timestamps"] = d.timestamps
     return read_any(d.kind, d.path, lenient=d.lenient, **opts)
@@ -173,8 +174,9 @@ def data_fingerprint(data_cfg) -> dict:
     if d.kind == "synthetic":
         import dataclasses
         settings = dataclasses.asdict(d.synthetic)
-        if not settings["page_size"]:               # page-less runs keep the fingerprint they had before pages
-            del settings["page_size"]
+        for key in ("page_size", "values"):         # runs without them keep the fingerprint they had before
+            if not settings[key]:
+                del settings[key]
         return {"kind": d.kind, "synthetic": settings}
     files = []
     for source in [d.path] + ([d.timestamps] if d.timestamps else []):
