@@ -16,7 +16,8 @@ SharedNegativesLoss (one candidate set per batch, logQ-corrected).
 (page-wise). Their `build` gets the GRDecoder as `encoder` and their `flops` count the code logits,
 2*D*C per token with C = the codes of every level (passed as num_candidates). An entry's `generative`
 says which kind of model it trains: item encoders (False) or the GR decoder (True);
-`check_objective_arch` refuses a mismatch in one line.
+`check_objective_arch` refuses a mismatch in one line. `rating` (mindgr.models.rating) is the reward
+model's regression on observed values (the reward task, mindgr.train.reward).
 """
 from __future__ import annotations
 
@@ -111,3 +112,18 @@ def _ntp_flops(model_cfg, num_targets: int, num_candidates: int) -> float:
 
 register_objective(ObjectiveSpec("ntp", _build_ntp, _ntp_flops, generative=True))
 register_objective(ObjectiveSpec("page_ntp", _build_ntp, _ntp_flops, generative=True))
+
+
+def _build_rating(cfg, encoder, num_items: int):
+    from mindgr.models.rating import build_rating
+    return build_rating(cfg, encoder, num_items)
+
+
+def _rating_flops(model_cfg, num_targets: int, num_candidates: int) -> float:
+    from mindgr.models.rating import rating_flops
+    return rating_flops(model_cfg, num_targets, num_candidates)
+
+
+# the reward model (mindgr.models.rating, trained by the reward task, mindgr.train.reward): an item encoder's
+# state and item table -> predicted value of (history, item), mean squared error on the observed values
+register_objective(ObjectiveSpec("rating", _build_rating, _rating_flops))

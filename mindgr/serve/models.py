@@ -11,14 +11,22 @@ from typing import Optional
 def serving_kind(run_dir) -> str:
     """The serving model of a saved run ("retrieval", "generative"), from its task."""
     from mindgr.train.tasks import resolve_run
-    return resolve_run(run_dir).serving
+    return _served(run_dir, resolve_run(run_dir))
+
+
+def _served(run_dir, task) -> str:
+    """The task's serving model, or a one-line refusal for a task that serves nothing (a reward model)."""
+    if not task.serving:
+        raise ValueError(f"{run_dir}: a {task.name} run has no serving model (it is scored by other runs, "
+                         "not served)")
+    return task.serving
 
 
 def load_run(run_dir, which: str = "best", threads: Optional[int] = None):
     """(serving kind, the run loaded by its task)."""
     from mindgr.train.tasks import resolve_run
     task = resolve_run(run_dir)
-    return task.serving, task.load_run(run_dir, which, threads=threads)
+    return _served(run_dir, task), task.load_run(run_dir, which, threads=threads)
 
 
 def _retrieval(loaded, shapes=None, max_history=None, index: str = "exact", nprobe: int = 8, **_):

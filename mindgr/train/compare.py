@@ -152,6 +152,11 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
         if not runs or any(not str(run) for run in runs):
             raise ValueError(f"a side of the comparison names an empty run directory ({runs}): give DIR or "
                              "DIR1,DIR2,... without empty entries")
+    for run in (run for runs in sides for run in runs):
+        if not resolve_run(run).ranks_users:
+            raise ValueError(f"{run}: a {resolve_run(run).name} run ranks no items per user: `mindgr compare` "
+                             "pairs retrieval or generative runs (use `mindgr eval` for its metrics)")
+
     def evaluate(run):
         sample = max_users if max_users is None or resolve_run(run).samples_users else 0
         return evaluate_any_run(Path(run), split, which, filter_history=filter_history, max_users=sample)

@@ -27,6 +27,7 @@ checkpoint files and the final summary. An executor owns, in the order the loop 
   can_evaluate(split)         whether `split` has examples; evaluate(split, step) -> metrics (the task's
                               evaluation, with this executor's ranking: one process or split over ranks)
   baselines() -> dict         figures for the final result, e.g. {"popularity_test": metrics} (the task's)
+  selection() -> (key, higher)  the validation metric that chooses `best` (the task's: NDCG@10; RMSE, lower)
   named_state()               the tensors a checkpoint holds (name -> Parameter); restore(tensors, path)
   check_finite() -> str|None  state outside named_state that went non-finite (e.g. a table shard)
   settle(what, step)          a consistent state before an evaluation or checkpoint (flush an exchange,
@@ -178,6 +179,14 @@ class Executor(abc.ABC):
 
     def baselines(self) -> dict:
         return self.task.baselines()
+
+    def selection(self) -> tuple[str, bool]:
+        """(validation metric that chooses `best`, higher is better?): the task's (an executor without one:
+        NDCG@10, or at the largest K)."""
+        if self.task is not None:
+            return self.task.selection()
+        ks = self.cfg.eval.ks
+        return f"ndcg@{10 if 10 in ks else max(ks)}", True
 
     # ---- state ---------------------------------------------------------------------------------
     def named_state(self) -> dict:

@@ -74,8 +74,8 @@ class MetricsLog:
 
 
 def format_metrics(metrics: dict) -> str:
-    keys = [k for k in metrics if k.startswith(("hr@", "ndcg@", "mrr"))]
-    return " ".join(f"{k}={metrics[k]:.4f}" for k in keys)
+    keys = [k for k in metrics if k.startswith(("hr@", "ndcg@", "mrr", "rmse", "auc"))]
+    return " ".join(f"{k}={metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}" for k in keys)
 
 
 def warn(text: str):

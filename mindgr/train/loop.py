@@ -471,10 +471,10 @@ class TrainLoop:
         if every and self.epoch % every == 0 and self.executor.can_evaluate("valid"):
             self.ensure_finite()              # diverged weights are never evaluated into a `best`
             metrics = self.evaluate("valid")
-            key = self._selection_key()
-            score = metrics.get(key, metrics["mrr"])
+            key, higher = self.executor.selection()
+            score = metrics.get(key, metrics.get("mrr"))
             self.history.append({"epoch": self.epoch, "step": self.step, **metrics})
-            if score > self.best["metric"]:
+            if self._improves(score, higher):
                 self.best = {"metric": score, "key": key, "epoch": self.epoch, "step": self.step}
                 self._save_best()
             elif _patience_spent(self.cfg, self.best, self.history):
@@ -510,7 +510,7 @@ class TrainLoop:
                 # are validated now and kept as `best`, so every later command finds a best checkpoint.
                 self.ensure_finite()
                 valid = self.evaluate("valid")
-                key = self._selection_key()
+                key, _ = self.executor.selection()
                 self.best = {"metric": valid.get(key, valid.get("mrr", 0.0)), "key": key, "epoch": self.epoch,
                              "step": self.step, "final": True}
                 self._save_best()
@@ -541,9 +541,14 @@ class TrainLoop:
         finally:
             self.executor.close()
 
-    def _selection_key(self) -> str:
-        """The validation metric that chooses `best`: NDCG@10 (or at the largest K without 10)."""
-        return f"ndcg@{10 if 10 in self.cfg.eval.ks else max(self.cfg.eval.ks)}"
+    def _improves(self, score, higher: bool) -> bool:
+        """A validation score beats `best` (the task's selection metric: higher or lower is better); a
+        missing or non-finite score never does."""
+        if score is None or not math.isfinite(score):
+            return False
+        if higher:
+            return score > self.best["metric"]
+        return self.best.get("key") is None or score < self.best["metric"]
 
     def _best_validation(self) -> dict | None:
         """The validation metrics recorded when `best` was chosen (same weights, same users), if recorded."""

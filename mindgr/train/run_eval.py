@@ -18,14 +18,20 @@ _META = ("run", "split", "checkpoint", "step", "filter_history", "count", "ranks
 
 def format_eval(result: dict) -> str:
     """`mindgr eval`'s table: what was evaluated, one metric per line, then notes and the ranks file."""
-    history = "history filtered" if result.get("filter_history") else "history not filtered"
+    history = ""
+    if "filter_history" in result:
+        history = ", history filtered" if result["filter_history"] else ", history not filtered"
     lines = [f"{result['run']}: {result['split']} split, checkpoint {result['checkpoint']} (step {result.get('step')}), "
-             f"{result.get('count', 0)} users, {history}"]
+             f"{result.get('count', 0)} users{history}"]
     metrics = {k: v for k, v in result.items() if k not in _META and isinstance(v, (int, float))
                and not isinstance(v, bool)}
+    for name, base in result.items():           # a reward run's baselines: {name}_baseline -> its metrics
+        if name.endswith("_baseline") and isinstance(base, dict):
+            metrics.update({f"{name[:-len('_baseline')]} {k}": v for k, v in base.items()
+                            if k in ("rmse", "mae", "auc") and isinstance(v, float)})
     width = max([6] + [len(k) for k in metrics])
     lines.append(f"  {'metric':{width}s}  value")
-    lines += [f"  {k:{width}s}  {v:.4f}" for k, v in metrics.items()]
+    lines += [f"  {k:{width}s}  {v:.4f}" if isinstance(v, float) else f"  {k:{width}s}  {v}" for k, v in metrics.items()]
     decode = result.get("decode")
     if isinstance(decode, dict):
         if "reused" in decode:
@@ -34,5 +40,8 @@ def format_eval(result: dict) -> str:
             lines.append(f"  decode: {decode.get('users')} users, beam {decode.get('beam')}, "
                          f"{decode['users_per_s']:.0f} users/s")
     lines += [f"  {k.replace('_', ' ')}: {v}" for k, v in result.items() if isinstance(v, str) and k.endswith("note")]
-    lines.append(f"  per-user ranks: {result['ranks_file']}")
+    if "ranks_file" in result:
+        lines.append(f"  per-user ranks: {result['ranks_file']}")
+    if "predictions_file" in result:
+        lines.append(f"  per-user predictions: {result['predictions_file']}")
     return "\n".join(lines)

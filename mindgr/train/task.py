@@ -28,6 +28,7 @@ class Task(abc.ABC):
     serving = ""              # which serving model serves its runs (mindgr.serve.models.SERVING_MODELS)
     samples_users = False     # `mindgr eval --max-users` applies (a decode of a fixed user sample)
     semantic_ids = False      # trains over a semantic-ID code table (ids.codes / ids.from_run)
+    ranks_users = True        # its evaluation ranks items per user (RUN/ranks/ files, `mindgr compare`)
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -108,6 +109,11 @@ class Task(abc.ABC):
 
     def baselines(self) -> dict:
         return {}
+
+    def selection(self) -> tuple[str, bool]:
+        """(validation metric that chooses `best`, whether higher is better): NDCG@10 (or at the largest K)."""
+        ks = self.cfg.eval.ks
+        return f"ndcg@{10 if 10 in ks else max(ks)}", True
 
     def restored(self, path: Path | None):
         """The model's weights are exactly checkpoint `path` (None: a step moved them on)."""

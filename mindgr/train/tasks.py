@@ -22,6 +22,16 @@ def _generative_task():
     return GenerativeTask
 
 
+def _reward_config(cfg) -> bool:
+    """The reward model: an item encoder regressing observed values (loss.objective rating)."""
+    return cfg.loss.objective == "rating"
+
+
+def _reward_task():
+    from mindgr.train.reward import RewardTask
+    return RewardTask
+
+
 def _retrieval_task():
     from mindgr.train.task import RetrievalTask
     return RetrievalTask
@@ -29,6 +39,7 @@ def _retrieval_task():
 
 # name, whether a config is this task's, its class
 TASKS = (
+    ("reward", _reward_config, _reward_task),
     ("generative", _generative_config, _generative_task),
     ("retrieval", lambda cfg: True, _retrieval_task),
 )
