@@ -135,7 +135,7 @@ def test_partial_selection_equals_full_sort(seed):
 def test_bad_engine_options_are_one_line():
     codes, dec, _ = case(0, "none", [3, 3], 6, users=1)
     trie = PrefixTrie(codes, [3, 3])
-    with pytest.raises(ValueError, match="decode cache = 'dense': expected one of shared, per_beam, recompute"):
+    with pytest.raises(ValueError, match="decode cache = 'dense': expected one of shared, per_beam, replay, recompute"):
         DecodingEngine(dec, trie, codes, 4, 6, 1, cache="dense")
     with pytest.raises(ValueError, match="decode selection = 'heap': expected one of partial, full_sort"):
         DecodingEngine(dec, trie, codes, 4, 6, 1, selection="heap")

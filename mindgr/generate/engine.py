@@ -16,7 +16,9 @@ Ideas (xGR, arXiv 2512.11529), as built here:
   and request (`masks="reuse"`).
 The baselines stay selectable: `cache="per_beam"` (the cached beam search of common generate()
 implementations: the prompt's K/V copied per beam, every beam's cache gathered from its parent's each step;
-the decoder's state with layout "per_beam"), `cache="recompute"` (every beam's whole sequence re-run each step,
+the decoder's state with layout "per_beam"; for a linear-attention decoder every beam's full recurrent
+state), `cache="replay"` (linear attention only: every beam's state rebuilt from the prompt state and its
+ancestry's records each step), `cache="recompute"` (every beam's whole sequence re-run each step,
 mindgr.models.generative.RecomputeScorer), `selection="full_sort"`, `masks="rebuild"`.
 """
 from __future__ import annotations
@@ -29,7 +31,7 @@ from mindgr.generate.beam import NEG_INF, beam_search, check_widths, select_full
 from mindgr.models.generation import check_generator
 from mindgr.models.generative import LastTokenLogits, RecomputeScorer, level_log_softmax
 
-CACHES = ("shared", "per_beam", "recompute")
+CACHES = ("shared", "per_beam", "replay", "recompute")
 SELECTIONS = ("partial", "full_sort")
 MASKS = ("reuse", "rebuild")
 
@@ -130,10 +132,8 @@ class DecodingEngine:
         self.beam, self.p_cap, self.num_users = beam, max_prompt_tokens, num_users
         self.cache, self.selection, self.masks = cache, selection, masks
         self.state = None
-        if cache == "shared":
-            self.state = decoder.decode_state(num_users, beam, max_prompt_tokens, runner=runner)
-        elif cache == "per_beam":
-            self.state = decoder.decode_state(num_users, beam, max_prompt_tokens, runner=runner, layout="per_beam")
+        if cache != "recompute":        # the decoder's layout of that name (a one-line error if it has none)
+            self.state = decoder.decode_state(num_users, beam, max_prompt_tokens, runner=runner, layout=cache)
         if cache == "recompute":
             self.recompute_net = LastTokenLogits(decoder)
             self.recompute_net.set_train(False)

@@ -135,13 +135,17 @@ class GRDecoder(nn.Cell):
 
     def decode_state(self, num_users: int, beam: int, max_prompt_tokens: int, runner=None, parts: str = "both",
                      layout: str = "shared"):
-        """The decoding state of a batch of users: the shared prompt K/V cache and per-beam records
-        (mindgr.models.kv_cache.KVCacheState, which compiles prefill and step below); layout "per_beam":
-        the usual generate() cache, the prompt copied per beam (mindgr.models.per_beam_cache, a baseline)."""
-        if self.backbone != "hstu":
-            raise NotImplementedError(f"the {self.backbone} backbone has no cached decoding state yet; decode it "
-                                      "with the recompute search (DecodingEngine cache='recompute')")
+        """The decoding state of a batch of users. HSTU blocks: layout "shared", the shared prompt K/V cache
+        and per-beam records (mindgr.models.kv_cache.KVCacheState, which compiles prefill and step below), or
+        "per_beam", the usual generate() cache, the prompt copied per beam (mindgr.models.per_beam_cache, a
+        baseline). Linear-attention blocks: "onela" (= "shared"), "per_beam_state" (= "per_beam") or
+        "replay" (mindgr.models.linear_decode)."""
+        if self.backbone == "linear":
+            from mindgr.models.linear_decode import linear_decode_state
+            return linear_decode_state(self, num_users, beam, max_prompt_tokens, runner, layout)
         from mindgr.models.kv_cache import KVCacheState
+        if layout not in ("shared", "per_beam"):
+            raise ValueError(f"decode layout {layout!r}: the hstu backbone has shared, per_beam")
         if layout == "per_beam":
             from mindgr.models.per_beam_cache import PerBeamKVState
             return PerBeamKVState(self, num_users, beam, max_prompt_tokens, runner)

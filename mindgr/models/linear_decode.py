@@ -1,0 +1,296 @@
+"""Decoding states of the linear-attention GR decoder (mindgr.models.generation's DecodeState): OneLA and
+its two baselines.
+
+A linear-attention block keeps, per head, a state S_t = gamma S_{t-1} + k_t v_t^T and reads o_t = q_t^T S_t
+(mindgr.models.linear_attention; gamma the head's fixed decay). After a prompt of state S_p, the n-th
+decoded token of a beam (n = 1..Lt-1) reads
+
+    o_n = gamma^n (q_n^T S_p) + sum_{j=1..n} gamma^(n-j) (q_n . k_j) v_j      (j over the beam's ancestry)
+
+Three layouts of that state, same lists (tests/test_onela.py):
+- "onela" (the default, alias "shared"): per user and block ONE prompt state S_p [U, H, dqk, dv]; each beam
+  holds only the (k, v) records of its own decoded tokens, append-only slots [S, U, Bm, H, d] as the HSTU
+  state's records (mindgr.models.kv_cache), found through an ancestry index built from parent indices on
+  the host (`ancestry_index`). The prompt part is one batched GEMM per user and block over all its beams
+  ([U, H, Bm, dqk] x [U, H, dqk, dv]): the prompt state is reused by every beam, and a beam reorder moves
+  indices, never states.
+- "per_beam_state" (alias "per_beam"): the usual recurrent serving layout, every beam carries its own full
+  state [U*Bm, H, dqk, dv] per block, gathered by parent (a copy) and updated S = gamma S + k v^T each step.
+- "replay": OneLA's records, but every step each beam rebuilds its state gamma^n S_p + sum_j gamma^(n-j)
+  k_j v_j^T (materialised per beam), then o = q^T S.
+The level enters as data (the decay powers and the record slot's one-hot), so one step graph per shape
+serves every level; one prefill graph per (users, P_cap), the HSTU state's prompt layout (prompt_batch).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindgr.models.generation import DecodeState
+from mindgr.models.kv_cache import _inline, prompt_batch
+from mindgr.models.layers import layer_norm
+from mindgr.models.ntp import code_tokens
+
+LAYOUTS = ("onela", "per_beam_state", "replay")
+ALIASES = {"shared": "onela", "per_beam": "per_beam_state"}     # the engine's generic cache names
+
+
+def ancestry_index(parents, level: int, num_users: int, beam: int, steps: int) -> np.ndarray:
+    """Flat record rows [U, Bm, S] of each level-`level` beam's ancestry in records laid out [S, U, Bm]:
+    slot level-1 is the beam itself, slot level-2 its parent, ... (parents[t] [U, Bm]: the level-(t-1) beam
+    each level-t beam forked from). Slots after level-1 point at the beam's own row (their weight is 0)."""
+    t = level - 1
+    anc = np.broadcast_to(np.arange(beam)[:, None], (num_users, beam, steps)).copy()
+    cur = np.broadcast_to(np.arange(beam), (num_users, beam)).copy()
+    for slot in range(t, -1, -1):
+        anc[:, :, slot] = cur
+        if slot > 0:
+            cur = np.take_along_axis(np.asarray(parents[slot]), cur, 1)
+    s = np.arange(steps)
+    return (s[None, None, :] * num_users + np.arange(num_users)[:, None, None]) * beam + anc
+
+
+def decay_weights(decays: np.ndarray, level: int, steps: int):
+    """decays [blocks, H] -> (prompt weight gamma^level [blocks, H], record weights [blocks, S, H]:
+    gamma^(level-1-j) for record slots j < level, 0 after)."""
+    g = np.asarray(decays, np.float64)
+    t = level - 1
+    j = np.arange(steps)
+    power = np.where(j <= t, t - j, 0)
+    rec = g[:, None, :] ** power[None, :, None] * (j <= t)[None, :, None]
+    return (g ** level).astype(np.float32), rec.astype(np.float32)
+
+
+class LinearPrefillCell(nn.Cell):
+    """Prompt batch -> (level-0 logits [U, sum K], the prompt states, one [U, H, dqk, dv] per block)."""
+
+    def __init__(self, decoder, num_users: int, p_cap: int):
+        super().__init__()
+        self.dec, self.u, self.p = decoder, num_users, p_cap
+
+    def construct(self, slots, merged, offsets, last):
+        dec = self.dec
+        x = dec.embed(slots, merged)
+        states = ()
+        for i in range(dec.num_blocks):
+            x, s = dec.blocks[i].prompt_forward(x, offsets, self.u, self.p)
+            states = states + (s,)
+        return dec.logits(ops.gather(layer_norm(x), last, 0)), states
+
+
+class ExpandStateCell(nn.Cell):
+    """The prompt states -> one copy per beam [U*Bm, H, dqk, dv] per block (the per-beam layout's start)."""
+
+    def __init__(self, beam: int):
+        super().__init__()
+        self.b = beam
+
+    def construct(self, states):
+        out = ()
+        for s in states:
+            u, h, dqk, dv = s.shape
+            out = out + (ops.broadcast_to(s[:, None], (u, self.b, h, dqk, dv)).reshape(u * self.b, h, dqk, dv),)
+        return out
+
+
+def _write(records, onehot, new):
+    """Records [S, U, Bm, H, d] with `new` [U, Bm, H, d] written at the slot where onehot [S] is 1 (a blend:
+    a scatter into a graph input is not an in-place update in graph mode)."""
+    oh = onehot.reshape(-1, 1, 1, 1, 1)
+    return records * (1.0 - oh) + oh * new[None]
+
+
+class RecordStepCell(nn.Cell):
+    """One decoded token per (user, beam) over the prompt states and the ancestry records -> (logits
+    [U*Bm, sum K], record K, record V per block). replay=False: OneLA (the prompt part as one GEMM per user
+    over its beams, the ancestry part as weighted dot products); replay=True: each beam's state rebuilt."""
+
+    def __init__(self, decoder, num_users: int, beam: int, steps: int, replay: bool):
+        super().__init__()
+        self.dec, self.u, self.b, self.s, self.replay = decoder, num_users, beam, steps, replay
+
+    def construct(self, slots, sp, kr, vr, onehot, anc, pw, rw):
+        dec, u, b, s = self.dec, self.u, self.b, self.s
+        x = dec.embed(slots, ops.zeros((slots.shape[0],), ms.float32))
+        new_k, new_v = (), ()
+        for i in range(dec.num_blocks):
+            blk = dec.blocks[i]
+            h, dqk, dv = blk.h, blk.dqk, blk.dv
+            uu, q, k, v = blk.project(x)
+            kri = _write(kr[i], onehot, k.reshape(u, b, h, dqk))
+            vri = _write(vr[i], onehot, v.reshape(u, b, h, dv))
+            ka = ops.gather(kri.reshape(s * u * b, h, dqk), anc, 0).reshape(u, b, s, h, dqk)
+            va = ops.gather(vri.reshape(s * u * b, h, dv), anc, 0).reshape(u, b, s, h, dv)
+            ka = ka * rw[i].reshape(1, 1, s, h, 1)                                   # gamma^(n-j), 0 past n
+            if self.replay:
+                # every beam's own state: gamma^n S_p + sum_j gamma^(n-j) k_j v_j^T, [U, Bm, H, dqk, dv]
+                st = sp[i][:, None] * pw[i].reshape(1, 1, h, 1, 1)
+                st = st + ops.matmul(ka.transpose(0, 1, 3, 4, 2), va.transpose(0, 1, 3, 2, 4))
+                o = ops.matmul(q.reshape(u, b, h, 1, dqk), st).reshape(u * b, h * dv)
+            else:
+                # the prompt part: one [Bm, dqk] x [dqk, dv] GEMM per (user, head), S_p shared by the beams
+                q4 = q.reshape(u, b, h, dqk)
+                op = ops.matmul(q4.transpose(0, 2, 1, 3), sp[i]) * pw[i].reshape(1, h, 1, 1)   # [U, H, Bm, dv]
+                w = (q4.reshape(u, b, 1, h, dqk) * ka).sum(-1)                          # [U, Bm, S, H]
+                oa = (w[..., None] * va).sum(2)                                          # [U, Bm, H, dv]
+                o = (op.transpose(0, 2, 1, 3) + oa).reshape(u * b, h * dv)
+            x = blk.finish(x, uu, o)
+            new_k = new_k + (kri,)
+            new_v = new_v + (vri,)
+        return dec.logits(layer_norm(x)), new_k, new_v
+
+
+class PerBeamStateStepCell(nn.Cell):
+    """One decoded token per beam over full per-beam states -> (logits [U*Bm, sum K], the states gathered by
+    parent and updated S = gamma S + k v^T, one [U*Bm, H, dqk, dv] per block)."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.dec = decoder
+        self.gammas = Tensor(np.stack([np.asarray(blk.decay, np.float32) for blk in decoder.blocks]))  # [blocks, H]
+
+    def construct(self, slots, states, parent):
+        dec = self.dec
+        x = dec.embed(slots, ops.zeros((slots.shape[0],), ms.float32))
+        n = slots.shape[0]
+        out = ()
+        for i in range(dec.num_blocks):
+            blk = dec.blocks[i]
+            uu, q, k, v = blk.project(x)
+            st = ops.gather(states[i], parent, 0) * self.gammas[i].reshape(1, blk.h, 1, 1) + k[..., None] * v[:, :, None, :]
+            o = ops.matmul(q.reshape(n, blk.h, 1, blk.dqk), st).reshape(n, blk.h * blk.dv)
+            x = blk.finish(x, uu, o)
+            out = out + (st,)
+        return dec.logits(layer_norm(x)), out
+
+
+class _LinearState(DecodeState):
+    """What the three layouts share: the prefill graph and its prompt layout, the step's code tokens."""
+
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, runner=None):
+        self.dec, self.u, self.b, self.p = decoder, num_users, beam, p_cap
+        self.run = runner or _inline
+        self.steps = max(decoder.num_levels - 1, 1)
+        self.decays = np.stack([np.asarray(blk.decay, np.float32) for blk in decoder.blocks])   # [blocks, H]
+        self.prefill_net = LinearPrefillCell(decoder, num_users, p_cap)
+        self.prefill_net.set_train(False)
+        self.timings = {"prefill": 0.0, "step": 0.0}
+
+    def prefill(self, prompts):
+        slots, merged, offsets, last, self.lengths = prompt_batch(self.dec, prompts, self.u, self.p)
+        t0 = time.perf_counter()
+        logits = self.run(self._prefill_graph, slots, merged, offsets, last)
+        self.timings["prefill"] += time.perf_counter() - t0
+        return logits
+
+    def _prefill_graph(self, slots, merged, offsets, last):
+        logits, states = self.prefill_net(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
+        self._keep(states)
+        return logits.asnumpy()
+
+    def _tokens(self, level, codes):
+        gids = (self.dec.level_offsets[level - 1] + codes).reshape(-1)
+        return code_tokens(gids, self.dec.group, self.dec.pad_id)[0]
+
+    def state_bytes_per_block_beam(self) -> int:
+        """Bytes of one head-set's full recurrent state: H * dqk * dv * 4 (one beam, one block)."""
+        blk = self.dec.blocks[0]
+        return blk.h * blk.dqk * blk.dv * 4
+
+
+class RecordState(_LinearState):
+    """OneLA (replay=False) or the replay baseline (replay=True): prompt states kept once per user, each
+    beam's decoded tokens in append-only records found by ancestry index."""
+
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, runner=None, replay: bool = False):
+        super().__init__(decoder, num_users, beam, p_cap, runner)
+        self.replay = replay
+        self.step_net = RecordStepCell(decoder, num_users, beam, self.steps, replay)
+        self.step_net.set_train(False)
+
+    def share_graphs(self, other: "RecordState"):
+        self.prefill_net, self.step_net = other.prefill_net, other.step_net
+
+    def _keep(self, states):
+        self.sp = states
+        blk = self.dec.blocks[0]
+        shape = (self.steps, self.u, self.b, blk.h)
+        self.kr = tuple(Tensor(np.zeros(shape + (b.dqk,), np.float32)) for b in self.dec.blocks)
+        self.vr = tuple(Tensor(np.zeros(shape + (b.dv,), np.float32)) for b in self.dec.blocks)
+
+    def step(self, level, codes, parents):
+        """Level `level` >= 1: append codes [U, Bm] (chosen at level-1) as record slot level-1."""
+        slots = self._tokens(level, codes)
+        anc = ancestry_index(parents, level, self.u, self.b, self.steps).reshape(-1).astype(np.int32)
+        onehot = (np.arange(self.steps) == level - 1).astype(np.float32)
+        pw, rw = decay_weights(self.decays, level, self.steps)
+        t0 = time.perf_counter()
+        logits = self.run(self._step_graph, slots, onehot, anc, pw, rw)
+        self.timings["step"] += time.perf_counter() - t0
+        return logits.reshape(self.u, self.b, -1)
+
+    def _step_graph(self, slots, onehot, anc, pw, rw):
+        logits, self.kr, self.vr = self.step_net(Tensor(slots), self.sp, self.kr, self.vr, Tensor(onehot),
+                                                 Tensor(anc), Tensor(pw), Tensor(rw))
+        return logits.asnumpy()
+
+    def nbytes(self) -> dict:
+        """Held bytes: the prompt states (one per user and block) and the per-beam records; replay also
+        materialises every beam's state for one block at a time during a step ("rebuilt", transient)."""
+        out = {"prompt": int(sum(s.nbytes for s in self.sp)),
+               "beams": int(sum(k.nbytes for k in self.kr) + sum(v.nbytes for v in self.vr))}
+        if self.replay:
+            out["rebuilt"] = self.u * self.b * self.state_bytes_per_block_beam()
+        return out
+
+
+class PerBeamState(_LinearState):
+    """The per-beam recurrent state baseline: a full state per beam, gathered by parent every step."""
+
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, runner=None):
+        super().__init__(decoder, num_users, beam, p_cap, runner)
+        self.expand_net = ExpandStateCell(beam)
+        self.step_net = PerBeamStateStepCell(decoder)
+        for net in (self.expand_net, self.step_net):
+            net.set_train(False)
+
+    def share_graphs(self, other: "PerBeamState"):
+        self.prefill_net, self.expand_net, self.step_net = other.prefill_net, other.expand_net, other.step_net
+
+    def _keep(self, states):
+        self.states = self.expand_net(states)
+
+    def step(self, level, codes, parents):
+        """Level `level` >= 1: gather the states by parents[level-1] (level 1: every beam holds the prompt's
+        copy), then absorb codes [U, Bm]."""
+        slots = self._tokens(level, codes)
+        t = level - 1
+        parent = np.arange(self.u)[:, None] * self.b + (parents[t] if t > 0 else np.arange(self.b)[None, :])
+        t0 = time.perf_counter()
+        logits = self.run(self._step_graph, slots, parent.reshape(-1).astype(np.int32))
+        self.timings["step"] += time.perf_counter() - t0
+        return logits.reshape(self.u, self.b, -1)
+
+    def _step_graph(self, slots, parent):
+        logits, self.states = self.step_net(Tensor(slots), self.states, Tensor(parent))
+        return logits.asnumpy()
+
+    def nbytes(self) -> dict:
+        return {"prompt": 0, "beams": int(sum(s.nbytes for s in self.states))}
+
+
+def linear_decode_state(decoder, num_users: int, beam: int, p_cap: int, runner=None, layout: str = "onela"):
+    """The decoding state of a linear-backbone GR decoder for `layout` (LAYOUTS, or the engine's generic
+    names "shared" / "per_beam"); a one-line error for another."""
+    name = ALIASES.get(layout, layout)
+    if name == "onela":
+        return RecordState(decoder, num_users, beam, p_cap, runner)
+    if name == "replay":
+        return RecordState(decoder, num_users, beam, p_cap, runner, replay=True)
+    if name == "per_beam_state":
+        return PerBeamState(decoder, num_users, beam, p_cap, runner)
+    raise ValueError(f"decode layout {layout!r}: the linear backbone has {', '.join(LAYOUTS)} "
+                     f"(or {', '.join(ALIASES)})")
