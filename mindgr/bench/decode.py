@@ -12,6 +12,15 @@ Per configuration both searches run on the same users, alternating, `repeats` ti
   masks   valid-next masks per step (engine: reused trie masks; naive: rebuilt from the code table),
   request the whole search for the batch (engine: prefill + steps + selection), ms.
 The host is shared and noisy: compare the two columns of one run (ratios), not absolute times.
+
+--backbone linear: a linear-attention decoder (mindgr.models.linear_attention) decoded in its three layouts
+side by side (mindgr.models.linear_decode): onela (one prompt state per user, per-beam records, ancestry
+index), per_beam_state (a full state per beam, gathered by parent) and replay (each beam's state rebuilt
+from the prompt state and its records every step). Per cell the modes run alternately (the order rotated
+each round), `repeats` rounds after a warm-up that also checks they return the same lists; printed: end-to-end
+decode throughput (users/s: prefill + steps + selection of the batch) median and range per mode, the ratio
+OneLA / per-beam state (median of the rounds' ratios, and their range), and the recurrent-state bytes per
+request each mode holds (replay also rebuilds every beam's full state for one block during a step).
 """
 from __future__ import annotations
 
@@ -23,6 +32,12 @@ import numpy as np
 
 
 def build(args):
+    if getattr(args, "backbone", "hstu") == "linear":
+        return build_linear(args)
+    return build_hstu(args)
+
+
+def build_hstu(args):
     import mindspore as ms
     from mindspore import Tensor
 
@@ -33,20 +48,114 @@ def build(args):
     ms.set_context(mode=ms.GRAPH_MODE)
     select_device()
     backend = set_backend(args.backend)
-    rng = np.random.default_rng(0)
-    sizes = [256, 256, 256, 32]
-    seen, rows = set(), []
-    while len(rows) < args.items:                   # random unique tuples, clustered first levels
-        t = (int(rng.integers(64)), int(rng.integers(256)), int(rng.integers(256)), int(rng.integers(4)))
-        if t not in seen:
-            seen.add(t)
-            rows.append(t)
-    codes = np.concatenate([np.zeros((1, 4), np.int64), np.asarray(rows)])
+    rng, sizes, codes = _fixture(args)
     dec = GRDecoder(sizes, args.dim, args.blocks, args.heads, args.dim // args.heads, args.dim // args.heads,
                     max_len=max(args.prompts) + 8, seed=0)
     for p in dec.trainable_params():
         p.set_data(Tensor((rng.standard_normal(p.shape) * 0.1).astype(np.float32)))
     return dec, PrefixTrie(codes, sizes), codes, backend, rng
+
+
+def _fixture(args):
+    """The random catalogue of the benchmark: 4 levels (256, 256, 256, 32), first level clustered."""
+    rng = np.random.default_rng(0)
+    sizes = [256, 256, 256, 32]
+    seen, rows = set(), []
+    while len(rows) < args.items:
+        t = (int(rng.integers(64)), int(rng.integers(256)), int(rng.integers(256)), int(rng.integers(4)))
+        if t not in seen:
+            seen.add(t)
+            rows.append(t)
+    return rng, sizes, np.concatenate([np.zeros((1, 4), np.int64), np.asarray(rows)])
+
+
+def build_linear(args):
+    """A random-weight linear-attention GR decoder and the random catalogue (as build_hstu's)."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindgr.ids.trie import PrefixTrie
+    from mindgr.models.generative import GRDecoder
+    from mindgr.ops import set_backend
+    from mindgr.runtime import select_device
+    ms.set_context(mode=ms.GRAPH_MODE)
+    select_device()
+    backend = set_backend(args.backend)
+    rng, sizes, codes = _fixture(args)
+    d = args.dim // args.heads
+    dec = GRDecoder(sizes, args.dim, args.blocks, args.heads, d, d, max_len=max(args.prompts) + 8, seed=0,
+                    backbone="linear")
+    for p in dec.trainable_params():
+        p.set_data(Tensor((rng.standard_normal(p.shape) * 0.1).astype(np.float32)))
+    return dec, PrefixTrie(codes, sizes), codes, backend, rng
+
+
+LINEAR_MODES = (("onela", "shared"), ("per_beam_state", "per_beam"), ("replay", "replay"))   # (name, cache=)
+
+
+def measure_linear(args):
+    """The three linear-attention layouts side by side per (prompt, beam) cell (module docstring)."""
+    from mindgr.generate.engine import DecodingEngine
+    dec, trie, codes, backend, rng = build(args)
+    results = []
+    for prompt in args.prompts:
+        hist = [rng.integers(1, codes.shape[0], prompt // dec.num_levels) for _ in range(args.users)]
+        for beam in args.beams:
+            engines = {name: DecodingEngine(dec, trie, codes, beam, prompt, args.users, cache=cache)
+                       for name, cache in LINEAR_MODES}
+            t0 = time.perf_counter()
+            lists = {name: e.search(hist, 10) for name, e in engines.items()}
+            warm = time.perf_counter() - t0
+            for name, (items, scores) in lists.items():
+                assert (items == lists["onela"][0]).all(), f"{name} and onela lists differ"
+                np.testing.assert_allclose(scores, lists["onela"][1], rtol=1e-4, atol=1e-4)
+            secs = {name: [] for name in engines}
+            decode = {name: [] for name in engines}                 # the same searches after the prefill
+            names = list(engines)
+            for r in range(args.repeats):
+                for name in names[r % 3:] + names[:r % 3]:            # rotate who goes first
+                    e = engines[name]
+                    e.timings["prefill"] = 0.0
+                    t1 = time.perf_counter()
+                    e.search(hist, 10)
+                    secs[name].append(time.perf_counter() - t1)
+                    decode[name].append(secs[name][-1] - e.timings["prefill"])
+            row = dict(prompt=prompt, beam=beam, users=args.users, warmup_s=round(warm, 1))
+            for name, e in engines.items():
+                rate = args.users / np.asarray(secs[name])
+                held = e.cache_nbytes()
+                row[name] = dict(users_s=round(float(np.median(rate)), 2), min=round(float(rate.min()), 2),
+                                 max=round(float(rate.max()), 2),
+                                 decode_ms=round(float(np.median(decode[name])) * 1e3, 1),
+                                 state_bytes=(held["prompt"] + held["beams"]) // args.users,
+                                 rebuilt_bytes=held.get("rebuilt", 0) // args.users)
+            for key, t in (("ratio", secs), ("decode_ratio", decode)):
+                ratio = np.asarray(t["per_beam_state"]) / np.asarray(t["onela"])   # round by round
+                row[key] = round(float(np.median(ratio)), 2)
+                row[key + "_range"] = [round(float(ratio.min()), 2), round(float(ratio.max()), 2)]
+            row["bytes_ratio"] = round(row["per_beam_state"]["state_bytes"] / row["onela"]["state_bytes"], 1)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    return dict(backend=backend, items=int(codes.shape[0] - 1), dim=args.dim, heads=args.heads,
+                blocks=args.blocks, backbone="linear", results=results)
+
+
+def print_linear(out):
+    print("users/s: whole search (prefill + steps + selection), median [min-max] over the rounds; onela / "
+          "per-beam: the rounds' ratio of search times, median [range], whole search and after the prefill "
+          "(decode ms: median per search after the prefill); bytes: recurrent state held per request")
+    print(f"{'prompt':>6} {'beam':>4} | {'users/s onela':<20} {'per_beam_state':<20} {'replay':<20} | "
+          f"{'onela / per-beam: search':<24} {'decode':<19} | decode ms o / p / r | bytes onela, per-beam, "
+          "replay (+rebuilt)")
+    for r in out["results"]:
+        cells = [f"{r[m]['users_s']:.2f} [{r[m]['min']:.2f}-{r[m]['max']:.2f}]" for m, _ in LINEAR_MODES]
+        o, p, y = (r[m] for m, _ in LINEAR_MODES)
+        print(f"{r['prompt']:>6} {r['beam']:>4} | {cells[0]:<20} {cells[1]:<20} {cells[2]:<20} | "
+              f"{r['ratio']:5.2f}x [{r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f}]{'':>6} "
+              f"{r['decode_ratio']:5.2f}x [{r['decode_ratio_range'][0]:.2f}-{r['decode_ratio_range'][1]:.2f}] | "
+              f"{o['decode_ms']:.0f} / {p['decode_ms']:.0f} / {y['decode_ms']:.0f} | "
+              f"{o['state_bytes']:,}, {p['state_bytes']:,} ({r['bytes_ratio']}x less), {y['state_bytes']:,} "
+              f"(+{y['rebuilt_bytes']:,})")
 
 
 def measure(args):
@@ -114,6 +223,8 @@ def add_arguments(ap):
     ap.add_argument("--heads", type=int, default=2, help="attention heads")
     ap.add_argument("--threads", type=int, default=0, help="MindSpore CPU threads (0: its default)")
     ap.add_argument("--backend", default="auto", help="ops backend")
+    ap.add_argument("--backbone", choices=("hstu", "linear"), default="hstu",
+                    help="decoder blocks: hstu (engine vs naive) or linear (onela, per_beam_state, replay)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
 
 
@@ -122,6 +233,13 @@ def run(args) -> int:
         from mindgr.runtime import limit_threads, select_device
         select_device()
         limit_threads(args.threads)
+    if args.backbone == "linear":
+        out = measure_linear(args)
+        print_linear(out)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
+        return 0
     out = measure(args)
     print(f"{'prompt':>6} {'beam':>4} | {'engine ms/step: model (prompt, beam) select masks':<52} | "
           f"{'naive ms/step: model select masks':<36} | step ratio | request ms engine / naive (ratio)")

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, mutable, nn, ops
 
 from mindgr.models.generation import DecodeState
 from mindgr.models.kv_cache import _inline, prompt_batch
@@ -233,8 +233,10 @@ class RecordState(_LinearState):
         return logits.reshape(self.u, self.b, -1)
 
     def _step_graph(self, slots, onehot, anc, pw, rw):
-        logits, self.kr, self.vr = self.step_net(Tensor(slots), self.sp, self.kr, self.vr, Tensor(onehot),
-                                                 Tensor(anc), Tensor(pw), Tensor(rw))
+        # tuples of tensors enter as mutable: a plain tuple input is a graph constant (a compile per call)
+        logits, self.kr, self.vr = self.step_net(Tensor(slots), mutable(self.sp), mutable(self.kr),
+                                                 mutable(self.vr), Tensor(onehot), Tensor(anc), Tensor(pw),
+                                                 Tensor(rw))
         return logits.asnumpy()
 
     def nbytes(self) -> dict:
@@ -261,7 +263,7 @@ class PerBeamState(_LinearState):
         self.prefill_net, self.expand_net, self.step_net = other.prefill_net, other.expand_net, other.step_net
 
     def _keep(self, states):
-        self.states = self.expand_net(states)
+        self.states = self.expand_net(mutable(states))
 
     def step(self, level, codes, parents):
         """Level `level` >= 1: gather the states by parents[level-1] (level 1: every beam holds the prompt's
@@ -275,7 +277,7 @@ class PerBeamState(_LinearState):
         return logits.reshape(self.u, self.b, -1)
 
     def _step_graph(self, slots, parent):
-        logits, self.states = self.step_net(Tensor(slots), self.states, Tensor(parent))
+        logits, self.states = self.step_net(Tensor(slots), mutable(self.states), Tensor(parent))
         return logits.asnumpy()
 
     def nbytes(self) -> dict:
