@@ -114,6 +114,7 @@ class RecordStepCell(nn.Cell):
 
     def construct(self, slots, sp, kr, vr, onehot, anc, pw, rw):
         dec, u, b, s = self.dec, self.u, self.b, self.s
+        n = u * b
         x = dec.embed(slots, ops.zeros((slots.shape[0],), ms.float32))
         new_k, new_v = (), ()
         for i in range(dec.num_blocks):
@@ -122,21 +123,24 @@ class RecordStepCell(nn.Cell):
             uu, q, k, v = blk.project(x)
             kri = _write(kr[i], onehot, k.reshape(u, b, h, dqk))
             vri = _write(vr[i], onehot, v.reshape(u, b, h, dv))
-            ka = ops.gather(kri.reshape(s * u * b, h, dqk), anc, 0).reshape(u, b, s, h, dqk)
-            va = ops.gather(vri.reshape(s * u * b, h, dv), anc, 0).reshape(u, b, s, h, dv)
-            ka = ka * rw[i].reshape(1, 1, s, h, 1)                                   # gamma^(n-j), 0 past n
+            ka = ops.gather(kri.reshape(s * n, h, dqk), anc, 0).reshape(n, s, h, dqk)       # the ancestry's
+            va = ops.gather(vri.reshape(s * n, h, dv), anc, 0).reshape(n, s, h, dv)
             if self.replay:
                 # every beam's own state: gamma^n S_p + sum_j gamma^(n-j) k_j v_j^T, [U, Bm, H, dqk, dv]
+                ka = (ka * rw[i].reshape(1, s, h, 1)).reshape(u, b, s, h, dqk)              # 0 past n
                 st = sp[i][:, None] * pw[i].reshape(1, 1, h, 1, 1)
+                va = va.reshape(u, b, s, h, dv)
                 st = st + ops.matmul(ka.transpose(0, 1, 3, 4, 2), va.transpose(0, 1, 3, 2, 4))
-                o = ops.matmul(q.reshape(u, b, h, 1, dqk), st).reshape(u * b, h * dv)
+                o = ops.matmul(q.reshape(u, b, h, 1, dqk), st).reshape(n, h * dv)
             else:
                 # the prompt part: one [Bm, dqk] x [dqk, dv] GEMM per (user, head), S_p shared by the beams
-                q4 = q.reshape(u, b, h, dqk)
-                op = ops.matmul(q4.transpose(0, 2, 1, 3), sp[i]) * pw[i].reshape(1, h, 1, 1)   # [U, H, Bm, dv]
-                w = (q4.reshape(u, b, 1, h, dqk) * ka).sum(-1)                          # [U, Bm, S, H]
-                oa = (w[..., None] * va).sum(2)                                          # [U, Bm, H, dv]
-                o = (op.transpose(0, 2, 1, 3) + oa).reshape(u * b, h * dv)
+                op = ops.matmul(q.reshape(u, b, h, dqk).transpose(0, 2, 1, 3), sp[i]) * pw[i].reshape(1, h, 1, 1)
+                # the ancestry part: [1, dqk] x [dqk, S] then [1, S] x [S, dv] per (beam, head), decayed
+                # gamma^(n-j) and 0 past n
+                w = ops.matmul(q.reshape(n, h, 1, dqk), ka.transpose(0, 2, 3, 1))
+                w = w * rw[i].transpose(1, 0).reshape(1, h, 1, s)
+                oa = ops.matmul(w, va.transpose(0, 2, 1, 3)).reshape(u, b, h, dv)
+                o = (op.transpose(0, 2, 1, 3) + oa).reshape(n, h * dv)
             x = blk.finish(x, uu, o)
             new_k = new_k + (kri,)
             new_v = new_v + (vri,)
