@@ -164,7 +164,9 @@ class PerBeamStateStepCell(nn.Cell):
         for i in range(dec.num_blocks):
             blk = dec.blocks[i]
             uu, q, k, v = blk.project(x)
-            st = ops.gather(states[i], parent, 0) * self.gammas[i].reshape(1, blk.h, 1, 1) + k[..., None] * v[:, :, None, :]
+            # the reorder (a copy of every beam's state) and the update S = gamma S + k v^T
+            st = ops.gather(states[i], parent, 0) * self.gammas[i].reshape(1, blk.h, 1, 1)
+            st = st + k[..., None] * v[:, :, None, :]
             o = ops.matmul(q.reshape(n, blk.h, 1, blk.dqk), st).reshape(n, blk.h * blk.dv)
             x = blk.finish(x, uu, o)
             out = out + (st,)
