@@ -28,7 +28,7 @@ from mindspore import Tensor, nn, ops  # noqa: E402
 
 from block_grad import BlockGrad  # noqa: E402
 from mindgr.models.linear_attention import (LinearAttentionBlock, chunked_linear_attention,  # noqa: E402
-                                            decay_rates)
+                                            decay_rates, decay_tables)
 
 pytestmark = pytest.mark.graph_mode("auto")
 
@@ -96,14 +96,15 @@ def dense_linear_attention(q, k, v, offsets, log_decay):
 class AttentionLoss(nn.Cell):
     def __init__(self, h, chunk, dense=False):
         super().__init__()
-        self.chunk, self.dense = chunk, dense
+        self.dense = dense
         self.log_decay = Tensor(np.log(decay_rates(h).astype(np.float64)).astype(np.float32))
+        self.tables = tuple(Tensor(a) for a in decay_tables(decay_rates(h), chunk))
 
     def construct(self, q, k, v, offsets, c):
         if self.dense:
             o = dense_linear_attention(q, k, v, offsets, self.log_decay)
         else:
-            o = chunked_linear_attention(q, k, v, offsets, self.log_decay, self.chunk)
+            o = chunked_linear_attention(q, k, v, offsets, self.log_decay, *self.tables)
         return (o * c).sum(), o
 
 

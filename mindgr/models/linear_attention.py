@@ -60,22 +60,30 @@ def decay_rates(num_heads: int) -> np.ndarray:
     return (1.0 - 2.0 ** (-5.0 - np.arange(num_heads, dtype=np.float64))).astype(np.float32)
 
 
-def _powers(log_decay, n, keep):
-    """gamma_h ** n where `keep` (bool, broadcast with n), else 0; log_decay shaped to broadcast with n.
-    n is clamped at 0 before the exp so that masked-out (negative) exponents cannot overflow."""
-    e = ops.exp(log_decay * ops.maximum(n, ops.zeros_like(n)))
-    return e * keep.astype(e.dtype)
+def decay_tables(decay, chunk: int):
+    """The chunked form's constant decays for gammas `decay` [H] and chunk C, computed in float64 ->
+    float32 numpy (intra [H, C, C]: gamma^(i-j) for j <= i, else 0; tail [H, C]: gamma^(C-1-j), a token's
+    decay to its chunk's end; lead [H, C]: gamma^(i+1), the decay of the state entering the chunk)."""
+    g = np.asarray(decay, np.float64).reshape(-1, 1)
+    pos = np.arange(int(chunk), dtype=np.float64)
+    diff = pos[:, None] - pos[None, :]
+    intra = np.where(diff >= 0, g[:, :, None] ** np.maximum(diff, 0)[None], 0.0)
+    return (intra.astype(np.float32), (g ** (chunk - 1 - pos)).astype(np.float32),
+            (g ** (pos + 1)).astype(np.float32))
 
 
-def chunked_linear_attention(q, k, v, offsets, log_decay, chunk: int = DEFAULT_CHUNK):
+def chunked_linear_attention(q, k, v, offsets, log_decay, intra, tail, lead):
     """o_t = sum_{j<=t, same row} gamma_h^(t-j) (q_t . k_j) v_j by the chunked form (module docstring).
 
-    q, k [T, H, dqk]; v [T, H, dv]; offsets [B+1] int32; log_decay [H] float32 (log gamma_h);
-    chunk C (capped at T). -> [T, H, dv], zeros for the tokens past offsets[-1]."""
+    q, k [T, H, dqk]; v [T, H, dv]; offsets [B+1] int32; log_decay [H] float32 (log gamma_h); intra, tail,
+    lead: decay_tables(gamma, C) as tensors (C capped at T). -> [T, H, dv], zeros past offsets[-1]."""
     t, h, dqk = q.shape
     dv = v.shape[2]
     num_rows = offsets.shape[0] - 1
-    c = max(1, min(int(chunk), t))
+    chunk = intra.shape[-1]
+    c = min(chunk, t)
+    if c < chunk:                                  # gamma^(i-j) and gamma^(i+1) from the start, gamma^(C-1-j) from the end
+        intra, tail, lead = intra[:, :c, :c], tail[:, chunk - c:], lead[:, :c]
     nc = -(-t // c)
     tp = nc * c
     seg = token_rows(offsets, t)                                  # [T] row of each token, B past the end
@@ -89,27 +97,24 @@ def chunked_linear_attention(q, k, v, offsets, log_decay, chunk: int = DEFAULT_C
     kc = k.reshape(nc, c, h, dqk).transpose(2, 0, 1, 3)
     vc = v.reshape(nc, c, h, dv).transpose(2, 0, 1, 3)            # [H, Nc, C, dv]
     segc = seg.reshape(nc, c)
-    lg = log_decay.reshape(h, 1, 1, 1)
-    pos = ops.arange(c).astype(ms.float32)
 
     # intra-chunk: gamma^(i-j) for j <= i in the same row
-    diff = (pos[:, None] - pos[None, :]).reshape(1, 1, c, c)
-    same = segc[:, :, None] == segc[:, None, :]                    # [Nc, C, C]
-    decay = _powers(lg, diff, ops.logical_and(diff >= 0, same[None]))          # [H, Nc, C, C]
-    out = ops.matmul(ops.matmul(qc, kc.transpose(0, 1, 3, 2)) * decay, vc)      # [H, Nc, C, dv]
+    same = (segc[:, :, None] == segc[:, None, :]).astype(q.dtype)                # [Nc, C, C]
+    scores = ops.matmul(qc, kc.transpose(0, 1, 3, 2)) * (intra[:, None] * same[None])
+    out = ops.matmul(scores, vc)                                                 # [H, Nc, C, dv]
     if nc > 1:
         first, last = segc[:, 0], segc[:, c - 1]
         # each chunk's part of its last row's state, decayed to the chunk's end
-        w_tail = _powers(lg.reshape(h, 1, 1), (c - 1 - pos).reshape(1, 1, c), (segc == last[:, None])[None])
-        kv = ops.matmul((kc * w_tail[..., None]).transpose(0, 1, 3, 2), vc)    # [H, Nc, dqk, dv]
+        w_tail = tail[:, None, :] * (segc == last[:, None]).astype(q.dtype)[None]          # [H, Nc, C]
+        kv = ops.matmul((kc * w_tail[..., None]).transpose(0, 1, 3, 2), vc)              # [H, Nc, dqk, dv]
         # the state entering chunk n: chunks m < n that end in chunk n's first row, decayed C*(n-1-m) steps
         ci = ops.arange(nc).astype(ms.float32)
-        steps = (ci[:, None] - 1.0 - ci[None, :]).reshape(1, nc, nc) * float(c)
-        link = ops.logical_and(steps >= 0, (first[:, None] == last[None, :])[None])
-        carry = _powers(lg.reshape(h, 1, 1), steps, link)                        # [H, Nc, Nc]
+        steps = (ci[:, None] - 1.0 - ci[None, :]) * float(c)
+        link = ops.logical_and(steps >= 0, first[:, None] == last[None, :]).astype(q.dtype)
+        carry = ops.exp(log_decay.reshape(h, 1, 1) * ops.maximum(steps, 0.0)[None]) * link[None]   # [H, Nc, Nc]
         s_in = ops.matmul(carry, kv.reshape(h, nc, dqk * dv)).reshape(h, nc, dqk, dv)
         # its readout by the tokens of that first row: gamma^(i+1) q_i^T S_in
-        w_in = _powers(lg.reshape(h, 1, 1), (pos + 1.0).reshape(1, 1, c), (segc == first[:, None])[None])
+        w_in = lead[:, None, :] * (segc == first[:, None]).astype(q.dtype)[None]           # [H, Nc, C]
         out = out + ops.matmul(qc, s_in) * w_in[..., None]
     o = out.transpose(1, 2, 0, 3).reshape(tp, h, dv)[:t]
     real = (seg[:t] < num_rows).astype(o.dtype)
@@ -131,6 +136,7 @@ class LinearAttentionBlock(nn.Cell):
         self.chunk = int(chunk)
         self.decay = decay_rates(num_heads)
         self.log_decay = Tensor(np.log(self.decay.astype(np.float64)).astype(np.float32))
+        self.intra, self.tail, self.lead = (Tensor(a) for a in decay_tables(self.decay, self.chunk))
         self.scale = float(dqk) ** -0.5
         width = num_heads * (2 * dv + 2 * dqk)
         self.w_uvqk = param(trunc_normal(rng, (dim, width), 0.02), f"{prefix}.w_uvqk")
@@ -144,7 +150,7 @@ class LinearAttentionBlock(nn.Cell):
         u, v, q, k = silu_split(linear(layer_norm(x), self.w_uvqk), (hv, hv, hqk, hqk))
         q = q.reshape(t, self.h, self.dqk) * self.scale
         attn = chunked_linear_attention(q, k.reshape(t, self.h, self.dqk), v.reshape(t, self.h, self.dv),
-                                        offsets, self.log_decay, self.chunk)
+                                        offsets, self.log_decay, self.intra, self.tail, self.lead)
         o = gated_layer_norm(u, attn.reshape(t, hv))
         if drop_mask is not None:
             o = apply_dropout(o, drop_mask)
@@ -178,7 +184,8 @@ class LinearAttentionBlock(nn.Cell):
         mine = ops.logical_and(seg == seg[:, :1], seg < num_rows)                     # [rows, L]
         n = mine.astype(ms.float32).sum(1, keepdims=True)                             # [rows, 1] prompt length
         age = n - 1.0 - ops.arange(row_len).astype(ms.float32).reshape(1, row_len)    # steps to the last token
-        w = _powers(self.log_decay.reshape(1, self.h, 1), age[:, None, :], mine[:, None, :])   # [rows, H, L]
+        w = ops.exp(self.log_decay.reshape(1, self.h, 1) * ops.maximum(age, 0.0)[:, None, :])
+        w = w * mine.astype(ms.float32)[:, None, :]                                   # [rows, H, L] gamma^age
         kr = k.reshape(rows, row_len, self.h, self.dqk).transpose(0, 2, 3, 1) * w[:, :, None, :]
         vr = v.reshape(rows, row_len, self.h, self.dv).transpose(0, 2, 1, 3)
         return y, ops.matmul(kr, vr)                                                  # [rows, H, dqk, dv]
