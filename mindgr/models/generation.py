@@ -3,15 +3,17 @@
 The engine runs trie-constrained beam search and never looks inside the model: it asks the decoder for
 its decoding state and calls prefill once per batch of users, then step once per decoded level. How the
 state is kept is the model's business: the HSTU GR decoder keeps the prompt's K/V once and each beam's
-tokens in append-only records (mindgr.models.kv_cache); a linear-attention decoder would keep a recurrent
-state per beam and fork it by parent index. A new backbone implements this in its own model file.
+tokens in append-only records (mindgr.models.kv_cache); the linear-attention decoder keeps one recurrent
+prompt state per user and the same kind of records (OneLA, mindgr.models.linear_decode). A new backbone
+implements this in its own model file.
 
 A generative decoder has
     num_levels, level_offsets [Lt + 1]       the code layout (global code id = level_offsets[l] + code)
     trie_softmax                             its scoring rule: renormalise each step over the trie's children
     prompts(histories, codes, max_prompt_tokens) -> [per user prompt]   (the input of prefill)
     decode_state(num_users, beam, max_prompt_tokens, runner=None) -> DecodeState
-    (optionally layout="per_beam": a state that copies the prompt's K/V per beam, the engine's cached baseline)
+    (layout= one of the backbone's layouts, named by the engine's cache=: "shared" (the default) and
+    "per_beam" for both backbones, "replay" for linear attention; a one-line ValueError for another)
 and, for the engine's recompute baseline (mindgr.models.generative.RecomputeScorer), the plain forward
 construct(slots, merged, offsets) -> hidden and logits(hidden).
 """
