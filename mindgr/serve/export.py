@@ -196,6 +196,9 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
     from mindspore import Tensor
     from mindgr.generate.engine import DecodingEngine
     from mindgr.serve.generative import GenerativeRecommender
+    if getattr(bundle.decoder, "backbone", "hstu") != "hstu":
+        raise ExportError(f"export: the {bundle.decoder.backbone} backbone's decoding graphs are not exported "
+                          "(MindIR covers the HSTU decoder); serve the run directory (mindgr serve --run)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rec = GenerativeRecommender(bundle, beam=beam, decode="engine", shapes=shapes)

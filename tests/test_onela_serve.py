@@ -1,0 +1,85 @@
+"""A tiny linear-attention GR run end to end: trained by `mindgr train` (model.backbone linear), evaluated,
+answered by `mindgr recommend` and by `mindgr serve` over real HTTP with OneLA decoding (the lists of the
+decoding engine and of the plain recompute search), and a one-line refusal from `mindgr export`."""
+import httpx
+import numpy as np
+import pytest
+
+from conftest import REPO
+from gr_fixtures import random_codes
+from mindgr.config import load_config
+from test_gr_train import LEVELS, SYNTH, gr_overrides
+
+pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
+
+
+@pytest.fixture(scope="module")
+def linear_run(tmp_path_factory):
+    from mindgr.ids.codes import save_codes
+    from mindgr.train.data import load_store
+    from mindgr.train.generative import GenerativeTrainer
+    out = tmp_path_factory.mktemp("gr-linear")
+    store = load_store(load_config(None, SYNTH).data)
+    codes = random_codes(np.random.default_rng(3), store.num_items, LEVELS)
+    path = save_codes(out / "codes.parquet", codes, LEVELS, store.item_raw_ids, {"note": "random"})
+    cfg = load_config(None, gr_overrides(out, "gr-linear", path, "model.backbone=linear"))
+    result = GenerativeTrainer(cfg, quiet=True).fit()
+    return {"run": out / "gr-linear", "result": result, "raw": np.asarray(store.item_raw_ids)}
+
+
+def test_linear_run_trains_and_decodes(linear_run):
+    from mindgr.generate.engine import DecodingEngine
+    from mindgr.train.generative import load_generative_run
+    metrics = linear_run["result"]["test"]
+    assert 0.0 <= metrics["hr@10"] <= 1.0
+    run = load_generative_run(linear_run["run"])
+    assert run.decoder.backbone == "linear"
+    hist = [np.asarray([3, 8, 1, 20, 7]), np.asarray([5, 9])]
+    p_cap = run.max_history * run.decoder.num_levels
+    want = DecodingEngine(run.decoder, run.trie, run.codes, 6, p_cap, 2, cache="recompute").search(hist, 6)
+    for cache in ("shared", "per_beam", "replay"):
+        got = DecodingEngine(run.decoder, run.trie, run.codes, 6, p_cap, 2, cache=cache).search(hist, 6)
+        np.testing.assert_array_equal(got[0], want[0], err_msg=cache)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=2e-5, err_msg=cache)
+
+
+def test_recommend_serve_and_export(linear_run, tmp_path, capsys):
+    from mindgr.bench.serve import free_port, start_server, stop_server
+    from mindgr.cli import main
+    from mindgr.generate.engine import DecodingEngine
+    from mindgr.serve.models import serving_kind
+    from mindgr.train.generative import load_generative_run
+    run_dir, raw = linear_run["run"], linear_run["raw"]
+    assert serving_kind(run_dir) == "generative"
+    hist = [3, 8, 1, 20, 7]
+    run = load_generative_run(run_dir)
+    eng = DecodingEngine(run.decoder, run.trie, run.codes, 6, run.max_history * run.decoder.num_levels, 1)
+    items, _ = eng.search([np.asarray(hist)[-run.max_history:]], 6)
+    want = [int(raw[i]) for i in items[0][:5]]
+
+    capsys.readouterr()
+    assert main(["recommend", "--run", str(run_dir), "--user-history", " ".join(str(raw[i]) for i in hist),
+                 "--k", "5", "--beam", "6", "--include-history"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()[1:]
+    assert [int(line.split("\t")[1]) for line in lines] == want
+
+    port = free_port()
+    proc = start_server(run_dir, port, ["--beam", 6, "--batch-shapes", "1", "--threads", 1], cwd=REPO)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/health").json()["model"] == "generative"
+        r = httpx.post(f"{url}/recommend", json={"history": [int(raw[i]) for i in hist], "k": 5,
+                                                 "exclude_history": False}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["items"] == want
+        unknown = int(raw.max()) + 1000
+        r = httpx.post(f"{url}/recommend", json={"history": [int(raw[1]), unknown], "k": 3}, timeout=60)
+        assert r.status_code == 422 and f"unknown item id {unknown}" in r.json()["error"]
+    finally:
+        stop_server(proc)
+
+    capsys.readouterr()
+    assert main(["export", "--run", str(run_dir), "--out", str(tmp_path / "export"), "--beam", "6"]) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mindgr: error:")]
+    assert len(err) == 1 and "linear backbone's decoding graphs are not exported" in err[0]
+    assert not (tmp_path / "export").exists()
