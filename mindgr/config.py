@@ -115,6 +115,10 @@ class ModelConfig:
     # arch gr: each code's softmax runs over the codes the prefix trie allows after the item's earlier
     # codes (in training and in decoding), instead of over every code of its level
     trie_softmax: bool = False
+    # loss.objective rating (the reward model): each history item enters the encoder with the value the user
+    # gave it (a learned direction times the value's distance from the mean), so the model reads the user's
+    # rating scale; the scorer then needs the histories' values
+    value_input: bool = False
     # arch gr: the decoder's blocks: hstu (pointwise SiLU attention with a relative position bias) or linear
     # (causal linear attention with a fixed per-head decay, HSTU's gating kept; mindgr.models.linear_attention)
     backbone: str = field(default="hstu", metadata=_rng(choices=["hstu", "linear"]))

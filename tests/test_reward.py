@@ -132,13 +132,23 @@ def test_resume_is_bit_identical(reward_run):
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_scorer_equals_the_training_graph(reward_run):
-    """score(history, item) is the training graph's prediction at the position before that item."""
+@pytest.fixture(scope="module")
+def value_input_run(reward_run):
+    from mindgr.train.reward import reward_trainer
+    out = reward_run["out"]
+    reward_trainer(load_config(None, reward_overrides(out, "vi", "model.value_input=true")), quiet=True).fit()
+    return out / "vi"
+
+
+@pytest.mark.parametrize("which", ["ids", "values"])
+def test_scorer_equals_the_training_graph(reward_run, value_input_run, which):
+    """score(history, item) is the training graph's prediction at the position before that item (with the
+    history's values under model.value_input)."""
     from mindspore import Tensor, nn
     from mindgr.train.reward import RewardData, load_reward_scorer
-    scorer = load_reward_scorer(reward_run["run"])
-    cfg = scorer.cfg
-    data = RewardData(cfg)
+    scorer = load_reward_scorer(reward_run["run"] if which == "ids" else value_input_run)
+    assert scorer.uses_values == (which == "values")
+    data = RewardData(scorer.cfg)
 
     class Predict(nn.Cell):
         def __init__(self, loss):
@@ -149,28 +159,38 @@ def test_scorer_equals_the_training_graph(reward_run):
             return self.loss.predictions(*args)
 
     indices = np.arange(6)
-    batch, items, values = data.step_arrays(indices)
-    pred = Predict(scorer.model.loss_net)(*[Tensor(x) for x in (batch.ids, batch.positions, batch.offsets,
-                                                                batch.timestamps, batch.request_times, items)])
-    pred = pred.asnumpy()
-    histories, cands, expected = [], [], []
+    batch, in_values, items, values = data.step_arrays(indices)
+    arrays = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.request_times, in_values, items)
+    pred = Predict(scorer.model.loss_net)(*[Tensor(x) for x in arrays]).asnumpy()
+    histories, hist_values, cands, expected = [], [], [], []
     for r, k in enumerate(indices):
         lo, hi = int(batch.offsets[r]), int(batch.offsets[r + 1])
         for t in range(lo, hi):
             if items[t] > 0:
                 histories.append(batch.ids[lo:t + 1].copy())
+                hist_values.append(in_values[lo:t + 1].copy())
                 cands.append([items[t], 1])
                 expected.append(pred[t])
-    got = scorer.score(histories, np.array(cands))
+    got = scorer.score(histories, np.array(cands), history_values=hist_values)
     assert got.shape == (len(histories), 2) and got.dtype == np.float32
     assert np.allclose(got[:, 0], expected, atol=1e-5)
     # chunked scoring (a few rows at a time, padded last chunk) gives the same numbers
     scorer.rows = 7
-    assert np.allclose(scorer.score(histories, np.array(cands)), got, atol=1e-5)
+    assert np.allclose(scorer.score(histories, np.array(cands), history_values=hist_values), got, atol=1e-5)
+    if which == "values":                    # the values matter, and are required
+        shifted = [v * 0 + 1 for v in hist_values]
+        assert not np.allclose(scorer.score(histories, np.array(cands), history_values=shifted), got, atol=1e-4)
+        with pytest.raises(ValueError, match="pass history_values"):
+            scorer.score(histories[:1], np.array([[1]]))
     with pytest.raises(ValueError, match="item ids must be in"):
-        scorer.score(histories[:1], np.array([[0]]))
+        scorer.score(histories[:1], np.array([[0]]), history_values=hist_values[:1])
     with pytest.raises(ValueError, match="history 0"):
-        scorer.score([np.zeros(0, np.int64)], np.array([[1]]))
+        scorer.score([np.zeros(0, np.int64)], np.array([[1]]), history_values=[np.zeros(0)])
+
+
+def test_value_input_run_evaluates(value_input_run):
+    saved = json.loads((value_input_run / "eval.json").read_text())
+    assert saved["test"]["count"] == 150 and saved["test"]["rmse"] > 0
 
 
 def test_scorer_refuses_other_runs_and_commands(reward_run, tmp_path):

@@ -7,7 +7,10 @@ item embedding (the table its inputs are gathered from, scaled as the inputs are
 (zero at the start: the first predictions are b_global, the training mean the task writes in), b_item
 a bias per item (zero at the start). Training (RatingLoss) predicts, at every position t-1 of a training
 sequence, the value of its target item t and takes the mean squared error over the positions with a
-target (one jagged pass, the loss normalised by the number of targets). Scoring (ScoreLast) takes
+target (one jagged pass, the loss normalised by the number of targets). With value_input (config
+model.value_input), each history item enters the encoder with the value the user gave it: its embedding
+plus (value - b_global) times a learned direction (zero at the start), so the encoder can read a user's
+rating scale and tastes, not only which items were consumed. Scoring (ScoreLast) takes
 the state at each row's last position and a group of G candidate items per row: the same arithmetic
 (RatingHead.scores), so a scorer and the training graph agree on every (history, item).
 """
@@ -40,21 +43,33 @@ class RatingHead(nn.Cell):
 
 class RatingLoss(nn.Cell):
     """Mean squared error of r_hat at every token with a target: inputs (ids, positions, offsets, timestamps,
-    request_times, targets [T] item of the next position (0 = none), values [T] float32 its value, drop,
-    and a rank's loss weight `scale` when it has one)."""
+    request_times, in_values [T] float32 the value of each history token (read only with value_input),
+    targets [T] item of the next position (0 = none), values [T] float32 its value, drop, and a rank's loss
+    weight `scale` when it has one)."""
 
-    def __init__(self, encoder, num_items: int):
+    def __init__(self, encoder, num_items: int, value_input: bool = False):
         super().__init__()
         self.encoder = encoder
         self.head = RatingHead(num_items, encoder.dim)
+        self.value_input = bool(value_input)
+        self.value_dir = param(np.zeros((encoder.dim,), np.float32), "rating.value_dir")
 
-    def predictions(self, ids, positions, offsets, timestamps, request_times, targets, drop=None):
+    def states(self, ids, positions, offsets, timestamps, request_times, in_values, drop=None):
+        """The encoder's output [T, D], the history's values added to its item vectors under value_input."""
+        if not self.value_input:
+            return self.encoder(ids, positions, offsets, timestamps, drop, request_times)
+        vectors = ops.gather(self.encoder.item_emb, ids, 0)
+        vectors = vectors + (in_values - self.head.global_bias).reshape(-1, 1) * self.value_dir.reshape(1, -1)
+        return self.encoder.encode(vectors, positions, offsets, timestamps, drop, request_times)
+
+    def predictions(self, ids, positions, offsets, timestamps, request_times, in_values, targets, drop=None):
         """r_hat of every token's target [T] (meaningless where targets == 0)."""
-        h = self.encoder(ids, positions, offsets, timestamps, drop, request_times)
+        h = self.states(ids, positions, offsets, timestamps, request_times, in_values, drop)
         return self.head.scores(h, targets.reshape(-1, 1), self.encoder.item_emb).reshape(-1)
 
-    def construct(self, ids, positions, offsets, timestamps, request_times, targets, values, drop, scale=None):
-        pred = self.predictions(ids, positions, offsets, timestamps, request_times, targets, drop)
+    def construct(self, ids, positions, offsets, timestamps, request_times, in_values, targets, values, drop,
+                  scale=None):
+        pred = self.predictions(ids, positions, offsets, timestamps, request_times, in_values, targets, drop)
         mask = (targets > 0).astype(pred.dtype)
         err = (pred - values) * mask
         loss = (err * err).sum() / ops.maximum(mask.sum(), ops.ones_like(mask.sum()))
@@ -63,21 +78,21 @@ class RatingLoss(nn.Cell):
 
 class ScoreLast(nn.Cell):
     """r_hat of G candidate items for each row's history: (ids, positions, offsets, timestamps, request_times,
-    items [B, G] int32) -> [B, G] float32 (rows without tokens score garbage; the caller drops them)."""
+    in_values, items [B, G] int32) -> [B, G] float32 (rows without tokens score garbage; the caller drops
+    them)."""
 
     def __init__(self, loss: RatingLoss):
         super().__init__()
-        self.encoder = loss.encoder
-        self.head = loss.head
+        self.loss = loss
 
-    def construct(self, ids, positions, offsets, timestamps, request_times, items):
-        h = last_positions(self.encoder(ids, positions, offsets, timestamps, None, request_times), offsets)
-        return self.head.scores(h, items, self.encoder.item_emb)
+    def construct(self, ids, positions, offsets, timestamps, request_times, in_values, items):
+        h = last_positions(self.loss.states(ids, positions, offsets, timestamps, request_times, in_values), offsets)
+        return self.loss.head.scores(h, items, self.loss.encoder.item_emb)
 
 
 def build_rating(cfg, encoder, num_items: int):
     """The objective registry's builder (mindgr.models.objectives, `rating`)."""
-    return RatingLoss(encoder, num_items)
+    return RatingLoss(encoder, num_items, cfg.model.value_input)
 
 
 def rating_flops(model_cfg, num_targets: int, num_candidates: int) -> float:

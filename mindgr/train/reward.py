@@ -43,10 +43,36 @@ def check_reward_config(cfg: Config, executor: str = "local"):
                           "model.request_time = false")
 
 
-def training_values(split, max_len: int) -> list:
-    """The value of every training example's targets (float32), beside mindgr.datasets.training_examples's
-    targets: the same sequences (2 items or more), the same last max_len positions."""
-    return [np.asarray(v[1:][-max_len:], np.float32) for s, v in zip(split.train, split.train_values) if len(s) >= 2]
+def training_values(split, max_len: int) -> tuple[list, list]:
+    """(values of the inputs, values of the targets) of every training example (float32), beside
+    mindgr.datasets.training_examples's inputs and targets: the same sequences (2 items or more), the same
+    last max_len positions."""
+    kept = [v for s, v in zip(split.train, split.train_values) if len(s) >= 2]
+    return ([np.asarray(v[:-1][-max_len:], np.float32) for v in kept],
+            [np.asarray(v[1:][-max_len:], np.float32) for v in kept])
+
+
+class IndexedExamples:
+    """Examples packed with each token's flat index + 1 as its `target` (0 = padding), so that per-token
+    arrays of any type (target items, values) are gathered from flat arrays after packing."""
+
+    def __init__(self, examples):
+        from mindgr.train.data import Examples
+        lengths = np.array([len(x) for x in examples.inputs], np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        index = [np.arange(a + 1, a + n + 1, dtype=np.int32) for a, n in zip(starts, lengths)]
+        self.examples = Examples(examples.inputs, examples.times, index, examples.token_capacity,
+                                 examples.row_capacity, examples.request_times)
+
+    def batch(self, indices):
+        """(JaggedBatch, the flat index of each token [T_cap] int64, -1 for padding)."""
+        batch = self.examples.batch(indices)
+        return batch, batch.targets.astype(np.int64) - 1
+
+
+def gather_tokens(flat: np.ndarray, index: np.ndarray, fill=0):
+    """flat[index] where index >= 0, `fill` elsewhere."""
+    return np.where(index >= 0, flat[np.maximum(index, 0)], fill).astype(flat.dtype)
 
 
 class RewardData:
@@ -54,7 +80,7 @@ class RewardData:
     value, reached through the packed batch's `targets`, which hold each token's flat index + 1 (0 = none)."""
 
     def __init__(self, cfg: Config):
-        from mindgr.train.data import Examples, RunData
+        from mindgr.train.data import RunData
         from mindgr.train.reward_metrics import MeanBaselines
         data = RunData(cfg)
         store = data.store
@@ -63,27 +89,35 @@ class RewardData:
                               "has none (a MovieLens ratings file, data.csv.value_column, data.synthetic.values)")
         self.data = data
         split, tr = data.split, data.train
-        values = training_values(split, cfg.data.max_len)
-        lengths = np.array([len(t) for t in tr.targets], np.int64)
-        assert len(values) == len(tr.targets) and all(len(v) == n for v, n in zip(values, lengths))
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        in_values, values = training_values(split, cfg.data.max_len)
+        assert len(values) == len(tr.targets) and all(len(v) == len(t) for v, t in zip(values, tr.targets))
         self.target_items = np.concatenate(tr.targets).astype(np.int32)
         self.target_values = np.concatenate(values).astype(np.float32)
-        index = [np.arange(s + 1, s + n + 1, dtype=np.int32) for s, n in zip(starts, lengths)]
-        self.train = Examples(tr.inputs, tr.times, index, tr.token_capacity, tr.row_capacity, tr.request_times)
+        self.input_values = np.concatenate(in_values).astype(np.float32)
+        self.indexed = IndexedExamples(tr)
+        self.train = self.indexed.examples
         self.plan = data.plan
+        self.eval = {}                 # split -> (IndexedExamples of its histories, their values flat)
+        for name in ("valid", "test"):
+            evalset, examples = getattr(split, name), data.eval[name]
+            if examples is not None:
+                hist = [np.asarray(v[-cfg.data.max_len:], np.float32) for v in evalset.history_values]
+                self.eval[name] = (IndexedExamples(examples), np.concatenate(hist))
         users = np.repeat(split.train_users, [len(s) for s in split.train])      # every training interaction
         self.baselines = MeanBaselines(users, np.concatenate(split.train), np.concatenate(split.train_values),
                                        store.num_items, store.num_users)
 
     def step_arrays(self, indices):
-        """(batch, target items [T_cap] int32, values [T_cap] float32) of the training examples `indices`."""
-        batch = self.train.batch(indices)
-        idx = batch.targets.astype(np.int64)
-        has = idx > 0
-        items = np.where(has, self.target_items[np.maximum(idx - 1, 0)], 0).astype(np.int32)
-        values = np.where(has, self.target_values[np.maximum(idx - 1, 0)], 0.0).astype(np.float32)
-        return batch, items, values
+        """(batch, input values [T_cap] float32, target items [T_cap] int32, target values [T_cap] float32) of
+        the training examples `indices`."""
+        batch, index = self.indexed.batch(indices)
+        return (batch, gather_tokens(self.input_values, index), gather_tokens(self.target_items, index),
+                gather_tokens(self.target_values, index))
+
+    def predict(self, score_cell, split: str, items: np.ndarray) -> np.ndarray:
+        """r_hat of items [n, G] after each `split` history (valid or test) -> [n, G]."""
+        examples, values = self.eval[split]
+        return predict_last(score_cell, examples, values, items)
 
 
 class RewardModel:
@@ -105,19 +139,21 @@ class RewardModel:
         self.loss_net.head.global_bias.set_data(Tensor(np.full((1,), value, np.float32)))
 
 
-def predict_last(score_cell, examples, items: np.ndarray) -> np.ndarray:
-    """r_hat of items [n, G] for every example's whole history (the examples' own batches) -> [n, G]."""
+def predict_last(score_cell, indexed: IndexedExamples, values: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """r_hat of items [n, G] for every example's whole history (the examples' own batches; `values`: the
+    histories' values, flat) -> [n, G]."""
     from mindspore import Tensor
     from mindgr.train.step import encoder_inputs
     items = np.asarray(items, np.int32)
     out = np.full(items.shape, np.nan, np.float32)
+    examples = indexed.examples
     for indices in examples.plan():
         indices = np.asarray(indices, np.int64)
-        batch = examples.batch(indices)
+        batch, index = indexed.batch(indices)
         rows = np.zeros((examples.row_capacity, items.shape[1]), np.int32)
         rows[: len(indices)] = items[indices]
-        scores = score_cell(*[Tensor(x) for x in encoder_inputs(batch)], Tensor(rows)).asnumpy()
-        out[indices] = scores[: len(indices)]
+        arrays = encoder_inputs(batch) + (gather_tokens(values, index), rows)
+        out[indices] = score_cell(*[Tensor(x) for x in arrays]).asnumpy()[: len(indices)]
     return out
 
 
@@ -162,9 +198,10 @@ class RewardTask(Task):
         return self.model
 
     def inputs(self, epoch: int, b: int, indices):
-        batch, items, values = self.reward.step_arrays(indices)
+        batch, in_values, items, values = self.reward.step_arrays(indices)
         drop = self.masks.batch(epoch, b)
-        arrays = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.request_times, items, values, drop)
+        arrays = (batch.ids, batch.positions, batch.offsets, batch.timestamps, batch.request_times, in_values, items,
+                  values, drop)
         return ArrayInputs(arrays), {"tokens": batch.num_tokens, "fill": batch.fill,
                                      "lengths": np.diff(batch.offsets[: batch.num_rows + 1]),
                                      "targets": int((items > 0).sum())}
@@ -185,7 +222,7 @@ class RewardTask(Task):
     def evaluate(self, model, split: str, ctx) -> dict:
         from mindgr.train.reward_metrics import rating_metrics
         evalset = getattr(self.data.split, split)
-        pred = predict_last(model.score, self.data.eval[split], np.asarray(evalset.targets)[:, None])[:, 0]
+        pred = self.reward.predict(model.score, split, np.asarray(evalset.targets)[:, None])[:, 0]
         return rating_metrics(pred, evalset.target_values)
 
     def baselines(self) -> dict:
@@ -228,12 +265,15 @@ class RewardScorer:
     checkpoint: str           # the checkpoint file loaded
     step: int | None
     uses_times: bool          # the encoder reads timestamps (model.time_bias): score() needs history_times
+    uses_values: bool         # the encoder reads the history's values (model.value_input): score() needs them
     rows: int = 256
 
-    def score(self, histories, items, history_times=None) -> np.ndarray:
+    def score(self, histories, items, history_values=None, history_times=None) -> np.ndarray:
         """histories: U arrays of item ids (1..num_items, oldest first, at least one each); items [U, G] int
-        item ids to score for each user; history_times: U int64 arrays in seconds (only for a model with
-        a time bias). Returns r_hat [U, G] float32: the predicted value of each item after its history."""
+        item ids to score for each user; history_values: U float arrays, the value of each history item
+        (only for a model trained with model.value_input); history_times: U int64 arrays in seconds (only
+        for a model with a time bias). Returns r_hat [U, G] float32: the predicted value of each item after
+        its history."""
         items = np.asarray(items)
         if items.ndim != 2 or len(histories) != items.shape[0]:
             raise ValueError(f"score: items must be [U, G] for U = {len(histories)} histories, got shape "
@@ -242,7 +282,10 @@ class RewardScorer:
             raise ValueError(f"score: item ids must be in 1..{self.num_items}")
         if self.uses_times and history_times is None:
             raise ValueError("score: this reward model has a time bias (model.time_bias): pass history_times")
-        inputs, times = [], []
+        if self.uses_values and history_values is None:
+            raise ValueError("score: this reward model reads the history's values (model.value_input): pass "
+                             "history_values")
+        inputs, times, values = [], [], []
         for u, h in enumerate(histories):
             h = np.asarray(h, np.int64)
             if len(h) == 0 or h.min() < 1 or h.max() > self.num_items:
@@ -252,14 +295,20 @@ class RewardScorer:
             if len(t) != len(h):
                 raise ValueError(f"score: history {u} has {len(h)} items and {len(t)} times")
             times.append(t[-self.max_history:])
+            v = np.zeros(len(h), np.float32) if history_values is None else np.asarray(history_values[u], np.float32)
+            if len(v) != len(h) or not np.isfinite(v).all():
+                raise ValueError(f"score: history {u} has {len(h)} items and needs as many finite values "
+                                 f"(got {len(v)})")
+            values.append(v[-self.max_history:])
         out = np.empty(items.shape, np.float32)
         rows = max(1, min(self.rows, len(inputs)))
         for lo in range(0, len(inputs), rows):
             chunk = np.arange(lo, min(lo + rows, len(inputs)))
-            out[chunk] = self._score_chunk([inputs[i] for i in chunk], [times[i] for i in chunk], items[chunk], rows)
+            out[chunk] = self._score_chunk([inputs[i] for i in chunk], [times[i] for i in chunk],
+                                           [values[i] for i in chunk], items[chunk], rows)
         return out
 
-    def _score_chunk(self, inputs, times, items, rows: int) -> np.ndarray:
+    def _score_chunk(self, inputs, times, values, items, rows: int) -> np.ndarray:
         from mindspore import Tensor
         from mindgr.datasets import build_batch
         from mindgr.train.step import encoder_inputs
@@ -267,9 +316,12 @@ class RewardScorer:
         capacity = min(max(64, 1 << (total - 1).bit_length()), rows * self.max_history)
         targets = [np.zeros(len(x), np.int32) for x in inputs]
         batch = build_batch(np.arange(len(inputs)), inputs, times, targets, capacity, rows)
+        in_values = np.zeros(capacity, np.float32)
+        in_values[: batch.num_tokens] = np.concatenate(values)     # build_batch packs rows in order, no gaps
         padded = np.zeros((rows, items.shape[1]), np.int32)
         padded[: len(inputs)] = items
-        scores = self.model.score(*[Tensor(x) for x in encoder_inputs(batch)], Tensor(padded)).asnumpy()
+        arrays = encoder_inputs(batch) + (in_values, padded)
+        scores = self.model.score(*[Tensor(x) for x in arrays]).asnumpy()
         return scores[: len(inputs)]
 
 
@@ -299,7 +351,7 @@ def load_reward_scorer(run_dir, checkpoint: str = "best", threads: int | None = 
     model.encoder.set_train(False)
     uses_times = bool(model_spec(cfg.model.arch).uses_timestamps and cfg.model.time_bias)
     return RewardScorer(cfg, run_dir, model, num_items, cfg.data.max_len, path.name, meta.get("step"), uses_times,
-                        rows)
+                        bool(cfg.model.value_input), rows)
 
 
 def _item_table_name(tensors: dict) -> str:
@@ -328,7 +380,7 @@ def evaluate_reward_run(run_dir, split: str = "test", which: str = "best", allow
     note = data_change_note(scorer.run_dir, cfg, allow_data_change)
     reward = RewardData(cfg)
     evalset = getattr(reward.data.split, split)
-    pred = predict_last(scorer.model.score, reward.data.eval[split], np.asarray(evalset.targets)[:, None])[:, 0]
+    pred = reward.predict(scorer.model.score, split, np.asarray(evalset.targets)[:, None])[:, 0]
     out = {"run": str(scorer.run_dir), "split": split, "checkpoint": scorer.checkpoint, "step": scorer.step,
            **rating_metrics(pred, evalset.target_values)}
     for name, base in reward.baselines.predictions(evalset.users, evalset.targets).items():
