@@ -359,8 +359,10 @@ def _add_serve_commands(sub):
     s.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     s.add_argument("--batch-shapes", help="rows (HSTU, default 1,4,16,64) or users (GR, default 1,2,4) of each "
                    "compiled batch shape")
-    s.add_argument("--decode", default="engine", choices=["engine", "naive"],
-                   help="GR: the decoding engine's fast path or the naive baseline (recompute, full sort, masks rebuilt)")
+    s.add_argument("--decode", default="engine", choices=["engine", "per_beam", "replay", "naive"],
+                   help="GR: the decoding engine's fast path (HSTU: shared prompt K/V; linear: OneLA), its cached "
+                        "baselines per_beam (K/V or recurrent state per beam) and replay (linear only), or the "
+                        "naive baseline (recompute, full sort, masks rebuilt)")
     s.add_argument("--beam", type=int, default=16, help="GR: beam width (k <= beam)")
     s.add_argument("--overlap", default="off", choices=["on", "off"],
                    help="GR: overlap one batch's host-side selection with the next batch's model compute")

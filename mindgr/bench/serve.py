@@ -346,9 +346,11 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                    duration: float = 6.0, max_requests: int = 400, min_requests: int = 6,
                    bound_factor: float = 5.0, p99_bound_ms: float | None = None, cell_budget_s: float = 240.0,
                    shapes: str = "1,2,4", big_shapes: str = "1,2", threads=None, overlap: str = "off",
-                   sides=("engine", "naive"), memory_fraction: float = 0.6, out=None) -> dict:
+                   sides=("engine", "naive"), memory_fraction: float = 0.6, out=None,
+                   backbone: str = "hstu") -> dict:
     """Per (prompt, beam) cell: one server per side (`--decode engine` / `--decode naive`, or overlap on /
-    off when sides = ("overlap-on", "overlap-off")), both up at once on the same random-weight model;
+    off when sides = ("overlap-on", "overlap-off"), or two of mindgr serve's --decode choices, e.g. ("engine",
+    "per_beam"): OneLA vs the per-beam recurrent state with backbone "linear"), both up at once on the same random-weight model;
     an unloaded probe (sequential requests) of each; then open-loop rates at multiples of each side's
     1 / probe latency, the two sides alternating rate by rate in one window (host noise hits both alike).
     The p99 bound of a cell is p99_bound_ms if given, else bound_factor x the slower side's probe p50
@@ -364,13 +366,14 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
     from mindgr.config import ConfigError
     if duration <= 0 or max_requests < 1 or min_requests < 1 or not multiples or min(multiples) <= 0:
         raise ConfigError("bench serve --gr: --duration > 0, --max-requests >= 1 and positive rate multiples")
+    from mindgr.serve.generative import DECODES
     import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stopped: still stop the servers (finally)
     cells = []
     for prompt in prompts:
         for beam in beams:
             cell_shapes = big_shapes if beam * prompt >= 256 * 1000 else shapes
-            spec = f"items={items},prompt={prompt},dim={dim},blocks={blocks},heads={heads},seed=0"
+            spec = f"items={items},prompt={prompt},dim={dim},blocks={blocks},heads={heads},seed=0,backbone={backbone}"
             servers, ports = {}, {}
             load_before = os.getloadavg()
             avail = available_bytes()
@@ -379,7 +382,7 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
             t_start = time.perf_counter()
             try:
                 for side in sides:                    # start both, then wait for both (compiles overlap)
-                    decode = "naive" if side == "naive" else "engine"
+                    decode = side if side in DECODES else "engine"
                     ov = {"overlap-on": "on", "overlap-off": "off"}.get(side, overlap)
                     ports[side] = free_port()
                     args = ["--random-gr", spec, "--beam", beam, "--decode", decode, "--overlap", ov,
@@ -600,7 +603,19 @@ def add_arguments(parser):
                          "memory (that cell records it; the grid goes on)")
     gr.add_argument("--overlap-ab", action="store_true",
                     help="engine with overlap on vs off, instead of engine vs naive")
+    gr.add_argument("--gr-backbone", default="hstu", choices=["hstu", "linear"], help="the decoder's blocks")
+    gr.add_argument("--gr-sides", default="engine,naive",
+                    help="the two --decode modes compared (engine, per_beam, replay, naive), e.g. engine,per_beam")
     parser.add_argument("--out", help="also write the figures as JSON to this path")
+
+
+def _sides(text: str) -> tuple:
+    from mindgr.config import ConfigError
+    from mindgr.serve.generative import DECODES
+    sides = tuple(x.strip() for x in text.split(",") if x.strip())
+    if len(sides) != 2 or len(set(sides)) != 2 or not set(sides) <= set(DECODES):
+        raise ConfigError(f"bench serve --gr-sides {text!r}: two different of {', '.join(DECODES)}")
+    return sides
 
 
 def run(args) -> int:
@@ -611,7 +626,8 @@ def run(args) -> int:
                        min_requests=args.min_requests, bound_factor=args.bound_factor,
                        p99_bound_ms=args.gr_p99_bound_ms, cell_budget_s=args.cell_budget,
                        shapes=args.gr_batch_shapes, big_shapes=args.gr_big_batch_shapes, threads=args.threads,
-                       sides=("overlap-on", "overlap-off") if args.overlap_ab else ("engine", "naive"),
+                       sides=("overlap-on", "overlap-off") if args.overlap_ab else _sides(args.gr_sides),
+                       backbone=args.gr_backbone,
                        multiples=[float(x) for x in args.rate_multiples.split(",")],
                        memory_fraction=args.memory_fraction, out=args.out)
         return 0

@@ -34,7 +34,11 @@ import numpy as np
 
 from mindgr.serve.recommend import DEFAULT_MAX_HISTORY, Catalogue, RequestError, ServingModel, parse_query
 
-DECODES = ("engine", "naive")
+DECODES = ("engine", "per_beam", "replay", "naive")
+# the engine's options of each: its fast path (the decoder's shared layout: HSTU's KV cache, linear attention's
+# OneLA), the cached baselines (per-beam K/V or states; replay, linear only) and the naive recompute search
+DECODE_OPTIONS = {"engine": {}, "per_beam": dict(cache="per_beam"), "replay": dict(cache="replay"),
+                  "naive": dict(cache="recompute", selection="full_sort", masks="rebuild")}
 DEFAULT_GR_SHAPES = (1, 2, 4)          # users per compiled batch (each user is `beam` decode rows)
 BEAUTY_LEVELS = (256, 256, 256, 32)    # 3 residual k-means levels of 256 codes + a de-dup digit
 RAW_ID_BASE = 1000                     # random bundles: raw id of item i is RAW_ID_BASE + i
@@ -72,7 +76,7 @@ def beauty_like_codes(rng, num_items: int, level_sizes=BEAUTY_LEVELS) -> np.ndar
 
 def random_bundle(num_items: int = 12101, prompt_tokens: int = 200, dim: int = 128, blocks: int = 4,
                   heads: int = 2, level_sizes=BEAUTY_LEVELS, seed: int = 0, weight_scale: float = 0.1,
-                  token_merger: str = "none") -> GenerativeBundle:
+                  token_merger: str = "none", backbone: str = "hstu") -> GenerativeBundle:
     """A random-weight GR decoder of the given shape and a random code table: what serving needs of a run.
     prompt_tokens fixes max_history (prompt_tokens // tokens per item) and the decoder's max_len."""
     from mindspore import Tensor
@@ -88,26 +92,31 @@ def random_bundle(num_items: int = 12101, prompt_tokens: int = 200, dim: int = 1
         raise ValueError(f"prompt of {prompt_tokens} tokens holds no item ({per_item} tokens each)")
     dec = GRDecoder(sizes, dim, blocks, heads, dim // heads, dim // heads,
                     max_len=max_history * per_item + len(sizes) - 1, token_merger=token_merger, seed=seed,
-                    num_items=num_items)
+                    num_items=num_items, backbone=backbone)
     for p in dec.trainable_params():
         p.set_data(Tensor((rng.standard_normal(p.shape) * weight_scale).astype(np.float32)))
     dec.set_train(False)
     raw = np.concatenate([[-1], RAW_ID_BASE + np.arange(1, num_items + 1)]).astype(np.int64)
     spec = dict(items=num_items, prompt_tokens=prompt_tokens, dim=dim, blocks=blocks, heads=heads,
-                level_sizes=sizes, seed=seed, token_merger=token_merger)
+                level_sizes=sizes, seed=seed, token_merger=token_merger, backbone=backbone)
     return GenerativeBundle(cfg=None, run_dir=None, decoder=dec, codes=codes, level_sizes=sizes,
                             trie=PrefixTrie(codes, sizes), raw_ids=raw, max_history=max_history,
                             checkpoint="random weights", extra={"random": spec})
 
 
 def parse_random_spec(text: str) -> dict:
-    """`items=12101,prompt=200,dim=128,blocks=4,heads=2,seed=0,levels=256x256x256x32` -> random_bundle's
+    """`items=12101,prompt=200,dim=128,blocks=4,heads=2,seed=0,levels=256x256x256x32,backbone=linear` -> random_bundle's
     keyword arguments (any subset; the rest keep their defaults)."""
     names = {"items": "num_items", "prompt": "prompt_tokens", "dim": "dim", "blocks": "blocks",
              "heads": "heads", "seed": "seed"}
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = part.partition("=")
+        if key == "backbone":
+            if value not in ("hstu", "linear"):
+                raise ValueError(f"--random-gr: {part!r} (expected backbone=hstu or backbone=linear)")
+            out["backbone"] = value
+            continue
         if key == "levels":
             try:
                 out["level_sizes"] = [int(x) for x in value.split("x")]
@@ -170,7 +179,7 @@ class GenerativeRecommender(ServingModel):
             raise ValueError(f"batch shapes: {shapes!r} (expected positive user counts)")
         self.workers = 2 if self.overlap else 1
         self.runner = ModelThread() if self.overlap else None
-        options = {} if decode == "engine" else dict(cache="recompute", selection="full_sort", masks="rebuild")
+        options = DECODE_OPTIONS[decode]
         self.codes = np.asarray(bundle.codes)
         self.engines = [{rows: DecodingEngine(dec, bundle.trie, self.codes, beam, self.p_cap, rows,
                                               runner=self.runner, **options) for rows in self.shapes}
