@@ -27,8 +27,8 @@ import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402
 
 from block_grad import BlockGrad  # noqa: E402
-from mindgr.models.linear_attention import (LinearAttentionBlock, chunked_linear_attention,  # noqa: E402
-                                            decay_rates, decay_tables)
+from mindgr.models.linear_attention import LinearAttentionBlock, decay_rates, decay_tables  # noqa: E402
+from mindgr.ops import reference  # noqa: E402
 
 pytestmark = pytest.mark.graph_mode("auto")
 
@@ -93,10 +93,19 @@ def dense_linear_attention(q, k, v, offsets, log_decay):
     return ops.matmul(scores, v.transpose(1, 0, 2)).transpose(1, 0, 2)
 
 
+def kernel_attention():
+    """The cpu backend's linear_attention (the fused recurrent kernel), or None where it does not build."""
+    from mindgr.ops import cpu
+    return None if cpu.unavailable_reason() else cpu.linear_attention
+
+
 class AttentionLoss(nn.Cell):
-    def __init__(self, h, chunk, dense=False):
+    """impl: "chunked" (the reference backend's form), "dense" (the O(T^2) form above), "kernel" (cpu)."""
+
+    def __init__(self, h, chunk, impl="chunked"):
         super().__init__()
-        self.dense = dense
+        self.dense = impl == "dense"
+        self.fn = kernel_attention() if impl == "kernel" else reference.linear_attention
         self.log_decay = Tensor(np.log(decay_rates(h).astype(np.float64)).astype(np.float32))
         self.tables = tuple(Tensor(a) for a in decay_tables(decay_rates(h), chunk))
 
@@ -104,7 +113,7 @@ class AttentionLoss(nn.Cell):
         if self.dense:
             o = dense_linear_attention(q, k, v, offsets, self.log_decay)
         else:
-            o = chunked_linear_attention(q, k, v, offsets, self.log_decay, *self.tables)
+            o = self.fn(q, k, v, offsets, self.log_decay, *self.tables)
         return (o * c).sum(), o
 
 
@@ -134,7 +143,7 @@ def test_chunked_attention_matches_recurrent_reference_and_dense_gradients(h, ch
     rng = np.random.default_rng([h, chunk])
     decay = decay_rates(h).astype(np.float64)
     chunked = AttentionGrad(AttentionLoss(h, chunk))
-    dense = AttentionGrad(AttentionLoss(h, chunk, dense=True))
+    dense = AttentionGrad(AttentionLoss(h, chunk, "dense"))
     for lengths, t_cap in LAYOUTS:
         offsets = jagged(lengths, t_cap)
         q = rng.standard_normal((t_cap, h, DQK)).astype(np.float32)
@@ -153,6 +162,39 @@ def test_chunked_attention_matches_recurrent_reference_and_dense_gradients(h, ch
         # the tail past offsets[-1] is inert: no output, no gradient
         end = int(offsets[-1])
         assert not o.asnumpy()[end:].any() and not any(g.asnumpy()[end:].any() for g in grads)
+
+
+def test_cpu_kernel_matches_the_chunked_form():
+    """The cpu backend's fused recurrent kernel: forward and gradients equal the chunked reference's (and
+    the recurrent numpy reference), tokens outside the rows (before offsets[0] too) inert."""
+    if kernel_attention() is None:
+        pytest.skip("the C++ kernels do not build here")
+    for h in (1, 3):
+        rng = np.random.default_rng([21, h])
+        decay = decay_rates(h).astype(np.float64)
+        kernel = AttentionGrad(AttentionLoss(h, 8, "kernel"))
+        chunked = AttentionGrad(AttentionLoss(h, 8))
+        for lengths, t_cap in LAYOUTS:
+            offsets = jagged(lengths, t_cap)
+            q, k = (rng.standard_normal((t_cap, h, DQK)).astype(np.float32) for _ in range(2))
+            v, c = (rng.standard_normal((t_cap, h, DV)).astype(np.float32) for _ in range(2))
+            args = [Tensor(a) for a in (q, k, v, offsets, c)]
+            (_, o), grads = kernel(*args)
+            (_, oc), grads_c = chunked(*args)
+            ref, _ = recurrent_attention(q, k, v, offsets, decay)
+            np.testing.assert_allclose(o.asnumpy(), ref, rtol=1e-4, atol=1e-4, err_msg=str(lengths))
+            np.testing.assert_allclose(o.asnumpy(), oc.asnumpy(), rtol=1e-4, atol=1e-4, err_msg=str(lengths))
+            for name, g, gc in zip("qkv", grads, grads_c):
+                np.testing.assert_allclose(g.asnumpy(), gc.asnumpy(), rtol=1e-4, atol=1e-4,
+                                           err_msg=f"d{name} {lengths}")
+    # rows starting past token 0: the tokens before them give zeros too
+    offsets = np.asarray([3, 5, 9], np.int32)
+    q, k = (rng.standard_normal((12, 3, DQK)).astype(np.float32) for _ in range(2))
+    v, c = (rng.standard_normal((12, 3, DV)).astype(np.float32) for _ in range(2))
+    (_, o), grads = kernel(*[Tensor(a) for a in (q, k, v, offsets, c)])
+    ref, _ = recurrent_attention(q, k, v, offsets, decay)
+    np.testing.assert_allclose(o.asnumpy(), ref, rtol=1e-4, atol=1e-4)
+    assert not o.asnumpy()[:3].any() and not any(g.asnumpy()[:3].any() for g in grads)
 
 
 def test_decays_are_retnets_and_cross_chunk_state_matters():
@@ -190,8 +232,20 @@ def randomize(block, rng):
     return values
 
 
-@pytest.mark.parametrize("h", [1, 2])
-def test_block_forward_and_gradients_match_numpy(h):
+@pytest.mark.parametrize("h,backend", [(1, "reference"), (2, "reference"), (1, "fast"), (2, "fast")])
+def test_block_forward_and_gradients_match_numpy(h, backend):
+    """The block on the reference backend (the chunked form) and on the kernels where they build."""
+    from gr_fixtures import fast_backend
+    from mindgr.ops import set_backend
+    if backend == "reference":
+        set_backend("reference")
+    try:
+        _block_forward_and_gradients(h)
+    finally:
+        fast_backend()
+
+
+def _block_forward_and_gradients(h):
     rng = np.random.default_rng([11, h])
     block = LinearAttentionBlock(rng, D, h, DQK, DV, "blk", chunk=8)
     assert sorted(p.name for p in block.trainable_params()) == ["blk.b_out", "blk.w_out", "blk.w_uvqk"]

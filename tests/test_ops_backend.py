@@ -58,7 +58,7 @@ def test_builtin_backends_declare_known_ops_with_the_documented_signatures():
     assert set(backend.OPS) - set(ascend.PROVIDES) == {"bias_attention", "softmax_attention", "jagged_to_padded",
                                                          "padded_to_jagged", "sampled_logits", "sampled_lse",
                                                          "shared_pool_lse", "layer_norm", "gated_layer_norm",
-                                                         "l2_normalize", "silu_split"}
+                                                         "l2_normalize", "silu_split", "linear_attention"}
 
 
 def test_missing_ops_fall_back_with_one_logged_line(fake_backend, restore_backend, caplog):

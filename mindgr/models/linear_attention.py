@@ -16,7 +16,8 @@ is what decoding many beams over one shared prompt state exploits (the prompt pa
 attention is q^T (gamma**n S_prompt)). No normaliser (RetNet's GroupNorm is replaced by HSTU's LN of the
 gated output), no softmax: like HSTU's pointwise attention, a token's output is a plain sum over its past.
 
-Training form: CHUNKED over the flat token stream (`chunked_linear_attention`). The T tokens (padded with
+Training form: CHUNKED over the flat token stream (the ops reference, mindgr.ops.reference.linear_attention,
+which the block calls through mindgr.ops.attention.jagged_linear_attention). The T tokens (padded with
 zeros to a multiple of the chunk C) are cut into Nc = ceil(T / C) chunks of C consecutive tokens; a chunk
 may hold the end of one row, whole rows and the start of another, so every product is masked by "same
 row" (row ids from the offsets):
@@ -30,6 +31,9 @@ row" (row ids from the offsets):
 Every decay is a constant of (gamma, C, Nc); only the row masks depend on the batch. The flat layout needs
 no per-row padding (GR batches have many short rows and a long tail): the work is T*C for the chunks and
 Nc^2 for the state pass, at the batch's static token capacity. Tokens past offsets[-1] give zeros.
+The cpu ops backend runs a fused kernel instead (mindgr/ops/cpu/linear_attention.cc): the recurrent form,
+one scan per (row, head) forward and one each way backward, which on a CPU beats the composed chunked ops
+(the same function: the tests compare the two with each other and with a recurrent numpy reference).
 
 Ascend mapping (UNVERIFIED, no Ascend device here): CANN's linear-attention primitives are the gated delta
 rule pair: aclnnChunkGatedDeltaRule (chunked prefill / forward over variable-length sequences given
@@ -50,6 +54,8 @@ from mindgr.models import layers
 from mindgr.models.layers import apply_dropout, param, trunc_normal, xavier_uniform
 from mindgr.ops.linear import linear
 from mindgr.ops.norm import gated_layer_norm, layer_norm, silu_split
+from mindgr.ops.attention import jagged_linear_attention
+from mindgr.ops.backend import note_uses
 from mindgr.ops.reference import token_rows
 
 DEFAULT_CHUNK = 64
@@ -72,55 +78,6 @@ def decay_tables(decay, chunk: int):
             (g ** (pos + 1)).astype(np.float32))
 
 
-def chunked_linear_attention(q, k, v, offsets, log_decay, intra, tail, lead):
-    """o_t = sum_{j<=t, same row} gamma_h^(t-j) (q_t . k_j) v_j by the chunked form (module docstring).
-
-    q, k [T, H, dqk]; v [T, H, dv]; offsets [B+1] int32; log_decay [H] float32 (log gamma_h); intra, tail,
-    lead: decay_tables(gamma, C) as tensors (C capped at T). -> [T, H, dv], zeros past offsets[-1]."""
-    t, h, dqk = q.shape
-    dv = v.shape[2]
-    num_rows = offsets.shape[0] - 1
-    chunk = intra.shape[-1]
-    c = min(chunk, t)
-    if c < chunk:                                  # gamma^(i-j) and gamma^(i+1) from the start, gamma^(C-1-j) from the end
-        intra, tail, lead = intra[:, :c, :c], tail[:, chunk - c:], lead[:, :c]
-    nc = -(-t // c)
-    tp = nc * c
-    seg = token_rows(offsets, t)                                  # [T] row of each token, B past the end
-    if tp > t:                                                    # zero tokens in a row of their own
-        pad = tp - t
-        q = ops.concat((q, ops.zeros((pad, h, dqk), q.dtype)), 0)
-        k = ops.concat((k, ops.zeros((pad, h, dqk), k.dtype)), 0)
-        v = ops.concat((v, ops.zeros((pad, h, dv), v.dtype)), 0)
-        seg = ops.concat((seg, ops.ones((pad,), seg.dtype) * (num_rows + 1)), 0)
-    qc = q.reshape(nc, c, h, dqk).transpose(2, 0, 1, 3)           # [H, Nc, C, dqk]
-    kc = k.reshape(nc, c, h, dqk).transpose(2, 0, 1, 3)
-    vc = v.reshape(nc, c, h, dv).transpose(2, 0, 1, 3)            # [H, Nc, C, dv]
-    segc = seg.reshape(nc, c)
-
-    # intra-chunk: gamma^(i-j) for j <= i in the same row
-    same = (segc[:, :, None] == segc[:, None, :]).astype(q.dtype)                # [Nc, C, C]
-    scores = ops.matmul(qc, kc.transpose(0, 1, 3, 2)) * (intra[:, None] * same[None])
-    out = ops.matmul(scores, vc)                                                 # [H, Nc, C, dv]
-    if nc > 1:
-        first, last = segc[:, 0], segc[:, c - 1]
-        # each chunk's part of its last row's state, decayed to the chunk's end
-        w_tail = tail[:, None, :] * (segc == last[:, None]).astype(q.dtype)[None]          # [H, Nc, C]
-        kv = ops.matmul((kc * w_tail[..., None]).transpose(0, 1, 3, 2), vc)              # [H, Nc, dqk, dv]
-        # the state entering chunk n: chunks m < n that end in chunk n's first row, decayed C*(n-1-m) steps
-        ci = ops.arange(nc).astype(ms.float32)
-        steps = (ci[:, None] - 1.0 - ci[None, :]) * float(c)
-        link = ops.logical_and(steps >= 0, first[:, None] == last[None, :]).astype(q.dtype)
-        carry = ops.exp(log_decay.reshape(h, 1, 1) * ops.maximum(steps, 0.0)[None]) * link[None]   # [H, Nc, Nc]
-        s_in = ops.matmul(carry, kv.reshape(h, nc, dqk * dv)).reshape(h, nc, dqk, dv)
-        # its readout by the tokens of that first row: gamma^(i+1) q_i^T S_in
-        w_in = lead[:, None, :] * (segc == first[:, None]).astype(q.dtype)[None]           # [H, Nc, C]
-        out = out + ops.matmul(qc, s_in) * w_in[..., None]
-    o = out.transpose(1, 2, 0, 3).reshape(tp, h, dv)[:t]
-    real = (seg[:t] < num_rows).astype(o.dtype)
-    return o * real[:, None, None]
-
-
 class LinearAttentionBlock(nn.Cell):
     """One linear-attention block (module docstring). h, dqk, dv; decay: np.float32 [H] (gamma_h).
 
@@ -132,6 +89,7 @@ class LinearAttentionBlock(nn.Cell):
 
     def __init__(self, rng, dim, num_heads, dqk, dv, prefix, chunk: int = DEFAULT_CHUNK):
         super().__init__()
+        note_uses("linear_attention")   # logs once if the backend runs it on the reference
         self.h, self.dqk, self.dv = num_heads, dqk, dv
         self.chunk = int(chunk)
         self.decay = decay_rates(num_heads)
@@ -149,8 +107,8 @@ class LinearAttentionBlock(nn.Cell):
         hv, hqk = self.h * self.dv, self.h * self.dqk
         u, v, q, k = silu_split(linear(layer_norm(x), self.w_uvqk), (hv, hv, hqk, hqk))
         q = q.reshape(t, self.h, self.dqk) * self.scale
-        attn = chunked_linear_attention(q, k.reshape(t, self.h, self.dqk), v.reshape(t, self.h, self.dv),
-                                        offsets, self.log_decay, self.intra, self.tail, self.lead)
+        attn = jagged_linear_attention(q, k.reshape(t, self.h, self.dqk), v.reshape(t, self.h, self.dv),
+                                       offsets, self.log_decay, self.intra, self.tail, self.lead)
         o = gated_layer_norm(u, attn.reshape(t, hv))
         if drop_mask is not None:
             o = apply_dropout(o, drop_mask)

@@ -15,6 +15,11 @@ jagged_bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len, request_time
     channel 0: out_i = sum_{j<=i} w_pos[N-1+j-i] * v_j; channel 1 (w_ts given, else C = 1):
     out_i = sum_{j<=i} w_ts[bucket(tq_i, t_j)] * v_j (same buckets and query times as HSTU).
 jagged_softmax_attention(q, k, v, offsets, max_len) -> [T, H, dv]: causal softmax attention (SASRec).
+jagged_linear_attention(q, k, v, offsets, log_decay, intra, tail, lead) -> [T, H, dv]
+    causal linear attention with a fixed per-head decay gamma_h = exp(log_decay[h]), per row and head:
+    out_i = sum_{j<=i} gamma_h^(i-j) (q_i.k_j) v_j (S_i = gamma S_{i-1} + k_i v_i^T, out_i = S_i^T q_i);
+    intra / tail / lead: the chunked form's decay tables (mindgr.models.linear_attention.decay_tables),
+    which the reference computes with and a recurrent kernel ignores. Tokens outside the rows give zeros.
 """
 from mindgr.ops.backend import ACTIVE, ensure_backend
 
@@ -28,6 +33,11 @@ def jagged_hstu_attention(q, k, v, offsets, timestamps, w_pos, w_ts, max_len: in
 def jagged_bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int, request_times=None):
     # no Ascend kernel yet: there the registry runs the padded reference (B * N^2 memory) and logs it
     return ACTIVE["bias_attention"](v, offsets, timestamps, w_pos, w_ts, max_len, request_times)
+
+
+def jagged_linear_attention(q, k, v, offsets, log_decay, intra, tail, lead):
+    # reference: the chunked form (composed ops); cpu: linear_attention.cc (a recurrent scan per row and head)
+    return ACTIVE["linear_attention"](q, k, v, offsets, log_decay, intra, tail, lead)
 
 
 def jagged_softmax_attention(q, k, v, offsets, max_len: int):

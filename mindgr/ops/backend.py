@@ -21,6 +21,7 @@ OPS = {
     "hstu_attention": "(q, k, v, offsets, timestamps, w_pos, w_ts, max_len, request_times) -> [T, H, dv]",
     "bias_attention": "(v, offsets, timestamps, w_pos, w_ts, max_len, request_times) -> [T, H, C, dv]",
     "softmax_attention": "(q, k, v, offsets, max_len) -> [T, H, dv]",
+    "linear_attention": "(q, k, v, offsets, log_decay, intra, tail, lead) -> [T, H, dv]",
     "jagged_to_padded": "(values, offsets, max_len) -> [B, N, *F]",
     "padded_to_jagged": "(padded, offsets, num_tokens) -> [T, *F]",
     "sampled_logits": "(out, table, ids, score_all) -> [T, R]",
@@ -129,7 +130,7 @@ def set_backend(name: str, strict: bool = False) -> str:
 
 # Attention ops differ by model (SASRec alone uses softmax_attention): their fallback is logged when a
 # model that uses them is built (`note_uses`), not on every command.
-NOTED_AT_USE = frozenset({"hstu_attention", "bias_attention", "softmax_attention"})
+NOTED_AT_USE = frozenset({"hstu_attention", "bias_attention", "softmax_attention", "linear_attention"})
 
 
 def note_uses(*ops: str):

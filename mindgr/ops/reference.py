@@ -168,6 +168,58 @@ def softmax_attention(q, k, v, offsets, max_len: int):
     return padded_to_jagged(out, offsets, t)
 
 
+def linear_attention(q, k, v, offsets, log_decay, intra, tail, lead):
+    """o_t = sum_{j<=t, same row} gamma_h^(t-j) (q_t . k_j) v_j by the chunked form over the flat token
+    stream (mindgr.models.linear_attention's docstring): intra-chunk masked products plus the state carried
+    between chunks by one [Nc, Nc] decay-matrix product; composed ops, autodiff backward.
+
+    q, k [T, H, dqk]; v [T, H, dv]; offsets [B+1] int32; log_decay [H] float32 (log gamma_h); intra, tail,
+    lead: mindgr.models.linear_attention.decay_tables(gamma, C) as tensors (C capped at T).
+    -> [T, H, dv], zeros past offsets[-1]."""
+    t, h, dqk = q.shape
+    dv = v.shape[2]
+    num_rows = offsets.shape[0] - 1
+    chunk = intra.shape[-1]
+    c = min(chunk, t)
+    if c < chunk:      # gamma^(i-j), gamma^(i+1) from the start of the tables, gamma^(C-1-j) from the end
+        intra, tail, lead = intra[:, :c, :c], tail[:, chunk - c:], lead[:, :c]
+    nc = -(-t // c)
+    tp = nc * c
+    seg = token_rows(offsets, t)                                  # [T] row of each token, B past the end
+    if tp > t:                                                    # zero tokens in a row of their own
+        pad = tp - t
+        q = ops.concat((q, ops.zeros((pad, h, dqk), q.dtype)), 0)
+        k = ops.concat((k, ops.zeros((pad, h, dqk), k.dtype)), 0)
+        v = ops.concat((v, ops.zeros((pad, h, dv), v.dtype)), 0)
+        seg = ops.concat((seg, ops.ones((pad,), seg.dtype) * (num_rows + 1)), 0)
+    qc = q.reshape(nc, c, h, dqk).transpose(2, 0, 1, 3)           # [H, Nc, C, dqk]
+    kc = k.reshape(nc, c, h, dqk).transpose(2, 0, 1, 3)
+    vc = v.reshape(nc, c, h, dv).transpose(2, 0, 1, 3)            # [H, Nc, C, dv]
+    segc = seg.reshape(nc, c)
+
+    # intra-chunk: gamma^(i-j) for j <= i in the same row
+    same = (segc[:, :, None] == segc[:, None, :]).astype(q.dtype)                # [Nc, C, C]
+    scores = ops.matmul(qc, kc.transpose(0, 1, 3, 2)) * (intra[:, None] * same[None])
+    out = ops.matmul(scores, vc)                                                 # [H, Nc, C, dv]
+    if nc > 1:
+        first, last = segc[:, 0], segc[:, c - 1]
+        # each chunk's part of its last row's state, decayed to the chunk's end
+        w_tail = tail[:, None, :] * (segc == last[:, None]).astype(q.dtype)[None]          # [H, Nc, C]
+        kv = ops.matmul((kc * w_tail[..., None]).transpose(0, 1, 3, 2), vc)              # [H, Nc, dqk, dv]
+        # the state entering chunk n: chunks m < n that end in chunk n's first row, decayed C*(n-1-m) steps
+        ci = ops.arange(nc).astype(ms.float32)
+        steps = (ci[:, None] - 1.0 - ci[None, :]) * float(c)
+        link = ops.logical_and(steps >= 0, first[:, None] == last[None, :]).astype(q.dtype)
+        carry = ops.exp(log_decay.reshape(h, 1, 1) * ops.maximum(steps, 0.0)[None]) * link[None]   # [H, Nc, Nc]
+        s_in = ops.matmul(carry, kv.reshape(h, nc, dqk * dv)).reshape(h, nc, dqk, dv)
+        # its readout by the tokens of that first row: gamma^(i+1) q_i^T S_in
+        w_in = lead[:, None, :] * (segc == first[:, None]).astype(q.dtype)[None]           # [H, Nc, C]
+        out = out + ops.matmul(qc, s_in) * w_in[..., None]
+    o = out.transpose(1, 2, 0, 3).reshape(tp, h, dv)[:t]
+    real = (seg[:t] < num_rows).astype(o.dtype)
+    return o * real[:, None, None]
+
+
 def sampled_logits(out, table, ids, score_all: bool = False):
     """logits[t, r] = out[t] . table[ids[t, r]]: out [T, D], table [V+1, D], ids [T, R] -> [T, R].
 
@@ -233,7 +285,7 @@ def silu_split(x, widths):
 
 # The backend registry's view of this module (mindgr.ops.backend): every op, runnable anywhere.
 PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention,
-            "softmax_attention": softmax_attention,
+            "softmax_attention": softmax_attention, "linear_attention": linear_attention,
             "jagged_to_padded": jagged_to_padded, "padded_to_jagged": padded_to_jagged,
             "sampled_logits": sampled_logits, "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse,
             "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm, "silu_split": silu_split,

@@ -4,6 +4,8 @@
     bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len, request_times=None) -> [T, H, C, dv]
                                                                                    (bias_attention.cc)
     softmax_attention(q, k, v, offsets, max_len) -> [T, H, dv]     (softmax_attention.cc: online softmax)
+    linear_attention(q, k, v, offsets, log_decay, intra, tail, lead) -> [T, H, dv]
+                                         (linear_attention.cc: a recurrent scan; the tables are unused)
     jagged_to_padded(values, offsets, max_len) -> [B, N, *F]
     padded_to_jagged(padded, offsets, num_tokens) -> [T, *F]
     sampled_logits(out, table, ids, score_all=False) -> [T, R]  (score_all: ignored)
@@ -31,6 +33,8 @@ Registered ops (inputs -> outputs; N = carrier.shape[0]):
     MindgrBiasAttnBwdNoTs(v, offsets, w_pos, carrier_N, dout) -> dv, dw_pos
     MindgrSoftmaxAttnFwd(q, k, v, offsets, carrier_N) -> out [T, H, dv], lse [T, H]
     MindgrSoftmaxAttnBwd(q, k, v, offsets, carrier_N, out, lse, dout) -> dq, dk, dv
+    MindgrLinAttnFwd(q, k, v, offsets, log_decay) -> out [T, H, dv]
+    MindgrLinAttnBwd(q, k, v, offsets, log_decay, dout) -> dq, dk, dv
     MindgrJaggedToPadded(values, offsets, carrier_N) -> padded      (gradient: MindgrPaddedToJagged)
     MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
     MindgrSampledLogits(out, table, ids) -> logits                  (gradient: MindgrSampledLogitsBwd)
@@ -81,7 +85,7 @@ _SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBw
             "MindgrBiasAttnFwd", "MindgrBiasAttnFwdNoTs", "MindgrBiasAttnBwd", "MindgrBiasAttnBwdNoTs",
             "MindgrLayerNorm", "MindgrLayerNormBwd", "MindgrGatedLayerNorm", "MindgrGatedLayerNormBwd",
             "MindgrSiluSplit", "MindgrSiluSplitBwd", "MindgrL2Normalize", "MindgrL2NormalizeBwd",
-            "MindgrSoftmaxAttnFwd", "MindgrSoftmaxAttnBwd",
+            "MindgrSoftmaxAttnFwd", "MindgrSoftmaxAttnBwd", "MindgrLinAttnFwd", "MindgrLinAttnBwd",
             "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
             "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe", "mindgr_parallel_probe")
 
@@ -329,6 +333,26 @@ class _Primitives:
                         lambda q, k, v, o, c: (v, [q[0], q[1]]),
                         lambda q, k, v, o, c: (v, v), bprop)
         return self._get("softmax_fwd", make)
+
+    # Linear attention (recurrent scan) ---------------------------------------------------------
+    @property
+    def linattn_bwd(self):
+        return self._get("linattn_bwd", lambda: _aot(
+            "MindgrLinAttnBwd",
+            lambda q, k, v, o, g, d: (q, k, v),
+            lambda q, k, v, o, g, d: (q, k, v)))
+
+    @property
+    def linattn_fwd(self):
+        def make():
+            bwd = self.linattn_bwd
+
+            def bprop(q, k, v, off, lg, out, dout):
+                dq, dk, dv = bwd(q, k, v, off, lg, dout)
+                return dq, dk, dv, ops.zeros_like(off), ops.zeros_like(lg)
+
+            return _aot("MindgrLinAttnFwd", lambda q, k, v, o, g: v, lambda q, k, v, o, g: v, bprop)
+        return self._get("linattn_fwd", make)
 
     # Jagged <-> padded (each one's gradient is the other) -------------------------------------
     @property
@@ -597,6 +621,16 @@ def softmax_attention(q, k, v, offsets, max_len: int):
     return _as(out[0], dtype)
 
 
+def linear_attention(q, k, v, offsets, log_decay, intra, tail, lead):
+    """Causal linear attention with a fixed per-head decay (see mindgr.ops.attention): a recurrent scan
+    per (row, head), its backward one scan each way; the chunked form's tables are not needed.
+    Deterministic and independent of the thread count."""
+    dtype = q.dtype
+    out = _P.linattn_fwd(_as(q, ms.float32), _as(k, ms.float32), _as(v, ms.float32), offsets,
+                         _as(log_decay, ms.float32))
+    return _as(out, dtype)
+
+
 def jagged_to_padded(values, offsets, max_len: int):
     """values [T, *F] -> [B, N, *F], zeros past each row's length (rows longer than N are cut)."""
     return _P.j2p(values, offsets, _zeros_carrier(max_len))
@@ -691,7 +725,8 @@ def silu_split(x, widths):
 
 # The backend registry's view of this module (mindgr.ops.backend).
 PROVIDES = {"hstu_attention": hstu_attention, "bias_attention": bias_attention,
-            "softmax_attention": softmax_attention, "jagged_to_padded": jagged_to_padded,
+            "softmax_attention": softmax_attention, "linear_attention": linear_attention,
+            "jagged_to_padded": jagged_to_padded,
             "padded_to_jagged": padded_to_jagged, "sampled_logits": sampled_logits,
             "sampled_lse": sampled_lse, "shared_pool_lse": shared_pool_lse,
             "layer_norm": layer_norm, "gated_layer_norm": gated_layer_norm, "silu_split": silu_split,

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ("hstu_attention.cc", "jagged.cc", "sampled_logits.cc", "shared_pool.cc", "bias_attention.cc",
-           "layernorm.cc", "silu.cc", "softmax_attention.cc", "workers.cc")
+           "layernorm.cc", "silu.cc", "softmax_attention.cc", "linear_attention.cc", "workers.cc")
 HEADERS = ("common.h",)
 LIB_PREFIX = "libmindgr_cpu_"
 CXX_FLAGS = (

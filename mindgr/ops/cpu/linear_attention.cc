@@ -1,0 +1,203 @@
+// Fused jagged causal linear attention with a fixed per-head decay, for CPU: forward and backward as
+// MindSpore custom AOT entry points.  Per row b (tokens s..e-1) and head h, with g = exp(log_decay[h]):
+//   S_t = g S_{t-1} + k_t v_t^T   (S = 0 before the row's first token),   out_t = S_t^T q_t
+// The recurrent form: on a CPU the (row, head) pairs are the parallelism, and a scan costs
+// 2 * dqk * dv multiply-adds per token each way, against the chunked form's C x C products, mask
+// building and transposes as composed graph ops (mindgr.ops.reference.linear_attention: the same
+// function, which the tests compare this kernel with).  The backward runs two scans per (row, head):
+//   forward again:  dq_t = S_t dout_t
+//   in reverse:     G_t = q_t dout_t^T + g G_{t+1};  dk_t = G_t v_t;  dv_t = G_t^T k_t
+// The state (one [dqk][dv] matrix per item) lives in a per-thread scratch buffer.  Tokens past
+// offsets[-1] get zero outputs and gradients.  An item writes only its own tokens' slice of head h, and
+// its arithmetic does not depend on which thread runs it: results are independent of the thread count.
+#include <cmath>
+
+#include "common.h"
+
+namespace mindgr {
+namespace {
+
+struct Problem {
+  int64_t T = 0;
+  int H = 0, D = 0, DV = 0;
+  int B = 0;
+  std::vector<int64_t> off;
+  std::vector<float> gamma;
+  const float *q = nullptr, *k = nullptr, *v = nullptr;
+};
+
+bool dims_are(int ndim, const int64_t* shape, std::initializer_list<int64_t> want) {
+  if (ndim != static_cast<int>(want.size())) return false;
+  int i = 0;
+  for (int64_t w : want)
+    if (shape[i++] != w) return false;
+  return true;
+}
+
+// Reads q, k, v, offsets, log_decay (params 0..4).  Returns 0 or an error code.
+int read_inputs(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, int expected,
+                Problem* p) {
+  if (nparam != expected) return 10;
+  for (int x = 0; x < 3; ++x)
+    if (ndims[x] != 3 || !is_f32(dtypes[x])) return 11;
+  if (ndims[3] != 1 || shapes[3][0] < 1) return 12;
+  p->T = shapes[0][0];
+  p->H = static_cast<int>(shapes[0][1]);
+  p->D = static_cast<int>(shapes[0][2]);
+  p->DV = static_cast<int>(shapes[2][2]);
+  if (!dims_are(ndims[1], shapes[1], {p->T, p->H, p->D}) || shapes[2][0] != p->T || shapes[2][1] != p->H) return 11;
+  if (p->D < 1 || p->DV < 1 || p->H < 1) return 11;
+  if (!is_f32(dtypes[4]) || !dims_are(ndims[4], shapes[4], {p->H})) return 13;
+  p->B = static_cast<int>(shapes[3][0] - 1);
+  if (!read_ints(params[3], dtypes[3], shapes[3][0], &p->off)) return 12;
+  if (!offsets_ok(p->off, p->T)) return 17;
+  const float* lg = static_cast<const float*>(params[4]);
+  p->gamma.resize(p->H);
+  for (int h = 0; h < p->H; ++h) p->gamma[h] = std::exp(lg[h]);
+  p->q = static_cast<const float*>(params[0]);
+  p->k = static_cast<const float*>(params[1]);
+  p->v = static_cast<const float*>(params[2]);
+  return 0;
+}
+
+// fn(b, h, state) over every (row, head) item, longest rows first, on the kernels' threads; state is a
+// [D][DV] scratch matrix of the calling thread.
+template <class Fn>
+void for_items(const Problem& p, Fn&& fn) {
+  std::vector<std::pair<int64_t, int>> items;
+  items.reserve(size_t(p.B) * p.H);
+  for (int b = 0; b < p.B; ++b)
+    if (p.off[b + 1] > p.off[b])
+      for (int h = 0; h < p.H; ++h) items.emplace_back(-(p.off[b + 1] - p.off[b]), b * p.H + h);
+  std::stable_sort(items.begin(), items.end());
+  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads(), int64_t(items.size()))));
+  const size_t state = size_t(p.D) * p.DV;
+  Scratch scratch(state * 2 * size_t(nt));
+  parallel_blocks(nt, int64_t(items.size()), 1, [&](int tid, int64_t i0, int64_t i1) {
+    float* s = scratch.data() + state * 2 * size_t(tid);
+    for (int64_t i = i0; i < i1; ++i) fn(items[i].second / p.H, items[i].second % p.H, s, s + state);
+  });
+}
+
+// zeros for the tokens outside every row: before offsets[0] and past offsets[-1]
+void zero_tail(const Problem& p, float* x, int w) {
+  const size_t width = size_t(p.H) * w;
+  std::fill(x, x + p.off[0] * width, 0.0f);
+  std::fill(x + p.off[p.B] * width, x + p.T * width, 0.0f);
+}
+
+void forward(const Problem& p, float* out) {
+  const int H = p.H, D = p.D, DV = p.DV;
+  for_items(p, [&](int b, int h, float* S, float*) {
+    const float g = p.gamma[h];
+    std::fill(S, S + size_t(D) * DV, 0.0f);
+    for (int64_t t = p.off[b]; t < p.off[b + 1]; ++t) {
+      const float* qt = p.q + (t * H + h) * size_t(D);
+      const float* kt = p.k + (t * H + h) * size_t(D);
+      const float* vt = p.v + (t * H + h) * size_t(DV);
+      float* ot = out + (t * H + h) * size_t(DV);
+      std::fill(ot, ot + DV, 0.0f);
+      for (int i = 0; i < D; ++i) {
+        float* Si = S + size_t(i) * DV;
+        const float ki = kt[i], qi = qt[i];
+        for (int j = 0; j < DV; ++j) {
+          Si[j] = g * Si[j] + ki * vt[j];
+          ot[j] += qi * Si[j];
+        }
+      }
+    }
+  });
+  zero_tail(p, out, DV);
+}
+
+void backward(const Problem& p, const float* dout, float* dq, float* dk, float* dv) {
+  const int H = p.H, D = p.D, DV = p.DV;
+  for_items(p, [&](int b, int h, float* S, float* G) {
+    const float g = p.gamma[h];
+    // dq_t = S_t dout_t, the state rebuilt forward
+    std::fill(S, S + size_t(D) * DV, 0.0f);
+    for (int64_t t = p.off[b]; t < p.off[b + 1]; ++t) {
+      const float* kt = p.k + (t * H + h) * size_t(D);
+      const float* vt = p.v + (t * H + h) * size_t(DV);
+      const float* gt = dout + (t * H + h) * size_t(DV);
+      float* dqt = dq + (t * H + h) * size_t(D);
+      for (int i = 0; i < D; ++i) {
+        float* Si = S + size_t(i) * DV;
+        const float ki = kt[i];
+        float acc = 0.0f;
+        for (int j = 0; j < DV; ++j) {
+          Si[j] = g * Si[j] + ki * vt[j];
+          acc += Si[j] * gt[j];
+        }
+        dqt[i] = acc;
+      }
+    }
+    // dk, dv from G_t = dL/dS_t, accumulated backwards
+    std::fill(G, G + size_t(D) * DV, 0.0f);
+    for (int64_t t = p.off[b + 1] - 1; t >= p.off[b]; --t) {
+      const float* qt = p.q + (t * H + h) * size_t(D);
+      const float* kt = p.k + (t * H + h) * size_t(D);
+      const float* vt = p.v + (t * H + h) * size_t(DV);
+      const float* gt = dout + (t * H + h) * size_t(DV);
+      float* dkt = dk + (t * H + h) * size_t(D);
+      float* dvt = dv + (t * H + h) * size_t(DV);
+      const float decay = (t == p.off[b + 1] - 1) ? 0.0f : g;
+      std::fill(dvt, dvt + DV, 0.0f);
+      for (int i = 0; i < D; ++i) {
+        float* Gi = G + size_t(i) * DV;
+        const float qi = qt[i], ki = kt[i];
+        float acc = 0.0f;
+        for (int j = 0; j < DV; ++j) {
+          Gi[j] = decay * Gi[j] + qi * gt[j];
+          acc += Gi[j] * vt[j];
+          dvt[j] += Gi[j] * ki;
+        }
+        dkt[i] = acc;
+      }
+    }
+  });
+  zero_tail(p, dq, D);
+  zero_tail(p, dk, D);
+  zero_tail(p, dv, DV);
+}
+
+// (q, k, v, offsets, log_decay) -> out [T, H, dv]
+int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) {
+  Problem p;
+  int err = read_inputs(nparam, params, ndims, shapes, dtypes, 6, &p);
+  if (err != 0) return err;
+  if (!is_f32(dtypes[5]) || !dims_are(ndims[5], shapes[5], {p.T, p.H, p.DV})) return 21;
+  try {
+    forward(p, static_cast<float*>(params[5]));
+  } catch (...) {
+    return 99;
+  }
+  return 0;
+}
+
+// (q, k, v, offsets, log_decay, dout) -> dq, dk, dv
+int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) {
+  Problem p;
+  int err = read_inputs(nparam, params, ndims, shapes, dtypes, 9, &p);
+  if (err != 0) return err;
+  if (!is_f32(dtypes[5]) || !dims_are(ndims[5], shapes[5], {p.T, p.H, p.DV})) return 21;
+  if (!is_f32(dtypes[6]) || !dims_are(ndims[6], shapes[6], {p.T, p.H, p.D})) return 22;
+  if (!is_f32(dtypes[7]) || !dims_are(ndims[7], shapes[7], {p.T, p.H, p.D})) return 22;
+  if (!is_f32(dtypes[8]) || !dims_are(ndims[8], shapes[8], {p.T, p.H, p.DV})) return 22;
+  try {
+    backward(p, static_cast<const float*>(params[5]), static_cast<float*>(params[6]),
+             static_cast<float*>(params[7]), static_cast<float*>(params[8]));
+  } catch (...) {
+    return 99;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace mindgr
+
+// (q, k, v, offsets, log_decay) -> out [T, H, dv]
+MINDGR_AOT_OP(MindgrLinAttnFwd, mindgr::run_forward)
+
+// (q, k, v, offsets, log_decay, dout) -> dq, dk, dv
+MINDGR_AOT_OP(MindgrLinAttnBwd, mindgr::run_backward)
