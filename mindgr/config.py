@@ -430,6 +430,9 @@ def _validate_cross(cfg: Config):
         raise ConfigError(f"config: data.timestamps = {cfg.data.timestamps!r}: only for data.kind movielens-1m "
                           f"(times for sequences.txt), not {cfg.data.kind}")
     _validate_pages(cfg.data)
+    if cfg.data.synthetic.values and cfg.data.kind != "synthetic":
+        raise ConfigError(f"config: data.synthetic.values = true: only for data.kind synthetic, not {cfg.data.kind} "
+                          "(a ratings file keeps its ratings; csv: data.csv.value_column)")
     if cfg.data.token_capacity and cfg.data.token_capacity < cfg.data.max_len:
         raise ConfigError(f"config: data.token_capacity = {cfg.data.token_capacity}: expected 0 (auto) "
                           f"or >= data.max_len = {cfg.data.max_len}")

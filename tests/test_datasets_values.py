@@ -81,6 +81,12 @@ def test_csv_value_column_through_the_config(tmp_path):
     assert _by_user(load_store(cfg.data)) == {1: [(10, 3.0), (11, 4.0)]}
 
 
+def test_synthetic_values_only_for_synthetic_data(tmp_path):
+    from mindgr.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match="data.synthetic.values = true: only for data.kind synthetic"):
+        load_config(None, ["data.kind=csv", f"data.path={tmp_path}", "data.synthetic.values=true"])
+
+
 def test_synthetic_values_leave_the_items_unchanged(tmp_path):
     for page_size in (0.0, 3.0):
         plain = generate_synthetic(num_users=200, num_items=80, seed=5, page_size=page_size)
