@@ -228,45 +228,41 @@ def _batch_shapes(text):
 
 
 def cmd_export(args) -> int:
-    from mindgr.serve.models import serving_kind
+    from mindgr.serve.models import SERVING_MODELS, serving_kind, setup_process
     if (args.run is None) == (args.random_gr is None):
         raise ValueError("export: give exactly one of --run RUN and --random-gr SPEC")
-    kind = "generative" if args.random_gr is not None else serving_kind(args.run)   # the run's task says
-    return _EXPORTS[kind](args)
-
-
-def _export_retrieval(args) -> int:
-    from mindgr.serve.export import export_run
-    m = export_run(args.run, args.out, args.checkpoint, _batch_shapes(args.batch_shapes or "1,4,16,64"))
-    print(json.dumps({"run": m["run"], "checkpoint": m["checkpoint"], "out": str(args.out or f"{args.run}/export"),
-                      "encoders": [e["file"] for e in m["encoders"].values()], "items": m["data"]["num_items"]}))
-    return 0
-
-
-def _export_generative(args) -> int:
-    from mindgr.serve import export as ex
-    shapes = _batch_shapes(args.batch_shapes or "1,2,4")
     if args.random_gr is not None:
-        from mindgr.serve.generative import parse_random_spec, random_bundle
-        from mindgr.serve.server import _setup_random
+        from mindgr.bench.fixtures import parse_random_spec, random_bundle
+        from mindgr.serve.export import export_generative
         if not args.out:
             raise ValueError("export --random-gr: --out DIR is required")
-        _setup_random(args.threads)
-        m = ex.export_generative(random_bundle(**parse_random_spec(args.random_gr)), args.out, args.beam, shapes)
+        setup_process(args.threads, "auto")
+        m = export_generative(random_bundle(**parse_random_spec(args.random_gr)), args.out, args.beam,
+                              _batch_shapes(args.batch_shapes or "1,2,4"))
+    else:                                  # the run's task names its serving model, which exports it
+        kind = SERVING_MODELS[serving_kind(args.run)]
+        shapes = _batch_shapes(args.batch_shapes) if args.batch_shapes else kind.shapes
+        m = kind.export(args.run, args.out, args.checkpoint, shapes, args.beam)
+    summary = {"run": m["run"], "checkpoint": m["checkpoint"], "out": str(args.out or f"{args.run}/export")}
+    if m.get("kind") == "generative":
+        summary.update(graphs=[g[p]["file"] for g in m["graphs"].values() for p in ("prefill", "step")],
+                       beam=m["beam"], prompt_tokens=m["prompt_tokens"])
     else:
-        m = ex.export_generative_run(args.run, args.out, args.checkpoint, args.beam, shapes)
-    print(json.dumps({"run": m["run"], "checkpoint": m["checkpoint"], "out": str(args.out or f"{args.run}/export"),
-                      "graphs": [g[p]["file"] for g in m["graphs"].values() for p in ("prefill", "step")],
-                      "beam": m["beam"], "prompt_tokens": m["prompt_tokens"]}))
+        summary.update(encoders=[e["file"] for e in m["encoders"].values()], items=m["data"]["num_items"])
+    print(json.dumps(summary))
     return 0
 
 
-_EXPORTS = {"retrieval": _export_retrieval, "generative": _export_generative}   # serving kind -> export
+def _source(args, command: str):
+    """(run_dir, export_dir): exactly one of --run and --export."""
+    if (args.run is None) == (args.export is None):
+        raise ValueError(f"{command}: give exactly one of --run RUN and --export DIR")
+    return args.run, args.export
 
 
 def _history_lines(args):
     """(label, raw ids) per user: --user-history, or one line of --users FILE each (blank lines skipped)."""
-    from mindgr.serve.recommend import RequestError
+    from mindgr.serve.requests import RequestError
     if (args.user_history is None) == (args.users is None):
         raise ValueError("recommend: give exactly one of --user-history and --users")
     lines = [("user", args.user_history)] if args.users is None else \
@@ -284,11 +280,14 @@ def _history_lines(args):
 
 def cmd_recommend(args) -> int:
     from mindgr.serve.models import load_recommender
-    from mindgr.serve.recommend import RequestError
+    from mindgr.serve.options import ServerOptions
+    from mindgr.serve.requests import RequestError
+    run_dir, export_dir = _source(args, "recommend")
     users = _history_lines(args)
-    # generative runs: beam search with the decoding engine (as mindgr serve)
-    rec = load_recommender(args.run, args.checkpoint, shapes={"retrieval": (1, 16), "generative": (1, 4)},
-                           beam=args.beam or max(16, args.k))
+    # generative models: beam search with the decoding engine (as mindgr serve); a run is exported with the
+    # server's default shapes, so recommend and serve share its serving cache
+    beam = args.beam if args.beam or export_dir else max(16, args.k)
+    rec = load_recommender(ServerOptions(checkpoint=args.checkpoint, beam=beam), run_dir, export_dir)
     queries = []
     for label, hist in users:
         try:
@@ -317,15 +316,25 @@ def cmd_serve(args) -> int:
         from mindgr.serve.server import serve
     except ImportError as e:
         raise ValueError(f"mindgr serve needs the serve extra (pip install -e \".[serve]\" in the checkout): {e}") from None
-    if (args.run is None) == (args.random_gr is None):
-        raise ValueError("serve: give exactly one of --run RUN and --random-gr SPEC")
+    from mindgr.serve.options import ServerOptions
+    if sum(x is not None for x in (args.run, args.export, args.random_gr)) != 1:
+        raise ValueError("serve: give exactly one of --run RUN, --export DIR and --random-gr SPEC")
     if args.max_body_bytes < 1:
         raise ValueError(f"serve: --max-body-bytes {args.max_body_bytes} (expected a positive byte count)")
-    return serve(args.run, args.host, args.port, args.checkpoint,
-                 _batch_shapes(args.batch_shapes) if args.batch_shapes else None,
-                 args.queue_size, args.max_wait_ms, args.index, args.nprobe, args.max_history,
-                 args.graceful_timeout, args.test_batch_delay_ms, args.threads, args.decode, args.beam,
-                 args.overlap == "on", args.random_gr, args.max_body_bytes)
+    options = ServerOptions(
+        host=args.host, port=args.port, queue_size=args.queue_size, max_wait_ms=args.max_wait_ms,
+        graceful_timeout=args.graceful_timeout, max_body_bytes=args.max_body_bytes,
+        test_delay_ms=args.test_batch_delay_ms, checkpoint=args.checkpoint,
+        shapes=_batch_shapes(args.batch_shapes) if args.batch_shapes else None, index=args.index,
+        nprobe=args.nprobe, max_history=args.max_history, threads=args.threads, decode=args.decode,
+        beam=args.beam, overlap=args.overlap == "on")
+    bundle = None
+    if args.random_gr is not None:         # a random-weight GR model (benchmarks, tests)
+        from mindgr.bench.fixtures import parse_random_spec, random_bundle
+        from mindgr.serve.models import setup_process
+        setup_process(args.threads, "auto")
+        bundle = random_bundle(**parse_random_spec(args.random_gr))
+    return serve(options, run_dir=args.run, export_dir=args.export, bundle=bundle)
 
 
 def _add_serve_commands(sub):
@@ -341,29 +350,35 @@ def _add_serve_commands(sub):
     x.set_defaults(func=cmd_export)
 
     r = sub.add_parser("recommend", help="top-k items for one user's history or a file of histories (raw ids)")
-    r.add_argument("--run", required=True, help="run directory")
+    r.add_argument("--run", help="run directory (exported into its serving cache first, then served from it)")
+    r.add_argument("--export", metavar="DIR", help="an export directory (mindgr export): nothing else is read")
     r.add_argument("--user-history", help='raw item ids, oldest first, e.g. "1193 661 914"')
     r.add_argument("--users", help="a file with one user's raw item ids per line; prints one JSON line per user")
     r.add_argument("--k", type=int, default=10)
     r.add_argument("--include-history", action="store_true", help="do not remove the history's items")
-    r.add_argument("--beam", type=int, help="GR runs: beam width (default max(16, k))")
+    r.add_argument("--beam", type=int, help="GR: beam width (default max(16, k) for --run, the export's for "
+                   "--export)")
     r.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     r.set_defaults(func=cmd_recommend)
 
     s = sub.add_parser("serve", help="HTTP server: POST /recommend, GET /health, GET /metrics")
-    s.add_argument("--run", help="run directory (HSTU-family or generative)")
+    s.add_argument("--run", help="run directory (HSTU-family or generative): exported into its serving cache "
+                   "(RUN/serving, reused while the checkpoint and code are unchanged), then served from it")
+    s.add_argument("--export", metavar="DIR", help="an export directory (mindgr export): serve it reading nothing "
+                   "else (no run, no training data)")
     s.add_argument("--random-gr", metavar="SPEC", help="instead of a run: a random-weight GR decoder, e.g. "
                    "items=12101,prompt=200,dim=128,blocks=4,heads=2,seed=0 (tests and `bench serve --gr`)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     s.add_argument("--batch-shapes", help="rows (HSTU, default 1,4,16,64) or users (GR, default 1,2,4) of each "
-                   "compiled batch shape")
+                   "compiled batch shape (--export: default every exported shape)")
     s.add_argument("--decode", default="engine", choices=["engine", "per_beam", "replay", "naive"],
                    help="GR: the decoding engine's fast path (HSTU: shared prompt K/V; linear: OneLA), its cached "
                         "baselines per_beam (K/V or recurrent state per beam) and replay (linear only), or the "
-                        "naive baseline (recompute, full sort, masks rebuilt)")
-    s.add_argument("--beam", type=int, default=16, help="GR: beam width (k <= beam)")
+                        "naive baseline (recompute, full sort, masks rebuilt); exports and runs serve the fast "
+                        "path, the others are for --random-gr models")
+    s.add_argument("--beam", type=int, help="GR: beam width, k <= beam (default 16; --export: the export's)")
     s.add_argument("--overlap", default="off", choices=["on", "off"],
                    help="GR: overlap one batch's host-side selection with the next batch's model compute")
     s.add_argument("--queue-size", type=int, default=256, help="requests waiting beyond this get 503")

@@ -6,6 +6,7 @@ mount, so the check ends with a probe file created (and removed) in the nearest 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import tempfile
@@ -92,3 +93,12 @@ def write_json_atomic(path, data, indent: int | None = 1, sort_keys: bool = True
     """`data` as JSON, written atomically (atomic_write)."""
     import json
     return atomic_write(path, json.dumps(data, indent=indent, sort_keys=sort_keys))
+
+
+def file_sha256(path) -> str:
+    """The sha256 of a file's bytes (checkpoints, exports), read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 
 SPEC = "items=300,prompt=40,dim=16,blocks=2,heads=2,seed=0,levels=8x8x8x4"
 BEAM = 8
-RAW = 1000                                   # raw id of item i is 1000 + i (mindgr.serve.generative)
+RAW = 1000                                   # raw id of item i is 1000 + i (mindgr.bench.fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +81,12 @@ def test_gr_recommend_good_and_bad_requests(servers):
 
 
 def test_gr_concurrent_requests_equal_direct_engine_calls(servers):
+    from mindgr.bench import fixtures as fx
     from mindgr.serve import generative as gr
     reqs = bodies(10, seed=1)
     answers = post_all(servers["engine"].url, reqs)
     assert [a.status_code for a in answers] == [200] * len(reqs)
-    rec = gr.GenerativeRecommender(gr.random_bundle(**gr.parse_random_spec(SPEC)), BEAM, "engine", (1, 2))
+    rec = gr.GenerativeRecommender(fx.random_bundle(**fx.parse_random_spec(SPEC)), BEAM, "engine", (1, 2))
     for body, a in zip(reqs, answers):
         q = rec.parse(body["history"], k=body["k"], exclude_history=False)
         want = rec.to_response(*rec.recommend([q], 1)[0])

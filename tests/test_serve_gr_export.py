@@ -4,6 +4,7 @@ engine running on the loaded graphs gives the same lists; the code table and tri
 import numpy as np
 import pytest
 
+from mindgr.bench import fixtures as fx
 from mindgr.serve import generative as gr
 from mindgr.serve.export import export_generative, load_generative_export
 
@@ -11,7 +12,7 @@ pytestmark = pytest.mark.graph_mode("auto")
 
 
 def test_gr_export_round_trip_is_bit_identical(tmp_path):
-    bundle = gr.random_bundle(num_items=60, prompt_tokens=12, dim=8, blocks=2, heads=2, level_sizes=(4, 4, 4, 2))
+    bundle = fx.random_bundle(num_items=60, prompt_tokens=12, dim=8, blocks=2, heads=2, level_sizes=(4, 4, 4, 2))
     manifest = export_generative(bundle, tmp_path, beam=4, shapes=(1,))
     got, graphs, codes, trie, raw = load_generative_export(tmp_path)
     assert got == manifest and manifest["kind"] == "generative" and manifest["beam"] == 4
@@ -43,7 +44,7 @@ def test_a_tampered_or_missing_export_file_is_refused_naming_it(tmp_path):
 
     import pytest
     from mindgr.serve.export import ExportError
-    bundle = gr.random_bundle(num_items=30, prompt_tokens=8, dim=8, blocks=1, heads=2, level_sizes=(4, 4, 2))
+    bundle = fx.random_bundle(num_items=30, prompt_tokens=8, dim=8, blocks=1, heads=2, level_sizes=(4, 4, 2))
     manifest = export_generative(bundle, tmp_path, beam=4, shapes=(1,))
     listed = set(manifest["sha256"])
     assert listed == {p.name for p in tmp_path.iterdir()} - {"manifest.json"}     # every other file, no leftovers

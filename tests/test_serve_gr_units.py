@@ -5,21 +5,22 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from mindgr.bench import fixtures as fx
 from mindgr.serve import generative as gr
-from mindgr.serve.recommend import RequestError
+from mindgr.serve.requests import RequestError
 
 pytestmark = pytest.mark.graph_mode("auto")
 
 
 @pytest.fixture(scope="module")
 def bundle():
-    return gr.random_bundle(num_items=80, prompt_tokens=16, dim=8, blocks=1, heads=2, level_sizes=(4, 4, 4, 2),
+    return fx.random_bundle(num_items=80, prompt_tokens=16, dim=8, blocks=1, heads=2, level_sizes=(4, 4, 4, 2),
                             seed=3)
 
 
 def test_gr_parse_refuses_bad_requests_in_one_line(bundle):
     rec = gr.GenerativeRecommender(bundle, beam=4, shapes=(1,))
-    raw = gr.RAW_ID_BASE
+    raw = fx.RAW_ID_BASE
     cases = [(([raw + 1, 7],), {}, "history[1]: unknown item id 7"), (([],), {}, "history: empty"),
              (([raw + 1],), {"k": 5}, "more than the beam width 4"), (([raw + 1],), {"k": 0}, "k: 0"),
              (([raw + 1] * 5000,), {}, "more than the limit")]
@@ -30,12 +31,12 @@ def test_gr_parse_refuses_bad_requests_in_one_line(bundle):
     with pytest.raises(ValueError, match="decode: 'fast'"):
         gr.GenerativeRecommender(bundle, beam=4, decode="fast")
     with pytest.raises(ValueError, match="--random-gr: 'width=3'"):
-        gr.parse_random_spec("items=10,width=3")
+        fx.parse_random_spec("items=10,width=3")
 
 
 def test_gr_overlap_and_naive_give_the_engine_lists_concurrently(bundle):
     rng = np.random.default_rng(0)
-    qs = [[gr.RAW_ID_BASE + int(i) for i in rng.integers(1, 81, int(rng.integers(1, 9)))] for _ in range(8)]
+    qs = [[fx.RAW_ID_BASE + int(i) for i in rng.integers(1, 81, int(rng.integers(1, 9)))] for _ in range(8)]
     plain = gr.GenerativeRecommender(bundle, beam=6, shapes=(1, 2))
     want = [plain.recommend([plain.parse(h, k=6, exclude_history=False)], 1)[0] for h in qs]
     for kind in ("overlap", "naive"):
@@ -57,7 +58,7 @@ def test_gr_fewer_than_k_items_is_refused_like_the_hstu_server(bundle):
     """A history that holds every item of its own beam: excluding it leaves fewer than k items, and the
     answer is a 422 reason (check_complete, the rule of both kinds of server), never a short list."""
     rec = gr.GenerativeRecommender(bundle, beam=4, shapes=(1,))
-    tail = [gr.RAW_ID_BASE + i for i in (5, 9, 14, 30)]          # the prompt: the last prompt_items items
+    tail = [fx.RAW_ID_BASE + i for i in (5, 9, 14, 30)]          # the prompt: the last prompt_items items
     assert rec.prompt_items == len(tail)
     beam_items, _ = rec.search([rec.catalogue.to_internal(tail)])
     history = [int(x) for x in rec.catalogue.to_raw(beam_items[0][beam_items[0] > 0])] + tail

@@ -16,7 +16,8 @@ from mindspore import Tensor  # noqa: E402
 
 from mindgr.models.hstu import HSTU  # noqa: E402
 from mindgr.ops import set_backend  # noqa: E402
-from mindgr.serve.recommend import Catalogue, Recommender  # noqa: E402
+from mindgr.serve.requests import Catalogue  # noqa: E402
+from mindgr.serve.retrieval import Recommender  # noqa: E402
 from mindgr.train.step import EncodeLast  # noqa: E402
 
 ITEMS, D, N = 40, 8, 6

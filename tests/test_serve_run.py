@@ -73,7 +73,7 @@ def test_export_round_trip_is_bit_identical(tiny_run, tmp_path, capsys):
     from mindspore import Tensor
     from mindgr.serve.export import load_export
     from mindgr.train.trainer import load_run
-    from mindgr.serve.recommend import Recommender, pack
+    from mindgr.serve.retrieval import Recommender, pack
     out = tmp_path / "export"
     assert cli(capsys, "export", "--run", tiny_run, "--out", out, "--batch-shapes", "1,4")[0] == 0
     manifest, encoder, table, raw_ids = load_export(out)

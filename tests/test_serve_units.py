@@ -8,7 +8,8 @@ import pytest
 from mindgr.serve.batcher import DynamicBatcher, Overloaded, ShuttingDown
 from mindgr.serve.index import ExactIndex, FaissIVFIndex, recall_at_k
 from mindgr.serve.metrics import ServerMetrics
-from mindgr.serve.recommend import Catalogue, Query, RequestError, pack, parse_query
+from mindgr.serve.requests import Catalogue, Query, RequestError, parse_query
+from mindgr.serve.retrieval import pack
 
 RAW = np.array([-1, 100, 7, 55, 9000, 3], np.int64)   # internal 1..5 -> raw ids (unsorted on purpose)
 
@@ -203,7 +204,7 @@ def test_metrics_percentiles_and_counts():
 
 import asyncio  # noqa: E402
 
-from mindgr.serve.recommend import ServingModel  # noqa: E402
+from mindgr.serve.requests import ServingModel  # noqa: E402
 
 
 class _ListModel(ServingModel):
@@ -225,7 +226,7 @@ class _ListModel(ServingModel):
 
 def _client(model, limit=1000):
     from fastapi.testclient import TestClient
-    from mindgr.serve.server import create_app
+    from mindgr.serve.app import create_app
     metrics = ServerMetrics()
     return TestClient(create_app(model, DynamicBatcher(model, metrics, 8, 0), metrics, max_body_bytes=limit))
 
@@ -262,7 +263,7 @@ def test_a_short_list_is_a_422_for_any_served_model():
 
 def _asgi(guard_limit, headers, chunks):
     """Run _BodyGuard over `chunks` (a request body in pieces): (status, error, body the app saw, pieces read)."""
-    from mindgr.serve.server import _BodyGuard
+    from mindgr.serve.app import _BodyGuard
     seen, sent, reads = [], [], [0]
 
     async def app(scope, receive, send):

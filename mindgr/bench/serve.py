@@ -200,7 +200,7 @@ def bench_index_recall(run_dir, k: int = 10, nprobes=(1, 2, 4, 8, 16), users: in
     and the search time per batch of 64 users of each (measured alternately, best of 3 rounds)."""
     from mindgr.serve.index import ExactIndex, FaissIVFIndex, recall_at_k
     from mindgr.train.trainer import load_run
-    from mindgr.serve.recommend import Recommender
+    from mindgr.serve.retrieval import Recommender
     run = load_run(run_dir, threads=threads)
     rec = Recommender.from_run(run, shapes=(64,))
     raw = rec.catalogue.raw
@@ -260,7 +260,7 @@ def _ranks_equal_eval(run, exact, vecs, ev, n: int) -> int:
 
 def gr_requests(num_items: int, history_items: int, count: int = 256, k: int = 10, seed: int = 7) -> list:
     """POST /recommend bodies for a random GR model (raw ids RAW_ID_BASE + 1..V): full-length histories."""
-    from mindgr.serve.generative import RAW_ID_BASE
+    from mindgr.bench.fixtures import RAW_ID_BASE
     rng = np.random.default_rng(seed)
     return [{"history": [int(RAW_ID_BASE + i) for i in rng.integers(1, num_items + 1, history_items)], "k": k,
              "exclude_history": False} for _ in range(count)]

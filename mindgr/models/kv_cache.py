@@ -77,17 +77,23 @@ def prompt_batch(dec, prompts, u: int, p: int):
 class KVCacheState(DecodeState):
     """Shared prompt K/V + append-only per-beam records with parent indices, for num_users x beam."""
 
-    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, parts: str = "both", runner=None):
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, parts: str = "both", runner=None,
+                 graphs=None):
+        """graphs: (prefill, step) callables with PrefillCell's and DecodeStepCell's inputs and outputs, run
+        instead of cells built on the decoder (the exported MindIR graphs a server loads)."""
         self.dec, self.u, self.b, self.p = decoder, num_users, beam, p_cap
         self.run = runner or _inline
         self.steps = max(decoder.num_levels - 1, 1)
         if p_cap + decoder.num_levels - 1 > decoder.max_len:
             raise ValueError(f"prompt capacity {p_cap} + {decoder.num_levels - 1} decoded tokens exceeds the "
                              f"decoder's max_len {decoder.max_len}")
-        self.prefill_net = PrefillCell(decoder, num_users, p_cap)
-        self.step_net = DecodeStepCell(decoder, num_users, beam, p_cap, self.steps, parts)
-        for net in (self.prefill_net, self.step_net):
-            net.set_train(False)
+        if graphs is not None:
+            self.prefill_net, self.step_net = graphs
+        else:
+            self.prefill_net = PrefillCell(decoder, num_users, p_cap)
+            self.step_net = DecodeStepCell(decoder, num_users, beam, p_cap, self.steps, parts)
+            for net in (self.prefill_net, self.step_net):
+                net.set_train(False)
         self.timings = {"prefill": 0.0, "step": 0.0}
 
     def share_graphs(self, other: "KVCacheState"):
@@ -104,10 +110,10 @@ class KVCacheState(DecodeState):
     def _prefill_graph(self, slots, merged, offsets, last):
         """Every MindSpore call of a prefill (on the runner's thread): the graph, then empty records."""
         logits, self.kp, self.vp = self.prefill_net(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
-        h = self.dec.blocks[0]
-        shape = (self.dec.num_blocks, self.steps, self.u, self.b, h.h)
-        self.kr = Tensor(np.zeros(shape + (h.dqk,), np.float32))
-        self.vr = Tensor(np.zeros(shape + (h.dv,), np.float32))
+        dec = self.dec
+        shape = (dec.num_blocks, self.steps, self.u, self.b, dec.num_heads)
+        self.kr = Tensor(np.zeros(shape + (dec.dqk,), np.float32))
+        self.vr = Tensor(np.zeros(shape + (dec.dv,), np.float32))
         return logits.asnumpy()
 
     def step(self, level, codes, parents):

@@ -12,10 +12,10 @@ Written into DIR:
   manifest.json           model config, data fingerprint (when the run records one), shapes, dtypes, files,
                           and `sha256`: the checksum of every other file of the export
 
-load_export(DIR) reads it back with mindspore.load + nn.GraphCell, after checking every file against its
-sha256 in the manifest (a changed or damaged file is refused in one line naming it; exports written before
-the checksums existed load unchecked). Every file is written atomically (mindgr.paths.atomic_write), the
-manifest last.
+Every file is written atomically (mindgr.paths.atomic_write), the manifest last, with the sha256 of every
+other file. Both kinds of manifest also record the ops backend the graphs were traced with and, for the C++
+kernels, the kernel library their custom ops call (`ops`). mindgr.serve.exported reads an export back
+(load_export, load_generative_export; also importable from here).
 
 Generative runs (export_generative / export_generative_run; load_generative_export): per user-batch shape U
   prefill-u{U}.mindir      the GR decoder's PrefillCell (mindgr.models.kv_cache: prompt batch -> level-0
@@ -33,15 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-from mindgr.paths import atomic_write
-from mindgr.serve.recommend import DEFAULT_SHAPES, pack
+from mindgr.paths import atomic_write, file_sha256
+from mindgr.serve.exported import (MANIFEST, ExportedEncoder, ExportError, load_export,  # noqa: F401 (read side)
+                                   load_generative_export, read_manifest, verify_export)
+from mindgr.serve.retrieval import DEFAULT_SHAPES, pack
 
-MANIFEST = "manifest.json"
 FORMAT_VERSION = 2   # 2: the encoders take request_times
-
-
-class ExportError(ValueError):
-    """An export directory that cannot be used (one-line message naming the file)."""
 
 
 def _save_npy(path: Path, array):
@@ -59,22 +56,9 @@ def _save_mindir(out: Path, name: str, net, *inputs):
 
 def _write_manifest(out: Path, manifest: dict, files) -> dict:
     """The manifest, with the sha256 of every file in `files`, written last (atomically)."""
-    from mindgr.train.checkpoint import file_sha256
     manifest["sha256"] = {name: file_sha256(out / name) for name in sorted(set(files))}
     atomic_write(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     return manifest
-
-
-def verify_export(d: Path, manifest: dict):
-    """ExportError naming the first file that is missing or differs from the manifest's sha256."""
-    from mindgr.train.checkpoint import file_sha256
-    for name, digest in (manifest.get("sha256") or {}).items():
-        path = d / name
-        if Path(name).name != name or not path.is_file():
-            raise ExportError(f"export {d}: {name} is missing (the manifest lists it); export the run again")
-        if file_sha256(path) != digest:
-            raise ExportError(f"export {d}: {name} does not match its sha256 in {MANIFEST} (modified or "
-                              "corrupted); export the run again")
 
 
 def _encoder_name(rows: int) -> str:
@@ -91,8 +75,20 @@ def _data_fingerprint(run):
     return None
 
 
-def export_run(run_dir, out_dir=None, which: str = "best", shapes=DEFAULT_SHAPES) -> dict:
-    """Export a run; returns the manifest. out_dir defaults to RUN/export."""
+def ops_record() -> dict:
+    """The ops backend in force (the exported graphs call its ops) and, for the C++ kernels, their library."""
+    from mindgr.ops.backend import get_backend
+    backend = get_backend()
+    record = {"backend": backend}
+    if backend == "cpu":
+        from mindgr.ops.cpu import library_path
+        record["kernel_library"] = library_path()
+    return record
+
+
+def export_run(run_dir, out_dir=None, which: str = "best", shapes=DEFAULT_SHAPES, manifest_extra=None) -> dict:
+    """Export a run; returns the manifest. out_dir defaults to RUN/export; manifest_extra: more fields
+    (the serving cache's key)."""
     import mindspore as ms
     from mindgr.train.trainer import load_run
     run = load_run(run_dir, which)
@@ -111,7 +107,7 @@ def export_run(run_dir, out_dir=None, which: str = "best", shapes=DEFAULT_SHAPES
     _save_npy(out / "item_table.npy", table)
     _save_npy(out / "item_raw_ids.npy", np.asarray(run.data.store.item_raw_ids, np.int64))
     manifest = {
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION, "kind": "retrieval",
         "run": str(run.run_dir), "checkpoint": run.checkpoint, "step": run.step,
         "model": run.cfg.to_dict()["model"], "config": run.cfg.to_dict(),
         "data": {"name": run.data.store.name, "num_items": run.data.num_items,
@@ -124,53 +120,11 @@ def export_run(run_dir, out_dir=None, which: str = "best", shapes=DEFAULT_SHAPES
         "item_table": {"file": "item_table.npy", "dtype": "float32", "shape": list(table.shape)},
         "item_ids": {"file": "item_raw_ids.npy", "dtype": "int64", "shape": [len(run.data.store.item_raw_ids)],
                      "meaning": "entry i is the raw id of internal item i; entry 0 (padding) is -1"},
+        "ops": ops_record(),
+        **(manifest_extra or {}),
     }
     files = [e["file"] for e in encoders.values()] + ["item_table.npy", "item_raw_ids.npy"]
     return _write_manifest(out, manifest, files)
-
-
-class ExportedEncoder:
-    """The exported encoders behind one call: picks the graph by the batch's row count (len(offsets) - 1)."""
-
-    def __init__(self, graphs: dict, request_times: bool = True):
-        self.graphs = graphs  # rows -> nn.GraphCell
-        self.request_times = request_times  # False: a format-1 export, whose graphs take no request times
-
-    def __call__(self, ids, positions, offsets, timestamps, request_times=None):
-        rows = offsets.shape[0] - 1
-        if rows not in self.graphs:
-            raise ValueError(f"no exported encoder for {rows} rows (have {sorted(self.graphs)})")
-        if not self.request_times:
-            return self.graphs[rows](ids, positions, offsets, timestamps)
-        if request_times is None:
-            raise ValueError("this export's encoders take request_times [rows] int64 (pack() makes them)")
-        return self.graphs[rows](ids, positions, offsets, timestamps, request_times)
-
-
-def read_manifest(d: Path, verify: bool = True) -> dict:
-    """The manifest of export directory d; with verify, every file it lists checked against its sha256."""
-    path = d / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"{d}: no {MANIFEST} (not an export directory)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError):
-        raise ExportError(f"export {d}: {MANIFEST} is not valid JSON (truncated or corrupted)") from None
-    if verify:
-        verify_export(d, manifest)
-    return manifest
-
-
-def load_export(export_dir):
-    """(manifest, ExportedEncoder, item table, item raw ids) from an export directory."""
-    import mindspore as ms
-    from mindspore import nn
-    d = Path(export_dir)
-    manifest = read_manifest(d)
-    graphs = {int(rows): nn.GraphCell(ms.load(str(d / e["file"]))) for rows, e in manifest["encoders"].items()}
-    encoder = ExportedEncoder(graphs, "request_times" in manifest.get("inputs", {}))
-    return (manifest, encoder, np.load(d / manifest["item_table"]["file"]),
-            np.load(d / manifest["item_ids"]["file"]))
 
 
 # ---- generative runs: the decoding engine's graphs ------------------------------------------------------
@@ -238,7 +192,7 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
     manifest = {
         "format_version": GR_FORMAT_VERSION, "kind": "generative",
         "run": str(bundle.run_dir) if bundle.run_dir is not None else None, "checkpoint": str(bundle.checkpoint),
-        "config": cfg,
+        "step": getattr(bundle, "step", None), "config": cfg,
         "decoder": {"level_sizes": [int(s) for s in bundle.level_sizes], "dim": dec.dim, "blocks": dec.num_blocks,
                     "heads": dec.num_heads, "dqk": dec.dqk, "dv": dec.dv, "max_len": dec.max_len,
                     "token_merger": dec.token_merger, "group": dec.group, "pad_id": dec.pad_id,
@@ -254,6 +208,7 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
         "item_ids": {"file": "item_raw_ids.npy", "dtype": "int64", "shape": [len(bundle.raw_ids)],
                      "meaning": "entry i is the raw id of item index i (entry 0 unused)"},
         "data": {"fingerprint": None},
+        "ops": ops_record(),
         **(manifest_extra or {}),
     }
     extra = getattr(bundle, "extra", None) or {}      # a LoadedGenerativeRun has none
@@ -264,7 +219,8 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
     return _write_manifest(out, manifest, files)
 
 
-def export_generative_run(run_dir, out_dir=None, which: str = "best", beam: int = 16, shapes=(1, 2, 4)) -> dict:
+def export_generative_run(run_dir, out_dir=None, which: str = "best", beam: int = 16, shapes=(1, 2, 4),
+                          manifest_extra=None) -> dict:
     """A trained GR run (mindgr.train.generative.load_generative_run) exported; out_dir defaults to RUN/export."""
     from mindgr.serve.generative import load_bundle
     bundle = load_bundle(run_dir, which)
@@ -274,20 +230,4 @@ def export_generative_run(run_dir, out_dir=None, which: str = "best", beam: int 
     fp = Path(bundle.run_dir) / FINGERPRINT_FILE      # what the run recorded of its data (none invented)
     if fp.is_file():
         fingerprint = json.loads(fp.read_text())
-    return export_generative(bundle, out, beam, shapes, {"data": {"fingerprint": fingerprint}})
-
-
-def load_generative_export(export_dir):
-    """(manifest, {users: (prefill GraphCell, step GraphCell)}, codes, trie arrays dict, raw ids)."""
-    import mindspore as ms
-    import numpy as np
-    from mindspore import nn
-    d = Path(export_dir)
-    manifest = read_manifest(d)
-    if manifest.get("kind") != "generative":
-        raise ExportError(f"{d}: not a generative export (use load_export)")
-    graphs = {int(u): (nn.GraphCell(ms.load(str(d / g["prefill"]["file"]))),
-                       nn.GraphCell(ms.load(str(d / g["step"]["file"]))))
-              for u, g in manifest["graphs"].items()}
-    trie = dict(np.load(d / manifest["trie"]["file"]))
-    return manifest, graphs, np.load(d / manifest["codes"]["file"]), trie, np.load(d / manifest["item_ids"]["file"])
+    return export_generative(bundle, out, beam, shapes, {"data": {"fingerprint": fingerprint}, **(manifest_extra or {})})

@@ -1,11 +1,13 @@
-"""Serving a generative (GR) model: raw item ids -> prompt -> the decoding engine's beam search -> top-k items.
+"""The generative serving model: raw item ids -> prompt -> the decoding engine's beam search -> top-k items.
 
-The model comes as a LoadedGenerativeRun-shaped bundle (mindgr.train.generative.load_generative_run, or
-`random_bundle` below: a random-weight decoder of a given shape, for tests and the load benchmark when
-no trained GR run exists). GenerativeRecommender has the HSTU Recommender's serving interface (parse,
-shape_for, max_rows, warm_up, recommend, to_response), so the same DynamicBatcher and HTTP app serve it.
+The model comes as a GenerativeBundle: from an export (`bundle_from_export`: the exported prefill and
+decode-step MindIR graphs behind ExportedDecoder, the code table, the trie; what `mindgr serve` runs), from
+a trained run (`load_bundle`: what `mindgr export` writes out), or a random-weight decoder of a given shape
+(mindgr.bench.fixtures.random_bundle: tests and the load benchmark). GenerativeRecommender has the
+retrieval Recommender's serving interface (parse, shape_for, max_rows, warm_up, recommend, to_response),
+so the same DynamicBatcher and HTTP app serve it.
 
-- Requests are validated as the HSTU path validates them (mindgr.serve.recommend.parse_query: unknown
+- Requests are validated as the HSTU path validates them (mindgr.serve.requests.parse_query: unknown
   ids, empty or over-long history, bad k, timestamps if given) plus k <= the beam width (a beam search
   returns at most `beam` items). The prompt is the history's last `max_history` items (the run's
   data.max_len), as in training.
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from mindgr.serve.recommend import DEFAULT_MAX_HISTORY, Catalogue, RequestError, ServingModel, parse_query
+from mindgr.serve.requests import DEFAULT_MAX_HISTORY, Catalogue, RequestError, ServingModel, parse_query
 
 DECODES = ("engine", "per_beam", "replay", "naive")
 # the engine's options of each: its fast path (the decoder's shared layout: HSTU's KV cache, linear attention's
@@ -40,8 +42,6 @@ DECODES = ("engine", "per_beam", "replay", "naive")
 DECODE_OPTIONS = {"engine": {}, "per_beam": dict(cache="per_beam"), "replay": dict(cache="replay"),
                   "naive": dict(cache="recompute", selection="full_sort", masks="rebuild")}
 DEFAULT_GR_SHAPES = (1, 2, 4)          # users per compiled batch (each user is `beam` decode rows)
-BEAUTY_LEVELS = (256, 256, 256, 32)    # 3 residual k-means levels of 256 codes + a de-dup digit
-RAW_ID_BASE = 1000                     # random bundles: raw id of item i is RAW_ID_BASE + i
 
 
 @dataclass
@@ -57,76 +57,60 @@ class GenerativeBundle:
     max_history: int             # history items kept in a prompt
     checkpoint: str
     extra: dict = field(default_factory=dict)
+    step: int | None = None
 
 
-def beauty_like_codes(rng, num_items: int, level_sizes=BEAUTY_LEVELS) -> np.ndarray:
-    """Random unique code tuples [V+1, Lt] (row 0 = padding) with Beauty-like sharing: the first level
-    from 64 of its codes, the de-dup digit mostly 0..3 (as a real residual k-means table clusters)."""
-    sizes = [int(s) for s in level_sizes]
-    first = min(64, sizes[0])
-    seen, rows = set(), []
-    while len(rows) < num_items:
-        t = (int(rng.integers(first)),) + tuple(int(rng.integers(s)) for s in sizes[1:-1]) + \
-            (int(rng.integers(min(4, sizes[-1]))),)
-        if t not in seen:
-            seen.add(t)
-            rows.append(t)
-    return np.concatenate([np.zeros((1, len(sizes)), np.int32), np.asarray(rows, np.int32)])
+class ExportedDecoder:
+    """The generation contract (mindgr.models.generation) of an exported GR decoder: its code layout from
+    the manifest, its decoding state the KV-cache state (mindgr.models.kv_cache) running the exported
+    prefill and decode-step graphs of each user-batch shape. It has no weights and no plain forward, so only
+    the engine's fast path runs on it (not the per-beam, replay or naive baselines)."""
+
+    def __init__(self, spec: dict, graphs: dict, prompt_tokens: int):
+        self.level_sizes = [int(s) for s in spec["level_sizes"]]
+        self.num_levels = len(self.level_sizes)
+        self.level_offsets = np.asarray(spec["level_offsets"], np.int64)
+        self.dim, self.num_blocks, self.num_heads = int(spec["dim"]), int(spec["blocks"]), int(spec["heads"])
+        self.dqk, self.dv, self.max_len = int(spec["dqk"]), int(spec["dv"]), int(spec["max_len"])
+        self.token_merger, self.group, self.pad_id = spec["token_merger"], int(spec["group"]), int(spec["pad_id"])
+        self.trie_softmax = bool(spec.get("trie_softmax", False))
+        self.graphs, self.prompt_tokens = graphs, int(prompt_tokens)    # users -> (prefill, step) GraphCells
+
+    def prompts(self, histories, codes, max_prompt_tokens: int):
+        from mindgr.models.generative import prompts_of
+        return prompts_of(self, histories, codes, max_prompt_tokens)
+
+    def decode_state(self, num_users: int, beam: int, max_prompt_tokens: int, runner=None, layout: str = "shared"):
+        from mindgr.models.kv_cache import KVCacheState
+        if layout != "shared" or num_users not in self.graphs or max_prompt_tokens != self.prompt_tokens:
+            raise ValueError(f"the export has the shared-cache graphs of {sorted(self.graphs)} users at "
+                             f"{self.prompt_tokens} prompt tokens, not {layout} for {num_users} users at "
+                             f"{max_prompt_tokens}")
+        return KVCacheState(self, num_users, beam, max_prompt_tokens, runner=runner, graphs=self.graphs[num_users])
 
 
-def random_bundle(num_items: int = 12101, prompt_tokens: int = 200, dim: int = 128, blocks: int = 4,
-                  heads: int = 2, level_sizes=BEAUTY_LEVELS, seed: int = 0, weight_scale: float = 0.1,
-                  token_merger: str = "none", backbone: str = "hstu") -> GenerativeBundle:
-    """A random-weight GR decoder of the given shape and a random code table: what serving needs of a run.
-    prompt_tokens fixes max_history (prompt_tokens // tokens per item) and the decoder's max_len."""
-    from mindspore import Tensor
+def bundle_from_export(export_dir, manifest: dict, shapes=None, beam: int | None = None) -> GenerativeBundle:
+    """A GenerativeBundle of an export directory (manifest already read and checked): the graphs of
+    `shapes` (default every exported user-batch shape), the code table, the trie. The decode-step graphs
+    are built for one beam width: another `beam` is an ExportError naming the fix."""
     from mindgr.ids.trie import PrefixTrie
-    from mindgr.models.generative import GRDecoder
-    from mindgr.models.ntp import tokens_per_prompt_item
-    rng = np.random.default_rng(seed)
-    sizes = [int(s) for s in level_sizes]
-    codes = beauty_like_codes(rng, num_items, sizes)
-    per_item = tokens_per_prompt_item(len(sizes), token_merger)
-    max_history = prompt_tokens // per_item
-    if max_history < 1:
-        raise ValueError(f"prompt of {prompt_tokens} tokens holds no item ({per_item} tokens each)")
-    dec = GRDecoder(sizes, dim, blocks, heads, dim // heads, dim // heads,
-                    max_len=max_history * per_item + len(sizes) - 1, token_merger=token_merger, seed=seed,
-                    num_items=num_items, backbone=backbone)
-    for p in dec.trainable_params():
-        p.set_data(Tensor((rng.standard_normal(p.shape) * weight_scale).astype(np.float32)))
-    dec.set_train(False)
-    raw = np.concatenate([[-1], RAW_ID_BASE + np.arange(1, num_items + 1)]).astype(np.int64)
-    spec = dict(items=num_items, prompt_tokens=prompt_tokens, dim=dim, blocks=blocks, heads=heads,
-                level_sizes=sizes, seed=seed, token_merger=token_merger, backbone=backbone)
-    return GenerativeBundle(cfg=None, run_dir=None, decoder=dec, codes=codes, level_sizes=sizes,
-                            trie=PrefixTrie(codes, sizes), raw_ids=raw, max_history=max_history,
-                            checkpoint="random weights", extra={"random": spec})
-
-
-def parse_random_spec(text: str) -> dict:
-    """`items=12101,prompt=200,dim=128,blocks=4,heads=2,seed=0,levels=256x256x256x32,backbone=linear` -> random_bundle's
-    keyword arguments (any subset; the rest keep their defaults)."""
-    names = {"items": "num_items", "prompt": "prompt_tokens", "dim": "dim", "blocks": "blocks",
-             "heads": "heads", "seed": "seed"}
-    out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, _, value = part.partition("=")
-        if key == "backbone":
-            if value not in ("hstu", "linear"):
-                raise ValueError(f"--random-gr: {part!r} (expected backbone=hstu or backbone=linear)")
-            out["backbone"] = value
-            continue
-        if key == "levels":
-            try:
-                out["level_sizes"] = [int(x) for x in value.split("x")]
-            except ValueError:
-                raise ValueError(f"--random-gr: {part!r} (expected levels=K0xK1x...)") from None
-            continue
-        if key not in names or not value.lstrip("-").isdigit():
-            raise ValueError(f"--random-gr: {part!r} (expected KEY=INT with KEY one of {', '.join(names)})")
-        out[names[key]] = int(value)
-    return out
+    from mindgr.serve.exported import ExportError, load_generative_export
+    d = Path(export_dir)
+    if beam is not None and int(beam) != int(manifest["beam"]):
+        raise ExportError(f"export {d}: its decode-step graphs are for beam {manifest['beam']}, not {beam}; serve "
+                          f"with --beam {manifest['beam']} or export again with --beam {beam}")
+    manifest, graphs, codes, trie_arrays, raw_ids = load_generative_export(d, manifest, users=shapes)
+    spec = manifest["decoder"]
+    trie = PrefixTrie(codes, spec["level_sizes"])
+    for level in range(trie.num_levels):   # the exported trie is the code table's (a mismatch: mixed files)
+        if not np.array_equal(trie.keys[level], trie_arrays.get(f"keys{level}")):
+            raise ExportError(f"export {d}: {manifest['trie']['file']} does not match "
+                              f"{manifest['codes']['file']}; export the run again")
+    decoder = ExportedDecoder(spec, graphs, manifest["prompt_tokens"])
+    return GenerativeBundle(cfg=manifest.get("config"), run_dir=manifest.get("run"), decoder=decoder, codes=codes,
+                            level_sizes=list(spec["level_sizes"]), trie=trie, raw_ids=raw_ids,
+                            max_history=int(manifest["max_history"]), checkpoint=str(manifest.get("checkpoint")),
+                            step=manifest.get("step"))
 
 
 class ModelThread:
@@ -167,6 +151,9 @@ class GenerativeRecommender(ServingModel):
         from mindgr.models.ntp import tokens_per_prompt_item
         if decode not in DECODES:
             raise ValueError(f"decode: {decode!r} (expected one of {', '.join(DECODES)})")
+        if decode != "engine" and isinstance(bundle.decoder, ExportedDecoder):
+            raise ValueError(f"decode {decode}: an export holds the graphs of the engine's fast path only; the "
+                             "baselines serve --random-gr models (use --decode engine)")
         if isinstance(beam, bool) or not isinstance(beam, int) or beam < 1:
             raise ValueError(f"beam: {beam!r} (expected a positive integer)")
         self.bundle, self.beam, self.decode, self.overlap = bundle, beam, decode, bool(overlap)
@@ -256,7 +243,7 @@ class GenerativeRecommender(ServingModel):
 
 
 def bundle_info(bundle) -> dict:
-    run, extra = bundle.run_dir, getattr(bundle, "extra", None) or {}     # a LoadedGenerativeRun has no extra
+    run, extra = bundle.run_dir, getattr(bundle, "extra", None) or {}
     return {"run": str(run) if run is not None else None, "checkpoint": str(bundle.checkpoint),
             **({"step": bundle.step} if getattr(bundle, "step", None) is not None else {}),
             **({"random_model": extra["random"]} if "random" in extra else {})}

@@ -23,19 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mindgr.paths import atomic_write
+from mindgr.paths import atomic_write, file_sha256  # noqa: F401  (file_sha256: imported from here too)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated, corrupted or does not fit the model (one-line message)."""
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 SIDECAR_FIELDS = ("weights", "sha256", "bytes")
