@@ -290,7 +290,8 @@ def test_hstu_eval_without_history_filter():
 @pytest.mark.slow  # an export of every graph shape
 def test_recommend_and_export_the_trained_run(gr_setup, tmp_path, capsys):
     """The trained run served by its run directory: `mindgr recommend --run` gives the decoding engine's lists
-    on load_generative_run's model, and `mindgr export --run` writes graphs that give the same lists."""
+    on load_generative_run's model, `mindgr export --run` writes graphs that give the same lists, and
+    `mindgr recommend --export` gives them from the export alone (the run and its code table moved away)."""
     from mindgr.cli import main
     from mindgr.generate.engine import DecodingEngine
     from mindgr.serve.export import load_generative_export
@@ -320,6 +321,20 @@ def test_recommend_and_export_the_trained_run(gr_setup, tmp_path, capsys):
     items2, _ = eng.search([np.asarray(hist)[-run.max_history:]], 6)
     np.testing.assert_array_equal(items2, items)
     json.dumps(manifest)
+    # the export alone, with the run directory and the code table moved away: the same lists
+    codes_file, away = gr_setup["codes"], tmp_path / "away"
+    away.mkdir()
+    run_dir.rename(away / "run")
+    codes_file.rename(away / "codes.parquet")
+    try:
+        capsys.readouterr()
+        assert main(["recommend", "--export", str(out), "--user-history", " ".join(str(raw[i]) for i in hist),
+                     "--k", "5", "--include-history"]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()[1:]
+        assert [int(line.split("\t")[1]) for line in lines] == got
+    finally:
+        (away / "run").rename(run_dir)
+        (away / "codes.parquet").rename(codes_file)
 
 
 def test_progress_printer_is_throttled_and_silent_at_the_end():
