@@ -196,7 +196,7 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
         "decoder": {"level_sizes": [int(s) for s in bundle.level_sizes], "dim": dec.dim, "blocks": dec.num_blocks,
                     "heads": dec.num_heads, "dqk": dec.dqk, "dv": dec.dv, "max_len": dec.max_len,
                     "token_merger": dec.token_merger, "group": dec.group, "pad_id": dec.pad_id,
-                    "trie_softmax": dec.trie_softmax,
+                    "trie_softmax": dec.trie_softmax, "backbone": getattr(dec, "backbone", "hstu"),
                     "level_offsets": [int(x) for x in dec.level_offsets]},
         "beam": beam, "prompt_tokens": p_cap, "max_history": int(bundle.max_history),
         "decode_steps": int(dec.num_levels - 1),

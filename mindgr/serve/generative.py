@@ -99,6 +99,9 @@ def bundle_from_export(export_dir, manifest: dict, shapes=None, beam: int | None
     if beam is not None and int(beam) != int(manifest["beam"]):
         raise ExportError(f"export {d}: its decode-step graphs are for beam {manifest['beam']}, not {beam}; serve "
                           f"with --beam {manifest['beam']} or export again with --beam {beam}")
+    backbone = manifest["decoder"].get("backbone", "hstu")
+    if backbone != "hstu":           # its graphs are a KV-cache state's (mindgr.models.kv_cache)
+        raise ExportError(f"export {d}: a {backbone} decoder; serving from an export runs hstu decoders only")
     manifest, graphs, codes, trie_arrays, raw_ids = load_generative_export(d, manifest, users=shapes)
     spec = manifest["decoder"]
     trie = PrefixTrie(codes, spec["level_sizes"])
