@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from mindgr.paths import file_sha256, unwritable_reason
@@ -78,8 +77,6 @@ def cached_export(run_dir, kind, options: ServerOptions) -> Path:
     tmp = root / f".tmp-{kind.name}-{key}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        print(f"mindgr: exporting {run_dir} ({options.checkpoint}) for serving into {target}", file=sys.stderr,
-              flush=True)
         kind.export(run_dir, tmp, options.checkpoint, fields["shapes"], fields["beam"], {"source": fields})
         shutil.rmtree(target, ignore_errors=True)
         try:
