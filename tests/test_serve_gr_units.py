@@ -77,11 +77,11 @@ def test_linear_backbone_decode_modes_give_the_same_lists():
     """A random linear-attention decoder (`--random-gr ...,backbone=linear`) served with each --decode mode:
     OneLA (engine), the per-beam state, replay and the naive search give the same lists; replay is refused in
     one line on the HSTU backbone."""
-    spec = gr.parse_random_spec("items=80,prompt=16,dim=8,blocks=1,heads=2,levels=4x4x4x2,seed=5,backbone=linear")
-    lin = gr.random_bundle(**spec)
+    spec = fx.parse_random_spec("items=80,prompt=16,dim=8,blocks=1,heads=2,levels=4x4x4x2,seed=5,backbone=linear")
+    lin = fx.random_bundle(**spec)
     assert lin.decoder.backbone == "linear"
     rng = np.random.default_rng(1)
-    qs = [[gr.RAW_ID_BASE + int(i) for i in rng.integers(1, 81, int(rng.integers(1, 9)))] for _ in range(4)]
+    qs = [[fx.RAW_ID_BASE + int(i) for i in rng.integers(1, 81, int(rng.integers(1, 9)))] for _ in range(4)]
     got = {}
     for decode in gr.DECODES:
         rec = gr.GenerativeRecommender(lin, beam=6, decode=decode, shapes=(2,))
@@ -92,7 +92,7 @@ def test_linear_backbone_decode_modes_give_the_same_lists():
             np.testing.assert_array_equal(gi, wi, err_msg=decode)
             np.testing.assert_allclose(gs, ws, rtol=1e-5, atol=2e-5, err_msg=decode)
     with pytest.raises(ValueError, match="decode layout 'replay': the hstu backbone has shared, per_beam"):
-        gr.GenerativeRecommender(gr.random_bundle(num_items=80, prompt_tokens=16, dim=8, blocks=1, heads=2,
+        gr.GenerativeRecommender(fx.random_bundle(num_items=80, prompt_tokens=16, dim=8, blocks=1, heads=2,
                                                   level_sizes=(4, 4, 4, 2)), beam=4, decode="replay")
     with pytest.raises(ValueError, match="expected backbone=hstu or backbone=linear"):
-        gr.parse_random_spec("backbone=rnn")
+        fx.parse_random_spec("backbone=rnn")

@@ -5,7 +5,9 @@ records it ("kind"). SERVING_MODELS maps that name to a ServingKind: `export` wr
 (mindgr.serve.export) and `load` builds the serving model from an export directory alone, reading
 nothing of the run, its data or the training code. `mindgr serve --run` and `mindgr recommend --run`
 export first (into the run's serving cache, mindgr.serve.cache) and then load that export, so both ways
-in share one loading path. A task with a new kind of answer adds one entry here.
+in share one loading path; what an export cannot serve (`needs_run`: the GR baselines, a linear-attention
+decoder, whose graphs are not exported yet) is served from the loaded run (`load_run`). A task with a new
+kind of answer adds one entry here.
 """
 from __future__ import annotations
 
@@ -23,14 +25,30 @@ class ServingKind:
     load: Callable      # (export_dir, manifest, ServerOptions) -> (serving model, info, banner text with {url})
     shapes: tuple       # the default batch shapes of an export made for serving
     beam: Optional[int] = None   # the default beam width of an export made for serving (generative)
-    check: Callable = lambda options: None   # a one-line ValueError for options this kind cannot serve
+    check: Callable = lambda options: None   # a one-line ValueError for options an export cannot serve
+    # (run_dir, options) -> True when the export cannot serve this run with these options, and
+    # load_run(run_dir, options) -> (model, info, banner) serves the loaded run itself instead
+    needs_run: Callable = lambda run_dir, options: False
+    load_run: Optional[Callable] = None
 
 
 def _check_generative(options: ServerOptions):
     if options.decode != "engine":
-        raise ValueError(f"--decode {options.decode}: an export (and a run, served through its export) holds the "
-                         "graphs of the engine's fast path only; the baselines serve --random-gr models (use "
-                         "--decode engine)")
+        raise ValueError(f"--decode {options.decode}: an export holds the graphs of the decoding engine's fast "
+                         "path only; serve the run directory (--run) for the baselines, or use --decode engine")
+
+
+def _generative_needs_run(run_dir, options: ServerOptions) -> bool:
+    """The baselines (per_beam, replay, naive) need the model itself, and only the HSTU decoder's decoding
+    graphs are exported (mindgr.serve.export): those runs are served from the loaded run."""
+    from mindgr.train.rundir import run_config
+    return options.decode != "engine" or run_config(Path(run_dir)).model.backbone != "hstu"
+
+
+def _load_generative_run(run_dir, options: ServerOptions):
+    from mindgr.serve.generative import load_bundle
+    bundle = load_bundle(run_dir, options.checkpoint, threads=options.threads)
+    return build_generative(bundle, options, beam=options.beam or 16)
 
 
 def _export_retrieval(run_dir, out_dir, which, shapes, beam, manifest_extra=None) -> dict:
@@ -82,7 +100,8 @@ def build_generative(bundle, options: ServerOptions, beam: int):
 SERVING_MODELS = {
     "retrieval": ServingKind("retrieval", _export_retrieval, _load_retrieval, shapes=(1, 4, 16, 64)),
     "generative": ServingKind("generative", _export_generative, _load_generative, shapes=(1, 2, 4), beam=16,
-                              check=_check_generative),
+                              check=_check_generative, needs_run=_generative_needs_run,
+                              load_run=_load_generative_run),
 }
 
 
@@ -132,7 +151,8 @@ def _export_threads(export_dir) -> Optional[int]:
 
 def load_served(options: ServerOptions, run_dir=None, export_dir=None):
     """The serving model of an export directory, or of a run (exported first into its serving cache, then
-    loaded from there): (model, info for /health, banner text with {url})."""
+    loaded from there; a run its export cannot serve, e.g. a baseline decode, is loaded itself):
+    (model, info for /health, banner text with {url})."""
     if (run_dir is None) == (export_dir is None):
         raise ValueError("give exactly one of a run directory and an export directory")
     if run_dir is not None:
@@ -140,6 +160,8 @@ def load_served(options: ServerOptions, run_dir=None, export_dir=None):
             setup_process(options.threads)
         from mindgr.serve.cache import cached_export
         kind = SERVING_MODELS[serving_kind(run_dir)]
+        if kind.needs_run(run_dir, options):   # what an export cannot serve: the loaded run itself
+            return kind.load_run(run_dir, options)
         kind.check(options)                   # before the export, not after it
         export_dir = cached_export(run_dir, kind, options)
     setup_process(options.threads or _export_threads(export_dir))
