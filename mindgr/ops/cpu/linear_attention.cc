@@ -7,7 +7,8 @@
 // function, which the tests compare this kernel with).  The backward runs two scans per (row, head):
 //   forward again:  dq_t = S_t dout_t
 //   in reverse:     G_t = q_t dout_t^T + g G_{t+1};  dk_t = G_t v_t;  dv_t = G_t^T k_t
-// The state (one [dqk][dv] matrix per item) lives in a per-thread scratch buffer.  Tokens past
+// The state (one [dqk][dv] matrix per item, its rows padded to whole vectors) lives in a per-thread
+// scratch buffer; every inner loop runs over dv in vectors of the build's ISA.  Tokens past
 // offsets[-1] get zero outputs and gradients.  An item writes only its own tokens' slice of head h, and
 // its arithmetic does not depend on which thread runs it: results are independent of the thread count.
 #include <cmath>
@@ -60,8 +61,15 @@ int read_inputs(int nparam, void** params, int* ndims, int64_t** shapes, const c
   return 0;
 }
 
-// fn(b, h, state) over every (row, head) item, longest rows first, on the kernels' threads; state is a
-// [D][DV] scratch matrix of the calling thread.
+inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// Per-thread scratch of one item: the state S and its gradient G ([D][DVP], DVP = DV rounded up to whole
+// vectors, the padding lanes kept zero) and three DVP rows (a padded v_t, dout_t, and an accumulator).
+struct Work {
+  float *S, *G, *vrow, *grow, *acc;
+};
+
+// fn(b, h, work) over every (row, head) item, longest rows first, on the kernels' threads.
 template <class Fn>
 void for_items(const Problem& p, Fn&& fn) {
   std::vector<std::pair<int64_t, int>> items;
@@ -71,12 +79,20 @@ void for_items(const Problem& p, Fn&& fn) {
       for (int h = 0; h < p.H; ++h) items.emplace_back(-(p.off[b + 1] - p.off[b]), b * p.H + h);
   std::stable_sort(items.begin(), items.end());
   const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads(), int64_t(items.size()))));
-  const size_t state = size_t(p.D) * p.DV;
-  Scratch scratch(state * 2 * size_t(nt));
+  const int DVP = round_up(p.DV, VL);
+  const size_t state = size_t(p.D) * DVP, per = 2 * state + 3 * size_t(DVP);
+  Scratch scratch(per * size_t(nt));
   parallel_blocks(nt, int64_t(items.size()), 1, [&](int tid, int64_t i0, int64_t i1) {
-    float* s = scratch.data() + state * 2 * size_t(tid);
-    for (int64_t i = i0; i < i1; ++i) fn(items[i].second / p.H, items[i].second % p.H, s, s + state);
+    float* base = scratch.data() + per * size_t(tid);
+    Work w{base, base + state, base + 2 * state, base + 2 * state + DVP, base + 2 * state + 2 * DVP};
+    for (int64_t i = i0; i < i1; ++i) fn(items[i].second / p.H, items[i].second % p.H, w);
   });
+}
+
+// dst[0..DVP) = src[0..DV) then zeros
+inline void load_row(const float* src, int DV, int DVP, float* dst) {
+  std::memcpy(dst, src, sizeof(float) * DV);
+  std::fill(dst + DV, dst + DVP, 0.0f);
 }
 
 // zeros for the tokens outside every row: before offsets[0] and past offsets[-1]
@@ -87,73 +103,78 @@ void zero_tail(const Problem& p, float* x, int w) {
 }
 
 void forward(const Problem& p, float* out) {
-  const int H = p.H, D = p.D, DV = p.DV;
-  for_items(p, [&](int b, int h, float* S, float*) {
-    const float g = p.gamma[h];
-    std::fill(S, S + size_t(D) * DV, 0.0f);
+  const int H = p.H, D = p.D, DV = p.DV, DVP = round_up(DV, VL), NV = DVP / VL;
+  for_items(p, [&](int b, int h, const Work& w) {
+    const vf g = vbcast(p.gamma[h]);
+    std::fill(w.S, w.S + size_t(D) * DVP, 0.0f);
     for (int64_t t = p.off[b]; t < p.off[b + 1]; ++t) {
       const float* qt = p.q + (t * H + h) * size_t(D);
       const float* kt = p.k + (t * H + h) * size_t(D);
-      const float* vt = p.v + (t * H + h) * size_t(DV);
-      float* ot = out + (t * H + h) * size_t(DV);
-      std::fill(ot, ot + DV, 0.0f);
-      for (int i = 0; i < D; ++i) {
-        float* Si = S + size_t(i) * DV;
-        const float ki = kt[i], qi = qt[i];
-        for (int j = 0; j < DV; ++j) {
-          Si[j] = g * Si[j] + ki * vt[j];
-          ot[j] += qi * Si[j];
+      load_row(p.v + (t * H + h) * size_t(DV), DV, DVP, w.vrow);
+      std::fill(w.acc, w.acc + DVP, 0.0f);
+      for (int i = 0; i < D; ++i) {                       // S = g S + k v^T;  out = S^T q
+        float* Si = w.S + size_t(i) * DVP;
+        const vf ki = vbcast(kt[i]), qi = vbcast(qt[i]);
+        for (int c = 0; c < NV; ++c) {
+          const int o = c * VL;
+          const vf sv = g * vload(Si + o) + ki * vload(w.vrow + o);
+          vstore(Si + o, sv);
+          vstore(w.acc + o, vload(w.acc + o) + qi * sv);
         }
       }
+      std::memcpy(out + (t * H + h) * size_t(DV), w.acc, sizeof(float) * DV);
     }
   });
   zero_tail(p, out, DV);
 }
 
 void backward(const Problem& p, const float* dout, float* dq, float* dk, float* dv) {
-  const int H = p.H, D = p.D, DV = p.DV;
-  for_items(p, [&](int b, int h, float* S, float* G) {
-    const float g = p.gamma[h];
+  const int H = p.H, D = p.D, DV = p.DV, DVP = round_up(DV, VL), NV = DVP / VL;
+  for_items(p, [&](int b, int h, const Work& w) {
+    const vf g = vbcast(p.gamma[h]);
     // dq_t = S_t dout_t, the state rebuilt forward
-    std::fill(S, S + size_t(D) * DV, 0.0f);
+    std::fill(w.S, w.S + size_t(D) * DVP, 0.0f);
     for (int64_t t = p.off[b]; t < p.off[b + 1]; ++t) {
       const float* kt = p.k + (t * H + h) * size_t(D);
-      const float* vt = p.v + (t * H + h) * size_t(DV);
-      const float* gt = dout + (t * H + h) * size_t(DV);
+      load_row(p.v + (t * H + h) * size_t(DV), DV, DVP, w.vrow);
+      load_row(dout + (t * H + h) * size_t(DV), DV, DVP, w.grow);
       float* dqt = dq + (t * H + h) * size_t(D);
       for (int i = 0; i < D; ++i) {
-        float* Si = S + size_t(i) * DV;
-        const float ki = kt[i];
-        float acc = 0.0f;
-        for (int j = 0; j < DV; ++j) {
-          Si[j] = g * Si[j] + ki * vt[j];
-          acc += Si[j] * gt[j];
+        float* Si = w.S + size_t(i) * DVP;
+        const vf ki = vbcast(kt[i]);
+        vf acc = vzero();
+        for (int c = 0; c < NV; ++c) {
+          const int o = c * VL;
+          const vf sv = g * vload(Si + o) + ki * vload(w.vrow + o);
+          vstore(Si + o, sv);
+          acc += sv * vload(w.grow + o);
         }
-        dqt[i] = acc;
+        dqt[i] = vsum(acc);
       }
     }
-    // dk, dv from G_t = dL/dS_t, accumulated backwards
-    std::fill(G, G + size_t(D) * DV, 0.0f);
+    // G_t = q_t dout_t^T + g G_{t+1}: dk_t = G_t v_t, dv_t = G_t^T k_t, accumulated backwards
+    std::fill(w.G, w.G + size_t(D) * DVP, 0.0f);
     for (int64_t t = p.off[b + 1] - 1; t >= p.off[b]; --t) {
       const float* qt = p.q + (t * H + h) * size_t(D);
       const float* kt = p.k + (t * H + h) * size_t(D);
-      const float* vt = p.v + (t * H + h) * size_t(DV);
-      const float* gt = dout + (t * H + h) * size_t(DV);
+      load_row(p.v + (t * H + h) * size_t(DV), DV, DVP, w.vrow);
+      load_row(dout + (t * H + h) * size_t(DV), DV, DVP, w.grow);
       float* dkt = dk + (t * H + h) * size_t(D);
-      float* dvt = dv + (t * H + h) * size_t(DV);
-      const float decay = (t == p.off[b + 1] - 1) ? 0.0f : g;
-      std::fill(dvt, dvt + DV, 0.0f);
+      std::fill(w.acc, w.acc + DVP, 0.0f);
       for (int i = 0; i < D; ++i) {
-        float* Gi = G + size_t(i) * DV;
-        const float qi = qt[i], ki = kt[i];
-        float acc = 0.0f;
-        for (int j = 0; j < DV; ++j) {
-          Gi[j] = decay * Gi[j] + qi * gt[j];
-          acc += Gi[j] * vt[j];
-          dvt[j] += Gi[j] * ki;
+        float* Gi = w.G + size_t(i) * DVP;
+        const vf qi = vbcast(qt[i]), ki = vbcast(kt[i]);
+        vf acc = vzero();
+        for (int c = 0; c < NV; ++c) {
+          const int o = c * VL;
+          const vf gv = g * vload(Gi + o) + qi * vload(w.grow + o);
+          vstore(Gi + o, gv);
+          acc += gv * vload(w.vrow + o);
+          vstore(w.acc + o, vload(w.acc + o) + gv * ki);
         }
-        dkt[i] = acc;
+        dkt[i] = vsum(acc);
       }
+      std::memcpy(dv + (t * H + h) * size_t(DV), w.acc, sizeof(float) * DV);
     }
   });
   zero_tail(p, dq, D);
