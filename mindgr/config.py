@@ -199,6 +199,29 @@ class IdsConfig:
 
 
 @dataclass
+class AlignConfig:
+    """loss.objective grpo_sr: preference alignment of a trained GR run (GRPO with an NLL regulariser). The
+    decoder starts from init_from's weights (its model section, data and code table must be this config's);
+    each step decodes a group of candidates per prompt, rewards them with a reward model behind a relevance
+    gate, and makes `inner_updates` optimizer updates on that rollout batch (train.batch_size prompts)."""
+    init_from: str = ""                       # the trained GR run the policy starts from (and the KL reference)
+    init_checkpoint: str = field(default="best", metadata=_rng(choices=["best", "latest"]))  # its checkpoint
+    group_size: int = field(default=16, metadata=_rng(lo=2))  # G: candidates per prompt (beam search, unique items)
+    inner_updates: int = field(default=2, metadata=_rng(lo=1, hi=16))  # optimizer updates per rollout batch
+    clip_eps: float = field(default=0.2, metadata=_rng(lo=0.0, hi=1.0, lo_open=True))  # ratio clip 1 -/+ eps
+    beta: float = field(default=0.04, metadata=_rng(lo=0.0))  # weight of the KL to the initial policy (k3)
+    nll_weight: float = field(default=1.0, metadata=_rng(lo=0.0))  # lambda: weight of the NTP loss (0 = pure GRPO)
+    reward_run: str = ""                      # the reward-model run that scores (history, item)
+    reward_checkpoint: str = field(default="best", metadata=_rng(choices=["best", "latest"]))  # its checkpoint
+    # the relevance gate: none (plain reward), first_code (shares its first code with one of the user's last
+    # gate_recent items) or retrieval_topm (in the top gate_top_m of gate_run's dot-product ranking)
+    gate: str = field(default="first_code", metadata=_rng(choices=["none", "first_code", "retrieval_topm"]))
+    gate_recent: int = field(default=10, metadata=_rng(lo=1))   # first_code: the user's last N items
+    gate_top_m: int = field(default=100, metadata=_rng(lo=1))   # retrieval_topm: M
+    gate_run: str = ""                        # retrieval_topm: an item-retrieval run (HSTU, SASRec, ...)
+
+
+@dataclass
 class OpsConfig:
     backend: str = field(default="auto", metadata=_rng(choices=["auto", "reference", "cpu", "ascend"]))
 
@@ -250,6 +273,7 @@ class Config:
     ids: IdsConfig = field(default_factory=IdsConfig)
     ops: OpsConfig = field(default_factory=OpsConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    align: AlignConfig = field(default_factory=AlignConfig)
 
     @property
     def run_dir(self) -> Path:

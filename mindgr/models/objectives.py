@@ -18,6 +18,8 @@ SharedNegativesLoss (one candidate set per batch, logQ-corrected).
 says which kind of model it trains: item encoders (False) or the GR decoder (True);
 `check_objective_arch` refuses a mismatch in one line. `rating` (mindgr.models.rating) is the reward
 model's regression on observed values (the reward task, mindgr.train.reward).
+`grpo_sr`: GRPO-SR preference alignment of a trained GR decoder (mindgr.models.grpo, trained by
+mindgr.train.alignment).
 """
 from __future__ import annotations
 
@@ -127,3 +129,9 @@ def _rating_flops(model_cfg, num_targets: int, num_candidates: int) -> float:
 # the reward model (mindgr.models.rating, trained by the reward task, mindgr.train.reward): an item encoder's
 # state and item table -> predicted value of (history, item), mean squared error on the observed values
 register_objective(ObjectiveSpec("rating", _build_rating, _rating_flops))
+
+
+# GRPO-SR (mindgr.models.grpo, trained by mindgr.train.alignment): preference alignment of a trained GR
+# decoder. Its step is the alignment task's own; the loss this entry builds is the NTP loss, what loading an
+# aligned run's checkpoint (eval, serve, export) needs, as for any GR run.
+register_objective(ObjectiveSpec("grpo_sr", _build_ntp, _ntp_flops, generative=True))

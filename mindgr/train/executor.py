@@ -153,7 +153,7 @@ class Executor(abc.ABC):
         return self.task.flops(info)
 
     def window_extra(self) -> tuple[dict, str]:
-        return {}, ""
+        return self.task.window_extra()
 
     # ---- evaluation ----------------------------------------------------------------------------
     def can_evaluate(self, split: str) -> bool:

@@ -94,6 +94,7 @@ class GRTrainData:
         keep = [i for i, c in enumerate(counts) if c]
         if not keep:
             raise RowError(f"no training example gives a {objective} row (every window has one item or one page)")
+        self.example_ids = keep                # each kept example's index among the given windows
         self.windows = [windows[i] for i in keep]
         self.pages = None if pages is None else [pages[i] for i in keep]
         self.row_counts = [counts[i] for i in keep]

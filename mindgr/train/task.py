@@ -93,6 +93,15 @@ class Task(abc.ABC):
     def flops(self, info: dict) -> float:
         """Model FLOPs (forward + backward) of a step, from its info."""
 
+    def train_step(self, model, inputs) -> float:
+        """One training step of the local executor on prepared inputs -> its loss: the model's compiled train
+        step (a task whose step is more than one update, e.g. rollouts then several updates, overrides it)."""
+        return float(model.train_step(*inputs.tensors()).asnumpy())
+
+    def window_extra(self) -> tuple[dict, str]:
+        """More fields (and text) for a logging window, summed by the task since the last window."""
+        return {}, ""
+
     def calibration_inputs(self) -> dict | None:
         """What the data-parallel cost-model probe (mindgr.parallel.calibrate) needs to build synthetic
         steps of this task, or None: its ranks are then balanced by the configured cost model."""

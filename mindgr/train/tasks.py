@@ -17,6 +17,16 @@ def _generative_config(cfg) -> bool:
     return cfg.model.arch == GENERATIVE_ARCH or bool(spec is not None and spec.generative)
 
 
+def _alignment_config(cfg) -> bool:
+    """GRPO-SR preference alignment of a trained GR run (loss.objective grpo_sr)."""
+    return cfg.loss.objective == "grpo_sr"
+
+
+def _alignment_task():
+    from mindgr.train.alignment import AlignmentTask
+    return AlignmentTask
+
+
 def _generative_task():
     from mindgr.train.generative import GenerativeTask
     return GenerativeTask
@@ -40,6 +50,7 @@ def _retrieval_task():
 # name, whether a config is this task's, its class
 TASKS = (
     ("reward", _reward_config, _reward_task),
+    ("alignment", _alignment_config, _alignment_task),
     ("generative", _generative_config, _generative_task),
     ("retrieval", lambda cfg: True, _retrieval_task),
 )
