@@ -86,8 +86,9 @@ def restore_decoder(decoder, tensors: dict, where: str):
     restore_parameters(decoder, own, where)
 
 
-def reward_scorer(cfg: Config):
-    """score(histories, items [U, G]) -> [U, G] of the reward run align.reward_run."""
+def reward_scorer(cfg: Config, num_items: int | None = None):
+    """The scorer (mindgr.train.reward.RewardScorer) of the reward run align.reward_run, checked against the
+    catalogue (num_items)."""
     a = cfg.align
     if not a.reward_run:
         raise ConfigError("config: loss.objective = grpo_sr needs align.reward_run: a reward-model run "
@@ -97,7 +98,17 @@ def reward_scorer(cfg: Config):
     except ImportError:
         raise ConfigError("config: align.reward_run: this version of mindgr has no reward-model runs "
                           "(mindgr.train.reward)") from None
-    return load_reward_scorer(a.reward_run, a.reward_checkpoint).score
+    try:
+        scorer = load_reward_scorer(a.reward_run, a.reward_checkpoint, setup=False)
+    except CheckpointError as e:
+        raise ConfigError(f"config: align.reward_run: {e}") from None
+    if num_items is not None and scorer.num_items != num_items:
+        raise ConfigError(f"config: align.reward_run = {a.reward_run}: a reward model of {scorer.num_items} items, "
+                          f"the data has {num_items} (another catalogue?)")
+    if scorer.uses_times:
+        raise ConfigError(f"config: align.reward_run = {a.reward_run}: a reward model with a time bias "
+                          "(model.time_bias); GRPO-SR scores histories without times: train it with time_bias false")
+    return scorer
 
 
 @dataclass
@@ -113,6 +124,7 @@ class AlignInputs:
     """A rollout batch's host inputs (prepared in the input thread): the prompts' histories (everything the
     user consumed before the cut, item ids) and the NLL rows of their training windows."""
     histories: list
+    values: list | None      # the value of every history item (data with values), else None
     nll_rows: list
 
 
@@ -156,6 +168,7 @@ class AlignmentTask(GenerativeTask):
     def __init__(self, cfg: Config, reward=None):
         super().__init__(cfg)
         self.reward = reward
+        self.scorer = None
         self.window = _new_window()
         self.timing = _new_window()          # totals of the run (benchmarks read them)
 
@@ -216,12 +229,15 @@ class AlignmentTask(GenerativeTask):
         gd, split, lt = self.train, self.data.split, len(self.codes.level_sizes)
         per = tokens_per_prompt_item(lt, cfg.model.token_merger)
         p_cap = max_prompt_tokens(lt, cfg.model.token_merger, cfg.data.max_len)
-        self.histories, prompt_tokens = [], []
+        train_values = getattr(split, "train_values", None)
+        self.histories, self.values, prompt_tokens = [], [] if train_values is not None else None, []
         for k, i in enumerate(gd.example_ids):
             window = gd.windows[k]
             cut = prompt_cut(window, None if gd.pages is None else gd.pages[k])
             full = np.asarray(split.train[i], np.int64)
             self.histories.append(full[: len(full) - (len(window) - cut)])   # all the user had before the cut
+            if self.values is not None:
+                self.values.append(np.asarray(train_values[i], np.float32)[: len(self.histories[-1])])
             prompt_tokens.append(min(cut * per, (p_cap // per) * per))
         nll_tokens = np.array([sum(c) for c in gd.row_counts], np.int64)
         costs = rollout_costs(np.array(prompt_tokens), nll_tokens, a.group_size, lt)
@@ -276,8 +292,12 @@ class AlignmentTask(GenerativeTask):
     # ---- model and steps ------------------------------------------------------------------------
     def build_model(self, log):
         self.log = log
+        self.scorer = None
         if self.reward is None:
-            self.reward = reward_scorer(self.cfg)
+            self.scorer = reward_scorer(self.cfg, self.data.num_items)
+            if self.scorer.uses_values and self.values is None:
+                raise ConfigError(f"config: align.reward_run = {self.cfg.align.reward_run}: its reward model reads "
+                                  "the history's values (model.value_input) and this data has none")
         path = init_checkpoint(self.cfg)
         self.model = AlignModel(self.cfg, self.trie, self.codes.codes, self.data.num_items, self.shape, path)
         a = self.cfg.align
@@ -294,16 +314,23 @@ class AlignmentTask(GenerativeTask):
                                   np.array([r["slots"].shape[0] for r in rows], np.int64)])
         n = int(lengths.sum())
         info = {"tokens": n, "fill": n / self.shape.token_capacity, "lengths": lengths}
-        return AlignInputs([self.histories[i] for i in indices], rows), info
+        values = None if self.values is None else [self.values[i] for i in indices]
+        return AlignInputs([self.histories[i] for i in indices], values, rows), info
 
     def rank_inputs(self, epoch, b, indices, share, shape):
         raise NotImplementedError("GRPO-SR trains in one process")
 
-    def rewards(self, histories, items: np.ndarray):
-        """(hybrid reward r [U, G], RM score [U, G], gate open [U, G]) of generated items."""
+    def rewards(self, histories, items: np.ndarray, values=None):
+        """(hybrid reward r [U, G], RM score [U, G], gate open [U, G]) of generated items (dead beams, item 0,
+        are scored as the first candidate and never rewarded)."""
         from mindgr.train.reward_gate import gate_mask, hybrid_reward
         a = self.cfg.align
-        rm = np.asarray(self.reward(histories, items), np.float32)
+        scored = np.where(items > 0, items, items[:, :1])
+        if self.scorer is not None:
+            rm = self.scorer.score(histories, scored, values if self.scorer.uses_values else None)
+        else:
+            rm = self.reward(histories, scored)
+        rm = np.asarray(rm, np.float32)
         if rm.shape != items.shape:
             raise ValueError(f"the reward model returned shape {rm.shape} for {items.shape} candidates")
         keep = gate_mask(a.gate, histories, items, self.codes.codes, a.gate_recent)
@@ -320,7 +347,7 @@ class AlignmentTask(GenerativeTask):
         p = len(inputs.histories)
         items = roll.items[:p]
         t0 = time.perf_counter()
-        r, rm, keep = self.rewards(inputs.histories, items)
+        r, rm, keep = self.rewards(inputs.histories, items, inputs.values)
         adv = np.zeros(sh.candidates, np.float32)
         adv[: p * sh.group] = group_advantages(r).reshape(-1)
         t1 = time.perf_counter()
