@@ -213,12 +213,10 @@ class AlignConfig:
     nll_weight: float = field(default=1.0, metadata=_rng(lo=0.0))  # lambda: weight of the NTP loss (0 = pure GRPO)
     reward_run: str = ""                      # the reward-model run that scores (history, item)
     reward_checkpoint: str = field(default="best", metadata=_rng(choices=["best", "latest"]))  # its checkpoint
-    # the relevance gate: none (plain reward), first_code (shares its first code with one of the user's last
-    # gate_recent items) or retrieval_topm (in the top gate_top_m of gate_run's dot-product ranking)
-    gate: str = field(default="first_code", metadata=_rng(choices=["none", "first_code", "retrieval_topm"]))
+    # the relevance gate: none (the plain reward) or first_code (the item shares its first code with one of the
+    # user's last gate_recent items); consumed items are never rewarded either way
+    gate: str = field(default="first_code", metadata=_rng(choices=["none", "first_code"]))
     gate_recent: int = field(default=10, metadata=_rng(lo=1))   # first_code: the user's last N items
-    gate_top_m: int = field(default=100, metadata=_rng(lo=1))   # retrieval_topm: M
-    gate_run: str = ""                        # retrieval_topm: an item-retrieval run (HSTU, SASRec, ...)
 
 
 @dataclass

@@ -293,3 +293,23 @@ def test_config_errors_are_one_line(setup):
         load_config(None, rl_overrides(out, "bad", codes, "align.clip_eps=0"))
     with pytest.raises(ConfigError, match="align.gate"):
         load_config(None, rl_overrides(out, "bad", codes, "align.gate=maybe"))
+
+
+def test_rl_run_with_a_reward_model_run(setup, capsys):
+    """The chain with a real reward run: a reward model on the same catalogue (synthetic values), then
+    `mindgr train` of the aligned run through the CLI (the reward run's scorer), then `mindgr eval`."""
+    from mindgr.cli import main
+    out, codes = setup["out"], setup["codes"]
+    assert main(["train", f"run.out_dir={out}", "run.name=reward", *SYNTH, "data.synthetic.values=true",
+                 "model.dim=16", "model.num_blocks=1", "model.num_heads=2", "model.time_bias=false",
+                 "loss.objective=rating", "train.batch_size=16", "train.epochs=1", "ops.backend=cpu"]) == 0
+    assert (out / "reward" / "checkpoints" / "best.json").is_file()
+    args = rl_overrides(out, "rl-rm", codes, f"align.reward_run={out / 'reward'}", "train.max_steps=2",
+                        "run.ckpt_every=0")
+    assert main(["train", *args]) == 0
+    rows = [json.loads(line) for line in (out / "rl-rm" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward" in r]
+    assert len(steps) == 2 and all(np.isfinite(r["rm_score"]) and r["rm_score"] > 0 for r in steps)
+    capsys.readouterr()
+    assert main(["eval", "--run", str(out / "rl-rm"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == 120

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from mindgr.bench import (balance, decode, distributed, gr_tree, negatives, ops, peak, pipeline, serve,
+from mindgr.bench import (align, balance, decode, distributed, gr_tree, negatives, ops, peak, pipeline, serve,
                           sparse, train)
 
 
@@ -40,6 +40,8 @@ _ALL = (
                                 "search"),
     Benchmark("gr-tree", gr_tree, "GR training: tokens per user and step time of the shared-prompt (tree) layout "
                                   "vs copied rows"),
+    Benchmark("align", align, "GRPO-SR cost: rollout items/s and the RL step (rollout, scoring, updates) next to "
+                              "the SFT step of the GR run it aligns, alternated"),
 )
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in _ALL}

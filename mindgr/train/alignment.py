@@ -182,8 +182,6 @@ class AlignmentTask(GenerativeTask):
             raise ConfigError("config: loss.objective = grpo_sr does not support model.trie_softmax yet")
         if c.data.gr_layout != "rows":
             raise ConfigError("config: loss.objective = grpo_sr packs copied rows: set data.gr_layout = rows")
-        if a.gate == "retrieval_topm":
-            raise ConfigError("config: align.gate = retrieval_topm is not available yet: use first_code or none")
         init = init_run_config(c)
         d = _diff(_asdict(init.model), _asdict(c.model), "model.")
         if d:

@@ -5,7 +5,7 @@ keeps the reward to items relevant to the user:
 - "none": the plain RM reward;
 - "first_code": the item shares its first semantic-ID code with one of the user's last N items;
 - "retrieval_topm": the item is in the top M of an item-retrieval run's dot-product ranking for the user
-  (the ranking is computed by the caller and passed as `allowed`).
+  (the ranking is computed by the caller and passed as `allowed`; no config key selects it yet).
 Whatever the gate, an item the user already consumed is never rewarded (reward 0).
 
 Advantages are normalised within each prompt's group: A = (r - mean) / (std + eps); a group whose rewards
