@@ -153,7 +153,8 @@ class Executor(abc.ABC):
         return self.task.flops(info)
 
     def window_extra(self) -> tuple[dict, str]:
-        return self.task.window_extra()
+        extra = getattr(self.task, "window_extra", None)      # (an executor may train without a Task)
+        return extra() if extra is not None else ({}, "")
 
     # ---- evaluation ----------------------------------------------------------------------------
     def can_evaluate(self, split: str) -> bool:
