@@ -524,6 +524,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("mindgr: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as e:  # a C++ kernel that rejected its arguments: its one-line error
+        from mindgr.ops.cpu.errors import explain
+        clear = explain(e)
+        if clear is None:
+            raise
+        print(f"mindgr: error: {clear}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

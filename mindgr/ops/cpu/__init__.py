@@ -21,42 +21,11 @@ of an input (max_len, num_tokens) travel as the first dimension of a "carrier" i
 (zeros of length N or T). The shared library is built on first use (see `build.py`); importing this
 module never builds or fails. Kernels use MINDGR_CPU_THREADS threads (default: the usable cores).
 
-Registered ops (inputs -> outputs; N = carrier.shape[0]):
-    MindgrHstuFwd(q, k, v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N) -> out
-    MindgrHstuFwdNoTs(q, k, v, offsets, w_pos, carrier_N) -> out
-    MindgrHstuBwd(q, k, v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N, dout)
-        -> dq, dk, dv, dw_pos, dw_ts
-    MindgrHstuBwdNoTs(q, k, v, offsets, w_pos, carrier_N, dout) -> dq, dk, dv, dw_pos
-    MindgrBiasAttnFwd(v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N) -> out [T, H, 2, dv]
-    MindgrBiasAttnFwdNoTs(v, offsets, w_pos, carrier_N) -> out [T, H, 1, dv]
-    MindgrBiasAttnBwd(v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N, dout) -> dv, dw_pos, dw_ts
-    MindgrBiasAttnBwdNoTs(v, offsets, w_pos, carrier_N, dout) -> dv, dw_pos
-    MindgrSoftmaxAttnFwd(q, k, v, offsets, carrier_N) -> out [T, H, dv], lse [T, H]
-    MindgrSoftmaxAttnBwd(q, k, v, offsets, carrier_N, out, lse, dout) -> dq, dk, dv
-    MindgrLinAttnFwd(q, k, v, offsets, log_decay) -> out [T, H, dv]
-    MindgrLinAttnBwd(q, k, v, offsets, log_decay, dout) -> dq, dk, dv
-    MindgrJaggedToPadded(values, offsets, carrier_N) -> padded      (gradient: MindgrPaddedToJagged)
-    MindgrPaddedToJagged(padded, offsets, carrier_T) -> values      (gradient: MindgrJaggedToPadded)
-    MindgrSampledLogits(out, table, ids) -> logits                  (gradient: MindgrSampledLogitsBwd)
-    MindgrSampledLogitsBwd(out, table, ids, dlogits) -> d_out, d_table
-    MindgrSampledLse(x, table, ids, targets, pos) -> lse, probs, u     (gradient: MindgrSampledLseBwd)
-    MindgrSampledLseBwd(x, table, ids, targets, pos, lse, probs, u, dlse) -> d_x, d_table, d_pos
-    MindgrPoolLse(x, cand, logq, cand_ids, targets, pos) -> lse      (gradient: MindgrPoolLseBwd)
-    MindgrPoolLseBwd(x, cand, logq, cand_ids, targets, pos, lse, dlse) -> d_x, d_cand, d_logq, d_pos
-    MindgrLayerNorm(x, eps[1]) -> y                                  (gradient: MindgrLayerNormBwd)
-    MindgrLayerNormBwd(x, eps, dy) -> dx
-    MindgrGatedLayerNorm(u, y, eps[1]) -> u * LN(y)                  (gradient: MindgrGatedLayerNormBwd)
-    MindgrGatedLayerNormBwd(u, y, eps, dout) -> du, dy
-    MindgrL2Normalize(x, eps[1]) -> x / sqrt(sum(x^2) + eps^2)       (gradient: MindgrL2NormalizeBwd)
-    MindgrL2NormalizeBwd(x, eps, dy) -> dx
-    MindgrSiluSplit(x, carrier_w0 .. carrier_w{K-1}) -> out_0 .. out_{K-1}   (gradient: MindgrSiluSplitBwd)
-    MindgrSiluSplitBwd(x, d_0 .. d_{K-1}) -> dx
+The registered kernels (C++ symbols, inputs, outputs, which inputs get gradients) are the rows of
+`table.TABLE`; `table.describe()` lists them. A kernel that rejects its inputs returns a named code
+of `arg_errors.def` (shared with the C++ side); `errors.kernel_errors()` and the CLI turn MindSpore's
+"Return value from CPU AOT kernel ... is N" into one line, "<op>: <text> (code N)".
 
-A kernel that rejects its inputs makes MindSpore raise "Return value from CPU AOT kernel ... is N":
-10-16 wrong number/rank/dtype/shape of arguments, 17 offsets not non-decreasing from >= 0 to <= T
-(sampled_logits: an id outside [0, V+1)),
-18 w_pos shorter than 2N-1, 19 timestamps not int64 [T], 20 empty w_ts, 21-23 gradient/output
-shapes, 24 request_times not int64 [B], 99 out of memory or threads unavailable.
 The time-bias variants take request_times [B] int64: the query time of each row's last position
 (t_{i+1} elsewhere); the ops below default it to the last position's own time (the pre-request-time
 convention) when None.
@@ -72,6 +41,7 @@ from mindspore import ops
 
 from mindgr.ops.reference import default_request_times
 from mindgr.ops.reference import silu_split as _reference_silu_split
+from mindgr.ops.cpu.table import HELPERS, kernel_symbols
 
 
 def _builder():
@@ -79,15 +49,7 @@ def _builder():
     from mindgr.ops.cpu import build
     return build
 
-_SYMBOLS = ("MindgrHstuFwd", "MindgrHstuFwdNoTs", "MindgrHstuBwd", "MindgrHstuBwdNoTs",
-            "MindgrJaggedToPadded", "MindgrPaddedToJagged",
-            "MindgrSampledLogits", "MindgrSampledLogitsBwd", "MindgrSampledLse", "MindgrSampledLseBwd", "MindgrPoolLse", "MindgrPoolLseBwd",
-            "MindgrBiasAttnFwd", "MindgrBiasAttnFwdNoTs", "MindgrBiasAttnBwd", "MindgrBiasAttnBwdNoTs",
-            "MindgrLayerNorm", "MindgrLayerNormBwd", "MindgrGatedLayerNorm", "MindgrGatedLayerNormBwd",
-            "MindgrSiluSplit", "MindgrSiluSplitBwd", "MindgrL2Normalize", "MindgrL2NormalizeBwd",
-            "MindgrSoftmaxAttnFwd", "MindgrSoftmaxAttnBwd", "MindgrLinAttnFwd", "MindgrLinAttnBwd",
-            "mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads",
-            "mindgr_isa", "mindgr_vector_lanes", "mindgr_recip_probe", "mindgr_parallel_probe")
+_SYMBOLS = kernel_symbols() + HELPERS
 
 _lock = threading.Lock()
 _loaded: dict = {}  # "path" -> built library path, "cdll" -> ctypes handle, "error" -> reason

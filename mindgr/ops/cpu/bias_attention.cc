@@ -271,13 +271,15 @@ bool backward(const Rows& r, const float* dout, int64_t len_wpos, float* dv, flo
 // Reads v, offsets, (timestamps, request_times), w_pos, (w_ts), carrier into r.  Returns 0 or an error code.
 int read_inputs(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, bool with_ts,
                 int expected, Rows* r, int64_t* len_wpos) {
-  if (nparam != expected) return 10;
+  MINDGR_REJECT_IF(nparam != expected, kArgCount);
   const int iv = 0, io = 1, it = with_ts ? 2 : -1, ir = with_ts ? 3 : -1, ip = with_ts ? 4 : 2,
             iw = with_ts ? 5 : -1, ic = with_ts ? 6 : 3;
-  if (ndims[iv] != 3 || !is_f32(dtypes[iv])) return 11;
-  if (ndims[io] != 1 || shapes[io][0] < 1) return 12;
-  if (ndims[ip] != 1 || !is_f32(dtypes[ip])) return 13;
-  if (ndims[ic] != 1) return 14;
+  MINDGR_REJECT_IF(ndims[iv] != 3, kRank);
+  MINDGR_REJECT_IF(!is_f32(dtypes[iv]), kDtype);
+  MINDGR_REJECT_IF(ndims[io] != 1 || shapes[io][0] < 1, kOffsets);
+  MINDGR_REJECT_IF(ndims[ip] != 1, kRank);
+  MINDGR_REJECT_IF(!is_f32(dtypes[ip]), kDtype);
+  MINDGR_REJECT_IF(ndims[ic] != 1, kCarrier);
   r->T = shapes[iv][0];
   r->H = static_cast<int>(shapes[iv][1]);
   r->DV = static_cast<int>(shapes[iv][2]);
@@ -285,19 +287,20 @@ int read_inputs(int nparam, void** params, int* ndims, int64_t** shapes, const c
   r->WP = round_up(std::max(r->W, 1), VL);
   r->N = static_cast<int>(shapes[ic][0]);
   r->B = static_cast<int>(shapes[io][0] - 1);
-  if (r->N < 1) return 14;
-  if (!read_ints(params[io], dtypes[io], shapes[io][0], &r->off)) return 12;
-  if (!offsets_ok(r->off, r->T)) return 17;
+  MINDGR_REJECT_IF(r->N < 1, kCarrier);
+  MINDGR_REJECT_IF(!read_ints(params[io], dtypes[io], shapes[io][0], &r->off), kOffsets);
+  MINDGR_REJECT_IF(!offsets_ok(r->off, r->T), kIndexRange);
   *len_wpos = shapes[ip][0];
-  if (*len_wpos < 2 * int64_t(r->N) - 1) return 18;
+  MINDGR_REJECT_IF(*len_wpos < 2 * int64_t(r->N) - 1, kPosTable);
   r->v = static_cast<const float*>(params[iv]);
   r->wpos = static_cast<const float*>(params[ip]);
   r->C = 1;
   if (with_ts) {
-    if (ndims[it] != 1 || shapes[it][0] != r->T || !is_dtype(dtypes[it], "int64")) return 19;
-    if (ndims[iw] != 1 || !is_f32(dtypes[iw])) return 15;
-    if (shapes[iw][0] < 1) return 20;
-    if (ndims[ir] != 1 || shapes[ir][0] != r->B || !is_dtype(dtypes[ir], "int64")) return 24;
+    MINDGR_REJECT_IF(ndims[it] != 1 || shapes[it][0] != r->T || !is_dtype(dtypes[it], "int64"), kTimestamps);
+    MINDGR_REJECT_IF(ndims[iw] != 1, kRank);
+    MINDGR_REJECT_IF(!is_f32(dtypes[iw]), kDtype);
+    MINDGR_REJECT_IF(shapes[iw][0] < 1, kTimeTable);
+    MINDGR_REJECT_IF(ndims[ir] != 1 || shapes[ir][0] != r->B || !is_dtype(dtypes[ir], "int64"), kRequestTimes);
     r->ts = static_cast<const int64_t*>(params[it]);
     r->req = static_cast<const int64_t*>(params[ir]);
     r->wts = static_cast<const float*>(params[iw]);
@@ -322,11 +325,11 @@ int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const c
   int64_t len_wpos = 0;
   int err = read_inputs(nparam, params, ndims, shapes, dtypes, with_ts, nin + 1, &r, &len_wpos);
   if (err != 0) return err;
-  if (!is_f32(dtypes[nin]) || !shape_is(ndims[nin], shapes[nin], {r.T, r.H, r.C, r.DV})) return 21;
+  MINDGR_REJECT_IF(!is_f32(dtypes[nin]) || !shape_is(ndims[nin], shapes[nin], {r.T, r.H, r.C, r.DV}), kOutput);
   try {
-    if (!forward(r, static_cast<float*>(params[nin]))) return 99;
+    MINDGR_REJECT_IF(!forward(r, static_cast<float*>(params[nin])), kResources);
   } catch (...) {
-    return 99;
+    MINDGR_FAIL(kResources);
   }
   return 0;
 }
@@ -339,16 +342,16 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
                         &len_wpos);
   if (err != 0) return err;
   const int id = nin, idv = nin + 1, idp = nin + 2, idt = nin + 3;
-  if (!is_f32(dtypes[id]) || !shape_is(ndims[id], shapes[id], {r.T, r.H, r.C, r.DV})) return 21;
-  if (!is_f32(dtypes[idv]) || !shape_is(ndims[idv], shapes[idv], {r.T, r.H, r.DV})) return 22;
-  if (!is_f32(dtypes[idp]) || !shape_is(ndims[idp], shapes[idp], {len_wpos})) return 23;
-  if (with_ts && (!is_f32(dtypes[idt]) || !shape_is(ndims[idt], shapes[idt], {int64_t(r.nb) + 1}))) return 23;
+  MINDGR_REJECT_IF(!is_f32(dtypes[id]) || !shape_is(ndims[id], shapes[id], {r.T, r.H, r.C, r.DV}), kGradient);
+  MINDGR_REJECT_IF(!is_f32(dtypes[idv]) || !shape_is(ndims[idv], shapes[idv], {r.T, r.H, r.DV}), kOutput);
+  MINDGR_REJECT_IF(!is_f32(dtypes[idp]) || !shape_is(ndims[idp], shapes[idp], {len_wpos}), kOutput);
+  MINDGR_REJECT_IF(with_ts && (!is_f32(dtypes[idt]) || !shape_is(ndims[idt], shapes[idt], {int64_t(r.nb) + 1})), kOutput);
   try {
     if (!backward(r, static_cast<const float*>(params[id]), len_wpos, static_cast<float*>(params[idv]),
                   static_cast<float*>(params[idp]), with_ts ? static_cast<float*>(params[idt]) : nullptr))
-      return 99;
+      MINDGR_FAIL(kResources);
   } catch (...) {
-    return 99;
+    MINDGR_FAIL(kResources);
   }
   return 0;
 }

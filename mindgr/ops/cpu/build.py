@@ -29,8 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 SOURCE_DIR = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ("hstu_attention.cc", "jagged.cc", "sampled_logits.cc", "shared_pool.cc", "bias_attention.cc",
-           "layernorm.cc", "silu.cc", "softmax_attention.cc", "linear_attention.cc", "workers.cc")
-HEADERS = ("common.h",)
+           "layernorm.cc", "silu.cc", "softmax_attention.cc", "linear_attention.cc", "workers.cc",
+           "arg_errors.cc")
+HEADERS = ("common.h", "arg_errors.def")
 LIB_PREFIX = "libmindgr_cpu_"
 CXX_FLAGS = (
     "-O3", "-std=gnu++17", "-ffp-contract=fast",

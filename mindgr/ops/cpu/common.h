@@ -411,7 +411,25 @@ inline vf vrecip(vf x) {
 inline vf vsigmoid(vf x) { return vrecip(1.0f + vexp(-x)); }
 
 // ---------------------------------------------------------------------------------------------
-// AOT arguments.
+// AOT arguments. An entry point returns 0 or one named ArgError code (arg_errors.def, which Python
+// reads too): MindSpore reports a nonzero return as "Return value from CPU AOT kernel ... is N" and
+// mindgr/ops/cpu/errors.py turns that into "<op>: <text> (code N)".
+enum class ArgError : int {
+#define MINDGR_ARG_ERROR(NAME, CODE, TEXT) NAME = CODE,
+#include "arg_errors.def"
+#undef MINDGR_ARG_ERROR
+};
+
+inline int arg_error(ArgError e) { return static_cast<int>(e); }
+
+// MINDGR_REJECT_IF(bad, kName): return ArgError::kName from the entry point when `bad` holds.
+#define MINDGR_REJECT_IF(BAD, NAME)                                       \
+  do {                                                                    \
+    if (BAD) return ::mindgr::arg_error(::mindgr::ArgError::NAME);        \
+  } while (0)
+// MINDGR_FAIL(kName): return ArgError::kName (e.g. from a catch block).
+#define MINDGR_FAIL(NAME) return ::mindgr::arg_error(::mindgr::ArgError::NAME)
+
 inline int64_t numel(int ndim, const int64_t* shape) {
   int64_t n = 1;
   for (int i = 0; i < ndim; ++i) n *= shape[i];

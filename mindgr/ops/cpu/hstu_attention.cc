@@ -832,44 +832,44 @@ void backward(const Problem& p, const float* dout, const Grads& g) {
 int parse(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, bool with_ts,
           bool with_dout, int expected_outputs, Problem* p) {
   const int nin = 6 + (with_ts ? 3 : 0) + (with_dout ? 1 : 0);
-  if (nparam != nin + expected_outputs) return 10;
+  MINDGR_REJECT_IF(nparam != nin + expected_outputs, kArgCount);
   int iq = 0, ik = 1, iv = 2, ioff = 3;
   int its = with_ts ? 4 : -1;
   int ireq = with_ts ? 5 : -1;
   int iwp = with_ts ? 6 : 4;
   int iwt = with_ts ? 7 : -1;
   int icar = with_ts ? 8 : 5;
-  if (ndims[iq] != 3 || ndims[ik] != 3 || ndims[iv] != 3) return 11;
-  for (int i : {iq, ik, iv, iwp}) if (!is_f32(dtypes[i])) return 12;
+  MINDGR_REJECT_IF(ndims[iq] != 3 || ndims[ik] != 3 || ndims[iv] != 3, kRank);
+  for (int i : {iq, ik, iv, iwp}) MINDGR_REJECT_IF(!is_f32(dtypes[i]), kDtype);
   p->T = shapes[iq][0];
   p->H = static_cast<int>(shapes[iq][1]);
   p->DQ = static_cast<int>(shapes[iq][2]);
   p->DV = static_cast<int>(shapes[iv][2]);
-  if (shapes[ik][0] != p->T || shapes[ik][1] != p->H || shapes[ik][2] != p->DQ) return 13;
-  if (shapes[iv][0] != p->T || shapes[iv][1] != p->H) return 13;
-  if (ndims[icar] < 1) return 14;
+  MINDGR_REJECT_IF(shapes[ik][0] != p->T || shapes[ik][1] != p->H || shapes[ik][2] != p->DQ, kShape);
+  MINDGR_REJECT_IF(shapes[iv][0] != p->T || shapes[iv][1] != p->H, kShape);
+  MINDGR_REJECT_IF(ndims[icar] < 1, kCarrier);
   p->N = static_cast<int>(shapes[icar][0]);
-  if (p->N < 1) return 14;
-  if (ndims[ioff] != 1 || shapes[ioff][0] < 1) return 15;
+  MINDGR_REJECT_IF(p->N < 1, kCarrier);
+  MINDGR_REJECT_IF(ndims[ioff] != 1 || shapes[ioff][0] < 1, kOffsets);
   p->B = static_cast<int>(shapes[ioff][0] - 1);
-  if (!read_ints(params[ioff], dtypes[ioff], shapes[ioff][0], &p->off)) return 16;
-  if (!offsets_ok(p->off, p->T)) return 17;
+  MINDGR_REJECT_IF(!read_ints(params[ioff], dtypes[ioff], shapes[ioff][0], &p->off), kOffsets);
+  MINDGR_REJECT_IF(!offsets_ok(p->off, p->T), kIndexRange);
   p->q = static_cast<const float*>(params[iq]);
   p->k = static_cast<const float*>(params[ik]);
   p->v = static_cast<const float*>(params[iv]);
   const int64_t npos = numel(ndims[iwp], shapes[iwp]);
-  if (npos < int64_t(2) * p->N - 1) return 18;
+  MINDGR_REJECT_IF(npos < int64_t(2) * p->N - 1, kPosTable);
   p->wpos.assign(int64_t(2) * p->N - 1 + 2 * WPAD, 0.0f);
   std::memcpy(p->wpos.data() + WPAD, params[iwp], sizeof(float) * (2 * p->N - 1));
   if (with_ts) {
-    if (!is_dtype(dtypes[its], "int64") || numel(ndims[its], shapes[its]) != p->T) return 19;
-    if (!is_f32(dtypes[iwt])) return 12;
-    if (!is_dtype(dtypes[ireq], "int64") || numel(ndims[ireq], shapes[ireq]) != p->B) return 24;
+    MINDGR_REJECT_IF(!is_dtype(dtypes[its], "int64") || numel(ndims[its], shapes[its]) != p->T, kTimestamps);
+    MINDGR_REJECT_IF(!is_f32(dtypes[iwt]), kDtype);
+    MINDGR_REJECT_IF(!is_dtype(dtypes[ireq], "int64") || numel(ndims[ireq], shapes[ireq]) != p->B, kRequestTimes);
     p->ts = static_cast<const int64_t*>(params[its]);
     p->req = static_cast<const int64_t*>(params[ireq]);
     p->wts = static_cast<const float*>(params[iwt]);
     const int64_t nts = numel(ndims[iwt], shapes[iwt]);
-    if (nts < 1) return 20;
+    MINDGR_REJECT_IF(nts < 1, kTimeTable);
     p->nb = static_cast<int>(nts - 1);
     p->wts_pad.assign(round_up(int(nts), 32), 0.0f);
     std::memcpy(p->wts_pad.data(), p->wts, sizeof(float) * nts);
@@ -878,7 +878,7 @@ int parse(int nparam, void** params, int* ndims, int64_t** shapes, const char** 
   }
   if (with_dout) {
     const int idout = nin - 1;
-    if (!is_f32(dtypes[idout]) || numel(ndims[idout], shapes[idout]) != p->T * p->vstride()) return 21;
+    MINDGR_REJECT_IF(!is_f32(dtypes[idout]) || numel(ndims[idout], shapes[idout]) != p->T * p->vstride(), kGradient);
   }
   return 0;
 }
@@ -888,11 +888,11 @@ int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const c
   int rc = parse(nparam, params, ndims, shapes, dtypes, with_ts, false, 1, &p);
   if (rc != 0) return rc;
   float* out = static_cast<float*>(params[nparam - 1]);
-  if (!is_f32(dtypes[nparam - 1]) || numel(ndims[nparam - 1], shapes[nparam - 1]) != p.T * p.vstride()) return 22;
+  MINDGR_REJECT_IF(!is_f32(dtypes[nparam - 1]) || numel(ndims[nparam - 1], shapes[nparam - 1]) != p.T * p.vstride(), kOutput);
   forward(p, out);
   return 0;
 } catch (...) {  // e.g. std::bad_alloc, or a thread that could not start: MindSpore reports the failure
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, bool with_ts) try {
@@ -912,11 +912,11 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
   g.nts = with_ts ? numel(ndims[o + 4], shapes[o + 4]) : 0;
   if (numel(ndims[o], shapes[o]) != p.T * p.qstride() || numel(ndims[o + 1], shapes[o + 1]) != p.T * p.qstride() ||
       numel(ndims[o + 2], shapes[o + 2]) != p.T * p.vstride())
-    return 23;
+    MINDGR_FAIL(kOutput);
   backward(p, dout, g);
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 }  // namespace

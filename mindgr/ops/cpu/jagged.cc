@@ -22,18 +22,18 @@ void for_rows(int64_t B, int64_t bytes, Fn&& fn) {
 }
 
 int jagged_to_padded(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
-  if (nparam != 4) return 10;
+  MINDGR_REJECT_IF(nparam != 4, kArgCount);
   const int esize = dtype_size(dtypes[0]);
-  if (esize == 0 || dtype_size(dtypes[3]) != esize) return 12;
-  if (ndims[0] < 1 || ndims[1] != 1 || ndims[2] < 1 || ndims[3] != ndims[0] + 1) return 11;
+  MINDGR_REJECT_IF(esize == 0 || dtype_size(dtypes[3]) != esize, kDtype);
+  MINDGR_REJECT_IF(ndims[0] < 1 || ndims[1] != 1 || ndims[2] < 1 || ndims[3] != ndims[0] + 1, kRank);
   const int64_t T = shapes[0][0];
   const int64_t feat = numel(ndims[0] - 1, shapes[0] + 1);
   const int64_t B = shapes[1][0] - 1;
   const int64_t N = shapes[2][0];
-  if (B < 0 || shapes[3][0] != B || shapes[3][1] != N || numel(ndims[3], shapes[3]) != B * N * feat) return 13;
+  MINDGR_REJECT_IF(B < 0 || shapes[3][0] != B || shapes[3][1] != N || numel(ndims[3], shapes[3]) != B * N * feat, kShape);
   std::vector<int64_t> off;
-  if (!read_ints(params[1], dtypes[1], B + 1, &off)) return 16;
-  if (!offsets_ok(off, T)) return 17;
+  MINDGR_REJECT_IF(!read_ints(params[1], dtypes[1], B + 1, &off), kOffsets);
+  MINDGR_REJECT_IF(!offsets_ok(off, T), kIndexRange);
   const char* src = static_cast<const char*>(params[0]);
   char* dst = static_cast<char*>(params[3]);
   const int64_t row_bytes = feat * esize;
@@ -45,22 +45,22 @@ int jagged_to_padded(int nparam, void** params, int* ndims, int64_t** shapes, co
   });
   return 0;
 } catch (...) {  // a thread that could not start, or out of memory
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 int padded_to_jagged(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
-  if (nparam != 4) return 10;
+  MINDGR_REJECT_IF(nparam != 4, kArgCount);
   const int esize = dtype_size(dtypes[0]);
-  if (esize == 0 || dtype_size(dtypes[3]) != esize) return 12;
-  if (ndims[0] < 2 || ndims[1] != 1 || ndims[2] < 1 || ndims[3] != ndims[0] - 1) return 11;
+  MINDGR_REJECT_IF(esize == 0 || dtype_size(dtypes[3]) != esize, kDtype);
+  MINDGR_REJECT_IF(ndims[0] < 2 || ndims[1] != 1 || ndims[2] < 1 || ndims[3] != ndims[0] - 1, kRank);
   const int64_t B = shapes[0][0];
   const int64_t N = shapes[0][1];
   const int64_t feat = numel(ndims[0] - 2, shapes[0] + 2);
   const int64_t T = shapes[2][0];
-  if (shapes[1][0] != B + 1 || shapes[3][0] != T || numel(ndims[3], shapes[3]) != T * feat) return 13;
+  MINDGR_REJECT_IF(shapes[1][0] != B + 1 || shapes[3][0] != T || numel(ndims[3], shapes[3]) != T * feat, kShape);
   std::vector<int64_t> off;
-  if (!read_ints(params[1], dtypes[1], B + 1, &off)) return 16;
-  if (!offsets_ok(off, T)) return 17;
+  MINDGR_REJECT_IF(!read_ints(params[1], dtypes[1], B + 1, &off), kOffsets);
+  MINDGR_REJECT_IF(!offsets_ok(off, T), kIndexRange);
   const char* src = static_cast<const char*>(params[0]);
   char* dst = static_cast<char*>(params[3]);
   const int64_t row_bytes = feat * esize;
@@ -76,7 +76,7 @@ int padded_to_jagged(int nparam, void** params, int* ndims, int64_t** shapes, co
   });
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 }  // namespace

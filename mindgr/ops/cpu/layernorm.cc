@@ -27,18 +27,18 @@ struct Rows {
 
 // Every tensor argument but eps (index `eps_at`) has the same shape [.., D] and is float32.
 int check(int nparam, int want, int eps_at, int* ndims, int64_t** shapes, const char** dtypes, Rows* s) {
-  if (nparam != want) return 10;
+  MINDGR_REJECT_IF(nparam != want, kArgCount);
   for (int i = 0; i < nparam; ++i)
-    if (!is_f32(dtypes[i])) return 12;
-  if (ndims[eps_at] != 1 || shapes[eps_at][0] != 1) return 13;
+    MINDGR_REJECT_IF(!is_f32(dtypes[i]), kDtype);
+  MINDGR_REJECT_IF(ndims[eps_at] != 1 || shapes[eps_at][0] != 1, kShape);
   const int ref = eps_at == 0 ? 1 : 0;
   const int nd = ndims[ref];
-  if (nd < 1) return 11;
+  MINDGR_REJECT_IF(nd < 1, kRank);
   for (int i = 0; i < nparam; ++i) {
     if (i == eps_at) continue;
-    if (ndims[i] != nd) return 11;
+    MINDGR_REJECT_IF(ndims[i] != nd, kRank);
     for (int k = 0; k < nd; ++k)
-      if (shapes[i][k] != shapes[ref][k]) return 13;
+      MINDGR_REJECT_IF(shapes[i][k] != shapes[ref][k], kShape);
   }
   s->D = shapes[ref][nd - 1];
   s->R = s->D > 0 ? numel(nd, shapes[ref]) / s->D : 0;
@@ -154,7 +154,7 @@ int layer_norm_fwd(int nparam, void** params, int* ndims, int64_t** shapes, cons
   });
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 int layer_norm_bwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
@@ -175,7 +175,7 @@ int layer_norm_bwd(int nparam, void** params, int* ndims, int64_t** shapes, cons
   });
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 int gated_fwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
@@ -199,7 +199,7 @@ int gated_fwd(int nparam, void** params, int* ndims, int64_t** shapes, const cha
   });
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 int gated_bwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
@@ -228,7 +228,7 @@ int gated_bwd(int nparam, void** params, int* ndims, int64_t** shapes, const cha
   });
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 // sum(x^2) of one row and, with g, sum(g * x) (tail lanes load as zeros).
@@ -263,7 +263,7 @@ int l2_fwd(int nparam, void** params, int* ndims, int64_t** shapes, const char**
   });
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 int l2_bwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
@@ -289,7 +289,7 @@ int l2_bwd(int nparam, void** params, int* ndims, int64_t** shapes, const char**
   });
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 }  // namespace

@@ -38,20 +38,23 @@ bool dims_are(int ndim, const int64_t* shape, std::initializer_list<int64_t> wan
 // Reads q, k, v, offsets, log_decay (params 0..4).  Returns 0 or an error code.
 int read_inputs(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, int expected,
                 Problem* p) {
-  if (nparam != expected) return 10;
-  for (int x = 0; x < 3; ++x)
-    if (ndims[x] != 3 || !is_f32(dtypes[x])) return 11;
-  if (ndims[3] != 1 || shapes[3][0] < 1) return 12;
+  MINDGR_REJECT_IF(nparam != expected, kArgCount);
+  for (int x = 0; x < 3; ++x) {
+    MINDGR_REJECT_IF(ndims[x] != 3, kRank);
+    MINDGR_REJECT_IF(!is_f32(dtypes[x]), kDtype);
+  }
+  MINDGR_REJECT_IF(ndims[3] != 1 || shapes[3][0] < 1, kOffsets);
   p->T = shapes[0][0];
   p->H = static_cast<int>(shapes[0][1]);
   p->D = static_cast<int>(shapes[0][2]);
   p->DV = static_cast<int>(shapes[2][2]);
-  if (!dims_are(ndims[1], shapes[1], {p->T, p->H, p->D}) || shapes[2][0] != p->T || shapes[2][1] != p->H) return 11;
-  if (p->D < 1 || p->DV < 1 || p->H < 1) return 11;
-  if (!is_f32(dtypes[4]) || !dims_are(ndims[4], shapes[4], {p->H})) return 13;
+  MINDGR_REJECT_IF(!dims_are(ndims[1], shapes[1], {p->T, p->H, p->D}) || shapes[2][0] != p->T || shapes[2][1] != p->H, kShape);
+  MINDGR_REJECT_IF(p->D < 1 || p->DV < 1 || p->H < 1, kShape);
+  MINDGR_REJECT_IF(!is_f32(dtypes[4]), kDtype);
+  MINDGR_REJECT_IF(!dims_are(ndims[4], shapes[4], {p->H}), kShape);
   p->B = static_cast<int>(shapes[3][0] - 1);
-  if (!read_ints(params[3], dtypes[3], shapes[3][0], &p->off)) return 12;
-  if (!offsets_ok(p->off, p->T)) return 17;
+  MINDGR_REJECT_IF(!read_ints(params[3], dtypes[3], shapes[3][0], &p->off), kOffsets);
+  MINDGR_REJECT_IF(!offsets_ok(p->off, p->T), kIndexRange);
   const float* lg = static_cast<const float*>(params[4]);
   p->gamma.resize(p->H);
   for (int h = 0; h < p->H; ++h) p->gamma[h] = std::exp(lg[h]);
@@ -187,11 +190,11 @@ int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const c
   Problem p;
   int err = read_inputs(nparam, params, ndims, shapes, dtypes, 6, &p);
   if (err != 0) return err;
-  if (!is_f32(dtypes[5]) || !dims_are(ndims[5], shapes[5], {p.T, p.H, p.DV})) return 21;
+  MINDGR_REJECT_IF(!is_f32(dtypes[5]) || !dims_are(ndims[5], shapes[5], {p.T, p.H, p.DV}), kOutput);
   try {
     forward(p, static_cast<float*>(params[5]));
   } catch (...) {
-    return 99;
+    MINDGR_FAIL(kResources);
   }
   return 0;
 }
@@ -201,15 +204,15 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
   Problem p;
   int err = read_inputs(nparam, params, ndims, shapes, dtypes, 9, &p);
   if (err != 0) return err;
-  if (!is_f32(dtypes[5]) || !dims_are(ndims[5], shapes[5], {p.T, p.H, p.DV})) return 21;
-  if (!is_f32(dtypes[6]) || !dims_are(ndims[6], shapes[6], {p.T, p.H, p.D})) return 22;
-  if (!is_f32(dtypes[7]) || !dims_are(ndims[7], shapes[7], {p.T, p.H, p.D})) return 22;
-  if (!is_f32(dtypes[8]) || !dims_are(ndims[8], shapes[8], {p.T, p.H, p.DV})) return 22;
+  MINDGR_REJECT_IF(!is_f32(dtypes[5]) || !dims_are(ndims[5], shapes[5], {p.T, p.H, p.DV}), kGradient);
+  MINDGR_REJECT_IF(!is_f32(dtypes[6]) || !dims_are(ndims[6], shapes[6], {p.T, p.H, p.D}), kOutput);
+  MINDGR_REJECT_IF(!is_f32(dtypes[7]) || !dims_are(ndims[7], shapes[7], {p.T, p.H, p.D}), kOutput);
+  MINDGR_REJECT_IF(!is_f32(dtypes[8]) || !dims_are(ndims[8], shapes[8], {p.T, p.H, p.DV}), kOutput);
   try {
     backward(p, static_cast<const float*>(params[5]), static_cast<float*>(params[6]),
              static_cast<float*>(params[7]), static_cast<float*>(params[8]));
   } catch (...) {
-    return 99;
+    MINDGR_FAIL(kResources);
   }
   return 0;
 }

@@ -653,7 +653,7 @@ int backward_owners_nv(const Shape& s, const float* x, const float* table, const
     bad_t[size_t(tid)] = !ok;
   });
   for (char b : bad_t)
-    if (b) return 17;
+    MINDGR_REJECT_IF(b, kIndexRange);
   // Pass 2: d_table by id ranges.
   const int nt2 = threads_for(T * R * D, V1);
   parallel_run(nt2, [&](int tid) {
@@ -827,7 +827,7 @@ int backward_nv(const Shape& s, const float* x, const float* table, const int32_
       bad_t[size_t(tid)] = !ok;
     });
     for (char b : bad_t)
-      if (b) return 17;
+      MINDGR_REJECT_IF(b, kIndexRange);
 
     // Pass 2: d_table over partition ranges with about the same number of entries each.
     const int64_t ne = base[size_t(g1)] - e0;
@@ -891,26 +891,26 @@ inline int ids32(const void* raw, const Shape& s, Ids32* out) {
     ok &= (ids[i] >= 0) & (ids[i] < s.V1);
     d[i] = static_cast<int32_t>(ids[i]);
   }
-  if (!ok) return 17;
+  MINDGR_REJECT_IF(!ok, kIndexRange);
   out->p = d;
   return 0;
 }
 
 int check(int nparam, int want, int* ndims, int64_t** shapes, const char** dtypes, Shape* s) {
-  if (nparam != want) return 10;
+  MINDGR_REJECT_IF(nparam != want, kArgCount);
   for (int i = 0; i < nparam; ++i)
-    if (ndims[i] != 2) return 11;
-  if (!is_f32(dtypes[0]) || !is_f32(dtypes[1])) return 12;
+    MINDGR_REJECT_IF(ndims[i] != 2, kRank);
+  MINDGR_REJECT_IF(!is_f32(dtypes[0]) || !is_f32(dtypes[1]), kDtype);
   if (is_dtype(dtypes[2], "int64")) s->ids64 = true;
-  else if (!(is_dtype(dtypes[2], "int32") || is_dtype(dtypes[2], "int"))) return 12;
+  else MINDGR_REJECT_IF(!(is_dtype(dtypes[2], "int32") || is_dtype(dtypes[2], "int")), kDtype);
   for (int i = 3; i < nparam; ++i)
-    if (!is_f32(dtypes[i])) return 12;
+    MINDGR_REJECT_IF(!is_f32(dtypes[i]), kDtype);
   s->T = shapes[0][0];
   s->D = shapes[0][1];
   s->V1 = shapes[1][0];
   s->R = shapes[2][1];
-  if (shapes[1][1] != s->D || shapes[2][0] != s->T) return 13;
-  if (s->T * s->R >= (int64_t(1) << 31) || s->V1 >= (int64_t(1) << 31)) return 13;
+  MINDGR_REJECT_IF(shapes[1][1] != s->D || shapes[2][0] != s->T, kShape);
+  MINDGR_REJECT_IF(s->T * s->R >= (int64_t(1) << 31) || s->V1 >= (int64_t(1) << 31), kTooLarge);
   s->derive();
   return 0;
 }
@@ -918,18 +918,18 @@ int check(int nparam, int want, int* ndims, int64_t** shapes, const char** dtype
 // The first five arguments: x [T, D], table [V1, D] f32, ids [T, R] int32|int64, targets [T] int32,
 // pos [T] f32 (the callers check the rest).
 int check_lse(int nparam, int want, int* ndims, int64_t** shapes, const char** dtypes, Shape* s) {
-  if (nparam != want) return 10;
-  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 1 || ndims[4] != 1) return 11;
-  if (!is_f32(dtypes[0]) || !is_f32(dtypes[1]) || !is_f32(dtypes[4])) return 12;
+  MINDGR_REJECT_IF(nparam != want, kArgCount);
+  MINDGR_REJECT_IF(ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 1 || ndims[4] != 1, kRank);
+  MINDGR_REJECT_IF(!is_f32(dtypes[0]) || !is_f32(dtypes[1]) || !is_f32(dtypes[4]), kDtype);
   if (is_dtype(dtypes[2], "int64")) s->ids64 = true;
-  else if (!(is_dtype(dtypes[2], "int32") || is_dtype(dtypes[2], "int"))) return 12;
-  if (!(is_dtype(dtypes[3], "int32") || is_dtype(dtypes[3], "int"))) return 12;
+  else MINDGR_REJECT_IF(!(is_dtype(dtypes[2], "int32") || is_dtype(dtypes[2], "int")), kDtype);
+  MINDGR_REJECT_IF(!(is_dtype(dtypes[3], "int32") || is_dtype(dtypes[3], "int")), kDtype);
   s->T = shapes[0][0];
   s->D = shapes[0][1];
   s->V1 = shapes[1][0];
   s->R = shapes[2][1];
-  if (shapes[1][1] != s->D || shapes[2][0] != s->T || shapes[3][0] != s->T || shapes[4][0] != s->T) return 13;
-  if (s->T * s->R >= (int64_t(1) << 31) || s->V1 >= (int64_t(1) << 31)) return 13;
+  MINDGR_REJECT_IF(shapes[1][1] != s->D || shapes[2][0] != s->T || shapes[3][0] != s->T || shapes[4][0] != s->T, kShape);
+  MINDGR_REJECT_IF(s->T * s->R >= (int64_t(1) << 31) || s->V1 >= (int64_t(1) << 31), kTooLarge);
   s->derive();
   return 0;
 }
@@ -938,9 +938,9 @@ int check_lse(int nparam, int want, int* ndims, int64_t** shapes, const char** d
 int run_lse_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
   if (int rc = check_lse(nparam, 8, ndims, shapes, dtypes, &s)) return rc;
-  if (ndims[5] != 1 || !is_f32(dtypes[5]) || shapes[5][0] != s.T) return 13;
-  if (ndims[6] != 2 || !is_f32(dtypes[6]) || shapes[6][0] != s.T || shapes[6][1] != s.R) return 13;
-  if (ndims[7] != 2 || !is_f32(dtypes[7]) || shapes[7][0] != s.T || shapes[7][1] != s.D) return 13;
+  MINDGR_REJECT_IF(ndims[5] != 1 || !is_f32(dtypes[5]) || shapes[5][0] != s.T, kOutput);
+  MINDGR_REJECT_IF(ndims[6] != 2 || !is_f32(dtypes[6]) || shapes[6][0] != s.T || shapes[6][1] != s.R, kOutput);
+  MINDGR_REJECT_IF(ndims[7] != 2 || !is_f32(dtypes[7]) || shapes[7][0] != s.T || shapes[7][1] != s.D, kOutput);
   const float* x = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   const int32_t* tg = static_cast<const int32_t*>(params[3]);
@@ -952,21 +952,23 @@ int run_lse_forward(int nparam, void** params, int* ndims, int64_t** shapes, con
   if (int rc = ids32(params[2], s, &ids)) return rc;
   bool bad = false;
   with_nv(s.nv, [&](auto k) { lse_forward_nv<decltype(k)::value>(s, x, table, ids.p, tg, pos, lse, probs, u, &bad); });
-  return bad ? 17 : 0;
+  MINDGR_REJECT_IF(bad, kIndexRange);
+  return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 // (d_x, d_table, d_pos) from (x, table, ids, targets, pos, lse, probs, u, dlse)
 int run_lse_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
   if (int rc = check_lse(nparam, 12, ndims, shapes, dtypes, &s)) return rc;
-  for (int i : {5, 8, 11})
-    if (ndims[i] != 1 || shapes[i][0] != s.T || !is_f32(dtypes[i])) return 13;
-  if (ndims[6] != 2 || shapes[6][0] != s.T || shapes[6][1] != s.R || !is_f32(dtypes[6])) return 13;
+  for (int i : {5, 11})
+    MINDGR_REJECT_IF(ndims[i] != 1 || shapes[i][0] != s.T || !is_f32(dtypes[i]), kOutput);
+  MINDGR_REJECT_IF(ndims[8] != 1 || shapes[8][0] != s.T || !is_f32(dtypes[8]), kGradient);
+  MINDGR_REJECT_IF(ndims[6] != 2 || shapes[6][0] != s.T || shapes[6][1] != s.R || !is_f32(dtypes[6]), kOutput);
   for (int i : {7, 9})
-    if (ndims[i] != 2 || shapes[i][0] != s.T || shapes[i][1] != s.D || !is_f32(dtypes[i])) return 13;
-  if (ndims[10] != 2 || shapes[10][0] != s.V1 || shapes[10][1] != s.D || !is_f32(dtypes[10])) return 13;
+    MINDGR_REJECT_IF(ndims[i] != 2 || shapes[i][0] != s.T || shapes[i][1] != s.D || !is_f32(dtypes[i]), kOutput);
+  MINDGR_REJECT_IF(ndims[10] != 2 || shapes[10][0] != s.V1 || shapes[10][1] != s.D || !is_f32(dtypes[10]), kOutput);
   const float* x = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   FromLse src{static_cast<const int32_t*>(params[3]), static_cast<const float*>(params[4]),
@@ -981,13 +983,13 @@ int run_lse_backward(int nparam, void** params, int* ndims, int64_t** shapes, co
   with_nv(s.nv, [&](auto k) { rc = backward_nv<decltype(k)::value>(s, x, table, ids.p, src, d_x, d_table); });
   return rc;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
   if (int rc = check(nparam, 4, ndims, shapes, dtypes, &s)) return rc;
-  if (shapes[3][0] != s.T || shapes[3][1] != s.R) return 13;
+  MINDGR_REJECT_IF(shapes[3][0] != s.T || shapes[3][1] != s.R, kOutput);
   const float* out = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   float* logits = static_cast<float*>(params[3]);
@@ -995,16 +997,17 @@ int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const c
   if (int rc = ids32(params[2], s, &ids)) return rc;
   bool bad = false;
   with_nv(s.nv, [&](auto k) { forward_nv<decltype(k)::value>(s, out, table, ids.p, logits, &bad); });
-  return bad ? 17 : 0;
+  MINDGR_REJECT_IF(bad, kIndexRange);
+  return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
   Shape s;
   if (int rc = check(nparam, 6, ndims, shapes, dtypes, &s)) return rc;
-  if (shapes[3][0] != s.T || shapes[3][1] != s.R) return 13;
-  if (shapes[4][0] != s.T || shapes[4][1] != s.D || shapes[5][0] != s.V1 || shapes[5][1] != s.D) return 13;
+  MINDGR_REJECT_IF(shapes[3][0] != s.T || shapes[3][1] != s.R, kGradient);
+  MINDGR_REJECT_IF(shapes[4][0] != s.T || shapes[4][1] != s.D || shapes[5][0] != s.V1 || shapes[5][1] != s.D, kOutput);
   const float* out = static_cast<const float*>(params[0]);
   const float* table = static_cast<const float*>(params[1]);
   const FromGrad src{static_cast<const float*>(params[3])};
@@ -1016,7 +1019,7 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
   with_nv(s.nv, [&](auto k) { rc = backward_nv<decltype(k)::value>(s, out, table, ids.p, src, d_out, d_table); });
   return rc;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 }  // namespace

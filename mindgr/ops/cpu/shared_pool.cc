@@ -387,17 +387,17 @@ bool is_i32(const char* dt) { return is_dtype(dt, "int32") || is_dtype(dt, "int"
 
 // Reads and checks the six inputs shared by both ops.
 int read_inputs(void** params, int* ndims, int64_t** shapes, const char** dtypes, Pool* p) {
-  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 1 || ndims[3] != 1 || ndims[4] != 1 || ndims[5] != 1) return 11;
-  if (!is_f32(dtypes[0]) || !is_f32(dtypes[2]) || !is_f32(dtypes[5])) return 12;
-  if (!is_i32(dtypes[3]) || !is_i32(dtypes[4])) return 12;
+  MINDGR_REJECT_IF(ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 1 || ndims[3] != 1 || ndims[4] != 1 || ndims[5] != 1, kRank);
+  MINDGR_REJECT_IF(!is_f32(dtypes[0]) || !is_f32(dtypes[2]) || !is_f32(dtypes[5]), kDtype);
+  MINDGR_REJECT_IF(!is_i32(dtypes[3]) || !is_i32(dtypes[4]), kDtype);
   if (is_dtype(dtypes[1], "float16")) p->half = true;
-  else if (!is_f32(dtypes[1])) return 12;
+  else MINDGR_REJECT_IF(!is_f32(dtypes[1]), kDtype);
   p->T = shapes[0][0];
   p->D = shapes[0][1];
   p->K = shapes[1][0];
   if (shapes[1][1] != p->D || shapes[2][0] != p->K || shapes[3][0] != p->K || shapes[4][0] != p->T ||
       shapes[5][0] != p->T)
-    return 13;
+    MINDGR_FAIL(kShape);
   p->Dp = (p->D + VL - 1) / VL * VL;
   p->KC = chunk_size(p->D);
   p->x = static_cast<const float*>(params[0]);
@@ -418,24 +418,25 @@ bool is_mat(int* ndims, int64_t** shapes, const char** dtypes, int i, int64_t r,
 }
 
 int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
-  if (nparam != 7) return 10;
+  MINDGR_REJECT_IF(nparam != 7, kArgCount);
   Pool p;
   if (int rc = read_inputs(params, ndims, shapes, dtypes, &p)) return rc;
-  if (!is_vec(ndims, shapes, dtypes, 6, p.T)) return 13;
+  MINDGR_REJECT_IF(!is_vec(ndims, shapes, dtypes, 6, p.T), kOutput);
   forward(p, static_cast<float*>(params[6]));
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
-  if (nparam != 12) return 10;
+  MINDGR_REJECT_IF(nparam != 12, kArgCount);
   Pool p;
   if (int rc = read_inputs(params, ndims, shapes, dtypes, &p)) return rc;
-  if (!is_vec(ndims, shapes, dtypes, 6, p.T) || !is_vec(ndims, shapes, dtypes, 7, p.T) ||
-      !is_mat(ndims, shapes, dtypes, 8, p.T, p.D) || !is_mat(ndims, shapes, dtypes, 9, p.K, p.D) ||
-      !is_vec(ndims, shapes, dtypes, 10, p.K) || !is_vec(ndims, shapes, dtypes, 11, p.T))
-    return 13;
+  MINDGR_REJECT_IF(!is_vec(ndims, shapes, dtypes, 6, p.T), kOutput);  // the forward's lse
+  MINDGR_REJECT_IF(!is_vec(ndims, shapes, dtypes, 7, p.T), kGradient);
+  MINDGR_REJECT_IF(!is_mat(ndims, shapes, dtypes, 8, p.T, p.D) || !is_mat(ndims, shapes, dtypes, 9, p.K, p.D) ||
+                       !is_vec(ndims, shapes, dtypes, 10, p.K) || !is_vec(ndims, shapes, dtypes, 11, p.T),
+                   kOutput);
   float* d_cand = static_cast<float*>(params[9]);
   float* d_logq = static_cast<float*>(params[10]);
   std::memset(d_cand, 0, sizeof(float) * size_t(p.K * p.D));
@@ -444,7 +445,7 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
            static_cast<float*>(params[8]), d_cand, d_logq, static_cast<float*>(params[11]));
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 }  // namespace

@@ -30,16 +30,16 @@ struct Split {
 // (outputs forward; gradients backward), then `extra` tensors [.., W] (backward: dx).
 int check(int nparam, int K, int skip, int extra, int* ndims, int64_t** shapes, const char** dtypes,
           Split* s) {
-  if (K < 1 || nparam != 1 + skip + K + extra) return 10;
+  MINDGR_REJECT_IF(K < 1 || nparam != 1 + skip + K + extra, kArgCount);
   for (int i = 0; i < nparam; ++i)
-    if (!is_f32(dtypes[i])) return 12;
+    MINDGR_REJECT_IF(!is_f32(dtypes[i]), kDtype);
   const int nd = ndims[0];
-  if (nd < 1) return 11;
+  MINDGR_REJECT_IF(nd < 1, kRank);
   for (int i = 0; i < nparam; ++i) {
     if (i >= 1 && i <= skip) continue;
-    if (ndims[i] != nd) return 11;
+    MINDGR_REJECT_IF(ndims[i] != nd, kRank);
     for (int k = 0; k + 1 < nd; ++k)
-      if (shapes[i][k] != shapes[0][k]) return 13;
+      MINDGR_REJECT_IF(shapes[i][k] != shapes[0][k], kShape);
   }
   s->W = shapes[0][nd - 1];
   int64_t sum = 0;
@@ -47,8 +47,8 @@ int check(int nparam, int K, int skip, int extra, int* ndims, int64_t** shapes, 
     s->width.push_back(shapes[1 + skip + k][nd - 1]);
     sum += s->width.back();
   }
-  if (sum != s->W) return 13;
-  if (extra == 1 && shapes[nparam - 1][nd - 1] != s->W) return 13;
+  MINDGR_REJECT_IF(sum != s->W, kShape);
+  MINDGR_REJECT_IF(extra == 1 && shapes[nparam - 1][nd - 1] != s->W, kShape);
   s->R = s->W > 0 ? numel(nd, shapes[0]) / s->W : 0;
   return 0;
 }
@@ -137,7 +137,7 @@ int silu_split_fwd(int nparam, void** params, int* ndims, int64_t** shapes, cons
   });
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 int silu_split_bwd(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) try {
@@ -176,7 +176,7 @@ int silu_split_bwd(int nparam, void** params, int* ndims, int64_t** shapes, cons
   });
   return 0;
 } catch (...) {
-  return 99;
+  MINDGR_FAIL(kResources);
 }
 
 }  // namespace

@@ -305,24 +305,27 @@ bool shape_is(int ndim, const int64_t* shape, std::initializer_list<int64_t> wan
 // Reads q, k, v, offsets, carrier_N (params 0..4).  Returns 0 or an error code.
 int read_inputs(int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes, int expected,
                 Problem* p) {
-  if (nparam != expected) return 10;
+  MINDGR_REJECT_IF(nparam != expected, kArgCount);
   for (int x = 0; x < 3; ++x)
-    if (ndims[x] != 3 || !is_f32(dtypes[x])) return 11;
-  if (ndims[3] != 1 || shapes[3][0] < 1) return 12;
-  if (ndims[4] != 1 || shapes[4][0] < 1) return 14;
+    {
+    MINDGR_REJECT_IF(ndims[x] != 3, kRank);
+    MINDGR_REJECT_IF(!is_f32(dtypes[x]), kDtype);
+  }
+  MINDGR_REJECT_IF(ndims[3] != 1 || shapes[3][0] < 1, kOffsets);
+  MINDGR_REJECT_IF(ndims[4] != 1 || shapes[4][0] < 1, kCarrier);
   p->T = shapes[0][0];
   p->H = static_cast<int>(shapes[0][1]);
   p->D = static_cast<int>(shapes[0][2]);
   p->DV = static_cast<int>(shapes[2][2]);
-  if (!shape_is(ndims[1], shapes[1], {p->T, p->H, p->D}) || shapes[2][0] != p->T || shapes[2][1] != p->H) return 11;
-  if (p->D < 1 || p->DV < 1) return 11;
+  MINDGR_REJECT_IF(!shape_is(ndims[1], shapes[1], {p->T, p->H, p->D}) || shapes[2][0] != p->T || shapes[2][1] != p->H, kShape);
+  MINDGR_REJECT_IF(p->D < 1 || p->DV < 1, kShape);
   p->DP = round_up(p->D, VL);
   p->DVP = round_up(p->DV, VL);
   p->N = static_cast<int>(shapes[4][0]);
   p->B = static_cast<int>(shapes[3][0] - 1);
   p->scale = 1.0f / std::sqrt(static_cast<float>(p->D));
-  if (!read_ints(params[3], dtypes[3], shapes[3][0], &p->off)) return 12;
-  if (!offsets_ok(p->off, p->T)) return 17;
+  MINDGR_REJECT_IF(!read_ints(params[3], dtypes[3], shapes[3][0], &p->off), kOffsets);
+  MINDGR_REJECT_IF(!offsets_ok(p->off, p->T), kIndexRange);
   p->q = static_cast<const float*>(params[0]);
   p->k = static_cast<const float*>(params[1]);
   p->v = static_cast<const float*>(params[2]);
@@ -333,12 +336,12 @@ int run_forward(int nparam, void** params, int* ndims, int64_t** shapes, const c
   Problem p;
   int err = read_inputs(nparam, params, ndims, shapes, dtypes, 7, &p);
   if (err != 0) return err;
-  if (!is_f32(dtypes[5]) || !shape_is(ndims[5], shapes[5], {p.T, p.H, p.DV})) return 21;
-  if (!is_f32(dtypes[6]) || !shape_is(ndims[6], shapes[6], {p.T, p.H})) return 21;
+  MINDGR_REJECT_IF(!is_f32(dtypes[5]) || !shape_is(ndims[5], shapes[5], {p.T, p.H, p.DV}), kOutput);
+  MINDGR_REJECT_IF(!is_f32(dtypes[6]) || !shape_is(ndims[6], shapes[6], {p.T, p.H}), kOutput);
   try {
-    if (!forward(p, static_cast<float*>(params[5]), static_cast<float*>(params[6]))) return 99;
+    MINDGR_REJECT_IF(!forward(p, static_cast<float*>(params[5]), static_cast<float*>(params[6])), kResources);
   } catch (...) {
-    return 99;
+    MINDGR_FAIL(kResources);
   }
   return 0;
 }
@@ -348,19 +351,19 @@ int run_backward(int nparam, void** params, int* ndims, int64_t** shapes, const 
   Problem p;
   int err = read_inputs(nparam, params, ndims, shapes, dtypes, 11, &p);
   if (err != 0) return err;
-  if (!is_f32(dtypes[5]) || !shape_is(ndims[5], shapes[5], {p.T, p.H, p.DV})) return 21;
-  if (!is_f32(dtypes[6]) || !shape_is(ndims[6], shapes[6], {p.T, p.H})) return 21;
-  if (!is_f32(dtypes[7]) || !shape_is(ndims[7], shapes[7], {p.T, p.H, p.DV})) return 21;
-  if (!is_f32(dtypes[8]) || !shape_is(ndims[8], shapes[8], {p.T, p.H, p.D})) return 22;
-  if (!is_f32(dtypes[9]) || !shape_is(ndims[9], shapes[9], {p.T, p.H, p.D})) return 22;
-  if (!is_f32(dtypes[10]) || !shape_is(ndims[10], shapes[10], {p.T, p.H, p.DV})) return 22;
+  MINDGR_REJECT_IF(!is_f32(dtypes[5]) || !shape_is(ndims[5], shapes[5], {p.T, p.H, p.DV}), kOutput);
+  MINDGR_REJECT_IF(!is_f32(dtypes[6]) || !shape_is(ndims[6], shapes[6], {p.T, p.H}), kOutput);
+  MINDGR_REJECT_IF(!is_f32(dtypes[7]) || !shape_is(ndims[7], shapes[7], {p.T, p.H, p.DV}), kGradient);
+  MINDGR_REJECT_IF(!is_f32(dtypes[8]) || !shape_is(ndims[8], shapes[8], {p.T, p.H, p.D}), kOutput);
+  MINDGR_REJECT_IF(!is_f32(dtypes[9]) || !shape_is(ndims[9], shapes[9], {p.T, p.H, p.D}), kOutput);
+  MINDGR_REJECT_IF(!is_f32(dtypes[10]) || !shape_is(ndims[10], shapes[10], {p.T, p.H, p.DV}), kOutput);
   try {
     if (!backward(p, static_cast<const float*>(params[5]), static_cast<const float*>(params[6]),
                   static_cast<const float*>(params[7]), static_cast<float*>(params[8]),
                   static_cast<float*>(params[9]), static_cast<float*>(params[10])))
-      return 99;
+      MINDGR_FAIL(kResources);
   } catch (...) {
-    return 99;
+    MINDGR_FAIL(kResources);
   }
   return 0;
 }
