@@ -41,7 +41,7 @@ from mindspore import ops
 
 from mindgr.ops.reference import default_request_times
 from mindgr.ops.reference import silu_split as _reference_silu_split
-from mindgr.ops.cpu.table import HELPERS, kernel_symbols
+from mindgr.ops.cpu.table import HELPERS, ROWS, TABLE, kernel_symbols
 
 
 def _builder():
@@ -156,8 +156,9 @@ def time_bucket(dt: int, num_buckets: int, formula: bool = False) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# Custom primitives, created once on first use (the attribute access also works while a graph is
-# being compiled: the properties run in Python during parsing).
+# Custom primitives, made from the kernel table (table.py) once on first use. They are properties
+# (`_P.hstu_fwd`, `_P.hstu_fwd_bwd`, `_P.silu_split2`, ...): attribute access also works while a graph
+# is being compiled, the properties run in Python during parsing.
 
 def _aot(name: str, out_shape, out_dtype, bprop=None):
     return ops.Custom(f"{_library()}:{name}", out_shape=out_shape, out_dtype=out_dtype,
@@ -168,8 +169,88 @@ def _zeros_carrier(n: int):
     return ops.zeros((n,), ms.float32)
 
 
+def _fixed_arity(n: int, rule):
+    """bprop(input_0 .. input_{n-1}, out, dout) = rule(inputs, out, dout): graph mode needs a bprop of
+    fixed arity."""
+    if n == 2:
+        def bprop(a, b, out, dout):
+            return rule((a, b), out, dout)
+    elif n == 3:
+        def bprop(a, b, c, out, dout):
+            return rule((a, b, c), out, dout)
+    elif n == 4:
+        def bprop(a, b, c, d, out, dout):
+            return rule((a, b, c, d), out, dout)
+    elif n == 5:
+        def bprop(a, b, c, d, e, out, dout):
+            return rule((a, b, c, d, e), out, dout)
+    elif n == 6:
+        def bprop(a, b, c, d, e, f, out, dout):
+            return rule((a, b, c, d, e, f), out, dout)
+    elif n == 7:
+        def bprop(a, b, c, d, e, f, g, out, dout):
+            return rule((a, b, c, d, e, f, g), out, dout)
+    elif n == 9:
+        def bprop(a, b, c, d, e, f, g, h, i, out, dout):
+            return rule((a, b, c, d, e, f, g, h, i), out, dout)
+    else:
+        raise ValueError(f"no bprop of {n} inputs: add one to _fixed_arity")
+    return bprop
+
+
+def _table_bprop(row, n_in: int, bwd):
+    """The row's bprop: backward(picked inputs, saved outputs, dout) -> gradients of row.grads, zeros else."""
+    names = row.inputs if not row.variadic else (row.inputs[0],) + tuple(f"carrier_{j}" for j in range(n_in - 1))
+    pick = tuple(range(n_in)) if row.bwd_inputs is None else tuple(row.bwd_inputs)
+    slots = tuple(row.grads.index(name) if name in row.grads else -1 for name in names)
+    casts = tuple(name in row.cast_grads for name in names)
+    multi_out = len(row.outputs) > 1 or row.variadic
+
+    if not row.reads_out:
+        def saved(out):
+            return ()
+    elif multi_out:
+        def saved(out):
+            return tuple(out)
+    else:
+        def saved(out):
+            return (out,)
+    if row.dout == "all":
+        def incoming(dout):
+            return tuple(dout)
+    elif row.dout == "first":
+        def incoming(dout):
+            return (dout[0],)
+    else:
+        def incoming(dout):
+            return (dout,)
+    if len(row.grads) == 1:
+        def gradients(xs):
+            return (bwd(*xs),)
+    else:
+        def gradients(xs):
+            return bwd(*xs)
+
+    def rule(args, out, dout):
+        xs = ()
+        for i in pick:
+            xs = xs + (args[i],)
+        g = gradients(xs + saved(out) + incoming(dout))
+        res = ()
+        for i in range(n_in):
+            if slots[i] < 0:
+                res = res + (ops.zeros_like(args[i]),)
+            elif casts[i]:
+                res = res + (ops.cast(g[slots[i]], args[i].dtype),)
+            else:
+                res = res + (g[slots[i]],)
+        return res
+
+    return _fixed_arity(n_in, rule)
+
+
 class _Primitives:
-    """Lazily created Custom ops; one instance per process."""
+    """Lazily created Custom ops, one per table row (and K for variadic rows); one instance per process."""
 
     def __init__(self):
         self._cache = {}
@@ -185,349 +266,47 @@ class _Primitives:
                     self._cache[key] = prim
         return prim
 
-    # HSTU attention with time bias ------------------------------------------------------------
-    @property
-    def hstu_bwd_ts(self):
-        return self._get("hstu_bwd_ts", lambda: _aot(
-            "MindgrHstuBwd",
-            lambda q, k, v, o, t, r, wp, wt, c, d: (q, k, v, wp, wt),
-            lambda q, k, v, o, t, r, wp, wt, c, d: (q, k, v, wp, wt)))
+    def backward(self, key: str, k: int = 0):
+        row = ROWS[key]
+        return self._get((key, k, "bwd"), lambda: _aot(row.backward, row.grad_shape, row.grad_dtype))
 
-    @property
-    def hstu_fwd_ts(self):
+    def raw(self, key: str):
+        """The forward without a bprop (the jagged pair's gradients)."""
+        row = ROWS[key]
+        return self._get((key, "raw"), lambda: _aot(row.forward, row.out_shape, row.out_dtype))
+
+    def forward(self, key: str, k: int = 0):
+        row = ROWS[key]
+
         def make():
-            bwd = self.hstu_bwd_ts
-
-            def bprop(q, k, v, off, ts, req, wp, wt, car, out, dout):
-                dq, dk, dv, dwp, dwt = bwd(q, k, v, off, ts, req, wp, wt, car, dout)
-                return (dq, dk, dv, ops.zeros_like(off), ops.zeros_like(ts), ops.zeros_like(req), dwp, dwt,
-                        ops.zeros_like(car))
-
-            return _aot("MindgrHstuFwd",
-                        lambda q, k, v, o, t, r, wp, wt, c: v,
-                        lambda q, k, v, o, t, r, wp, wt, c: v, bprop)
-        return self._get("hstu_fwd_ts", make)
-
-    # HSTU attention without time bias ---------------------------------------------------------
-    @property
-    def hstu_bwd(self):
-        return self._get("hstu_bwd", lambda: _aot(
-            "MindgrHstuBwdNoTs",
-            lambda q, k, v, o, wp, c, d: (q, k, v, wp),
-            lambda q, k, v, o, wp, c, d: (q, k, v, wp)))
-
-    @property
-    def hstu_fwd(self):
-        def make():
-            bwd = self.hstu_bwd
-
-            def bprop(q, k, v, off, wp, car, out, dout):
-                dq, dk, dv, dwp = bwd(q, k, v, off, wp, car, dout)
-                return dq, dk, dv, ops.zeros_like(off), dwp, ops.zeros_like(car)
-
-            return _aot("MindgrHstuFwdNoTs",
-                        lambda q, k, v, o, wp, c: v,
-                        lambda q, k, v, o, wp, c: v, bprop)
-        return self._get("hstu_fwd", make)
-
-    # FuXi-alpha bias-only channels (bias_attention.cc) ------------------------------------------
-    @property
-    def bias_bwd_ts(self):
-        return self._get("bias_bwd_ts", lambda: _aot(
-            "MindgrBiasAttnBwd",
-            lambda v, o, t, r, wp, wt, c, d: (v, wp, wt),
-            lambda v, o, t, r, wp, wt, c, d: (v, wp, wt)))
-
-    @property
-    def bias_fwd_ts(self):
-        def make():
-            bwd = self.bias_bwd_ts
-
-            def bprop(v, off, ts, req, wp, wt, car, out, dout):
-                dv, dwp, dwt = bwd(v, off, ts, req, wp, wt, car, dout)
-                return (dv, ops.zeros_like(off), ops.zeros_like(ts), ops.zeros_like(req), dwp, dwt,
-                        ops.zeros_like(car))
-
-            return _aot("MindgrBiasAttnFwd",
-                        lambda v, o, t, r, wp, wt, c: [v[0], v[1], 2, v[2]],
-                        lambda v, o, t, r, wp, wt, c: v, bprop)
-        return self._get("bias_fwd_ts", make)
-
-    @property
-    def bias_bwd(self):
-        return self._get("bias_bwd", lambda: _aot(
-            "MindgrBiasAttnBwdNoTs",
-            lambda v, o, wp, c, d: (v, wp),
-            lambda v, o, wp, c, d: (v, wp)))
-
-    @property
-    def bias_fwd(self):
-        def make():
-            bwd = self.bias_bwd
-
-            def bprop(v, off, wp, car, out, dout):
-                dv, dwp = bwd(v, off, wp, car, dout)
-                return dv, ops.zeros_like(off), dwp, ops.zeros_like(car)
-
-            return _aot("MindgrBiasAttnFwdNoTs",
-                        lambda v, o, wp, c: [v[0], v[1], 1, v[2]],
-                        lambda v, o, wp, c: v, bprop)
-        return self._get("bias_fwd", make)
-
-    # Causal softmax attention (softmax_attention.cc); the forward also returns lse [T, H] ----------
-    @property
-    def softmax_bwd(self):
-        return self._get("softmax_bwd", lambda: _aot(
-            "MindgrSoftmaxAttnBwd",
-            lambda q, k, v, o, c, out, lse, d: (q, k, v),
-            lambda q, k, v, o, c, out, lse, d: (q, k, v)))
-
-    @property
-    def softmax_fwd(self):
-        def make():
-            bwd = self.softmax_bwd
-
-            def bprop(q, k, v, off, car, out, dout):
-                dq, dk, dv = bwd(q, k, v, off, car, out[0], out[1], dout[0])
-                return dq, dk, dv, ops.zeros_like(off), ops.zeros_like(car)
-
-            return _aot("MindgrSoftmaxAttnFwd",
-                        lambda q, k, v, o, c: (v, [q[0], q[1]]),
-                        lambda q, k, v, o, c: (v, v), bprop)
-        return self._get("softmax_fwd", make)
-
-    # Linear attention (recurrent scan) ---------------------------------------------------------
-    @property
-    def linattn_bwd(self):
-        return self._get("linattn_bwd", lambda: _aot(
-            "MindgrLinAttnBwd",
-            lambda q, k, v, o, g, d: (q, k, v),
-            lambda q, k, v, o, g, d: (q, k, v)))
-
-    @property
-    def linattn_fwd(self):
-        def make():
-            bwd = self.linattn_bwd
-
-            def bprop(q, k, v, off, lg, out, dout):
-                dq, dk, dv = bwd(q, k, v, off, lg, dout)
-                return dq, dk, dv, ops.zeros_like(off), ops.zeros_like(lg)
-
-            return _aot("MindgrLinAttnFwd", lambda q, k, v, o, g: v, lambda q, k, v, o, g: v, bprop)
-        return self._get("linattn_fwd", make)
-
-    # Jagged <-> padded (each one's gradient is the other) -------------------------------------
-    @property
-    def _p2j_raw(self):
-        return self._get("p2j_raw", lambda: _aot(
-            "MindgrPaddedToJagged",
-            lambda p, o, c: [c[0]] + list(p[2:]),
-            lambda p, o, c: p))
-
-    @property
-    def _j2p_raw(self):
-        return self._get("j2p_raw", lambda: _aot(
-            "MindgrJaggedToPadded",
-            lambda x, o, c: [o[0] - 1, c[0]] + list(x[1:]),
-            lambda x, o, c: x))
-
-    @property
-    def j2p(self):
-        def make():
-            p2j = self._p2j_raw
-
-            def bprop(values, off, car, out, dout):
-                # the values themselves carry T
-                return p2j(dout, off, values), ops.zeros_like(off), ops.zeros_like(car)
-
-            return _aot("MindgrJaggedToPadded",
-                        lambda x, o, c: [o[0] - 1, c[0]] + list(x[1:]),
-                        lambda x, o, c: x, bprop)
-        return self._get("j2p", make)
-
-    @property
-    def p2j(self):
-        def make():
-            j2p = self._j2p_raw
-
-            def bprop(padded, off, car, out, dout):
-                return j2p(dout, off, _zeros_carrier(padded.shape[1])), ops.zeros_like(off), ops.zeros_like(car)
-
-            return _aot("MindgrPaddedToJagged",
-                        lambda p, o, c: [c[0]] + list(p[2:]),
-                        lambda p, o, c: p, bprop)
-        return self._get("p2j", make)
-
-    # Sampled scoring: logits[t, r] = out[t] . table[ids[t, r]] ---------------------------------
-    @property
-    def sampled_logits_bwd(self):
-        return self._get("sampled_logits_bwd", lambda: _aot(
-            "MindgrSampledLogitsBwd",
-            lambda o, t, i, d: (o, t),
-            lambda o, t, i, d: (o, t)))
-
-    @property
-    def sampled_logits(self):
-        def make():
-            bwd = self.sampled_logits_bwd
-
-            def bprop(out, table, ids, res, dout):
-                d_out, d_table = bwd(out, table, ids, dout)
-                return d_out, d_table, ops.zeros_like(ids)
-
-            return _aot("MindgrSampledLogits",
-                        lambda o, t, i: i,
-                        lambda o, t, i: o, bprop)
-        return self._get("sampled_logits", make)
-
-    # Sampled-softmax tail fused with the scoring: lse[t] over pos[t] and the kept negatives -----
-    # (the forward's other outputs, probs [T, R] and u = d lse / d x [T, D], carry the backward's
-    # weights and d_x: no rescoring, no gathers)
-    @property
-    def sampled_lse_bwd(self):
-        return self._get("sampled_lse_bwd", lambda: _aot(
-            "MindgrSampledLseBwd",
-            lambda x, t, i, g, p, l, w, u, d: (x, t, p),
-            lambda x, t, i, g, p, l, w, u, d: (x, x, p)))
-
-    @property
-    def sampled_lse(self):
-        def make():
-            bwd = self.sampled_lse_bwd
-
-            def bprop(x, table, ids, tgt, pos, out, dout):
-                d_x, d_table, d_pos = bwd(x, table, ids, tgt, pos, out[0], out[1], out[2], dout[0])
-                return d_x, d_table, ops.zeros_like(ids), ops.zeros_like(tgt), d_pos
-
-            return _aot("MindgrSampledLse",
-                        lambda x, t, i, g, p: (p, i, x),
-                        lambda x, t, i, g, p: (p, p, p), bprop)
-        return self._get("sampled_lse", make)
-
-    # Shared-pool log-sum-exp (streamed over the candidates, never [T, K]) --------------------------
-    @property
-    def pool_lse_bwd(self):
-        return self._get("pool_lse_bwd", lambda: _aot(
-            "MindgrPoolLseBwd",
-            lambda x, c, q, i, t, p, l, g: (x, c, q, p),
-            lambda x, c, q, i, t, p, l, g: (x, x, q, p)))  # d_cand is float32 even for fp16 candidates
-
-    def _pool_lse(self, cand_dtype):
-        """One primitive per candidate dtype: its bprop hands d_cand back in that dtype."""
-        def make():
-            bwd = self.pool_lse_bwd
-
-            def bprop(x, cand, logq, ids, tgt, pos, lse, dlse):
-                d_x, d_cand, d_logq, d_pos = bwd(x, cand, logq, ids, tgt, pos, lse, dlse)
-                if cand_dtype != ms.float32:
-                    d_cand = d_cand.astype(cand_dtype)
-                return d_x, d_cand, d_logq, ops.zeros_like(ids), ops.zeros_like(tgt), d_pos
-
-            return _aot("MindgrPoolLse",
-                        lambda x, c, q, i, t, p: p,
-                        lambda x, c, q, i, t, p: p, bprop)
-        return self._get(("pool_lse", str(cand_dtype)), make)
-
-    @property
-    def pool_lse(self):
-        return self._pool_lse(ms.float32)
-
-    # Row LayerNorms of the block glue (layernorm.cc): the backward recomputes the row statistics ---
-    @property
-    def layer_norm_bwd(self):
-        return self._get("layer_norm_bwd", lambda: _aot(
-            "MindgrLayerNormBwd", lambda x, e, d: x, lambda x, e, d: x))
-
-    @property
-    def layer_norm(self):
-        def make():
-            bwd = self.layer_norm_bwd
-
-            def bprop(x, eps, out, dout):
-                return bwd(x, eps, dout), ops.zeros_like(eps)
-
-            return _aot("MindgrLayerNorm", lambda x, e: x, lambda x, e: x, bprop)
-        return self._get("layer_norm", make)
-
-    @property
-    def gated_layer_norm_bwd(self):
-        return self._get("gated_layer_norm_bwd", lambda: _aot(
-            "MindgrGatedLayerNormBwd", lambda u, y, e, d: (u, y), lambda u, y, e, d: (u, y)))
-
-    @property
-    def gated_layer_norm(self):
-        def make():
-            bwd = self.gated_layer_norm_bwd
-
-            def bprop(u, y, eps, out, dout):
-                du, dy = bwd(u, y, eps, dout)
-                return du, dy, ops.zeros_like(eps)
-
-            return _aot("MindgrGatedLayerNorm", lambda u, y, e: u, lambda u, y, e: u, bprop)
-        return self._get("gated_layer_norm", make)
-
-    @property
-    def l2_normalize_bwd(self):
-        return self._get("l2_normalize_bwd", lambda: _aot(
-            "MindgrL2NormalizeBwd", lambda x, e, d: x, lambda x, e, d: x))
-
-    @property
-    def l2_normalize(self):
-        def make():
-            bwd = self.l2_normalize_bwd
-
-            def bprop(x, eps, out, dout):
-                return bwd(x, eps, dout), ops.zeros_like(eps)
-
-            return _aot("MindgrL2Normalize", lambda x, e: x, lambda x, e: x, bprop)
-        return self._get("l2_normalize", make)
-
-    # SiLU of a projection split along its last axis (silu.cc): one primitive per number of outputs K,
-    # the widths carried by K zero vectors of length w_k (shape inference reads their lengths) -----------
-    def _silu_split(self, k: int):
-        def make():
-            bwd = _aot("MindgrSiluSplitBwd", lambda x, *d: x, lambda x, *d: x)
-            z = ops.zeros_like
-
-            # (graph mode needs a bprop of fixed arity: x, the k carriers, out, dout)
-            def bprop1(x, c0, out, dout):
-                return bwd(x, dout[0]), z(c0)
-
-            def bprop2(x, c0, c1, out, dout):
-                return bwd(x, dout[0], dout[1]), z(c0), z(c1)
-
-            def bprop3(x, c0, c1, c2, out, dout):
-                return bwd(x, dout[0], dout[1], dout[2]), z(c0), z(c1), z(c2)
-
-            def bprop4(x, c0, c1, c2, c3, out, dout):
-                return bwd(x, dout[0], dout[1], dout[2], dout[3]), z(c0), z(c1), z(c2), z(c3)
-
-            bprop = (bprop1, bprop2, bprop3, bprop4)[k - 1]
-            return _aot("MindgrSiluSplit", lambda x, *cars: tuple(list(x[:-1]) + [c[0]] for c in cars),
-                        lambda x, *cars: tuple(x for _ in cars), bprop)
-        return self._get(("silu_split", k), make)
-
-    @property
-    def silu_split1(self):
-        return self._silu_split(1)
-
-    @property
-    def silu_split2(self):
-        return self._silu_split(2)
-
-    @property
-    def silu_split3(self):
-        return self._silu_split(3)
-
-    @property
-    def silu_split4(self):
-        return self._silu_split(4)
-
-    @property
-    def pool_lse_fp16(self):
-        return self._pool_lse(ms.float16)
-
-
+            if row.backward_is_forward_of is not None:
+                bprop = _jagged_bprop(key, self.raw(row.backward_is_forward_of))
+            else:
+                bprop = _table_bprop(row, 1 + k if row.variadic else len(row.inputs), self.backward(key, k))
+            return _aot(row.forward, row.out_shape, row.out_dtype, bprop)
+        return self._get((key, k), make)
+
+
+def _jagged_bprop(key: str, other):
+    """jagged <-> padded: each one's gradient is the other's forward, its length carried by values / zeros."""
+    if key == "j2p":
+        def bprop(values, off, car, out, dout):
+            return other(dout, off, values), ops.zeros_like(off), ops.zeros_like(car)  # the values carry T
+    else:
+        def bprop(padded, off, car, out, dout):
+            return other(dout, off, _zeros_carrier(padded.shape[1])), ops.zeros_like(off), ops.zeros_like(car)
+    return bprop
+
+
+def _add_properties():
+    for row in TABLE:
+        for k in (range(1, 5) if row.variadic else (0,)):
+            name = f"{row.key}{k}" if row.variadic else row.key
+            setattr(_Primitives, name, property(lambda self, key=row.key, k=k: self.forward(key, k)))
+            setattr(_Primitives, name + "_bwd", property(lambda self, key=row.key, k=k: self.backward(key, k)))
+
+
+_add_properties()
 _P = _Primitives()
 
 
@@ -635,7 +414,7 @@ def shared_pool_lse(x, cand, logq, cand_ids, targets, pos):
     args = (_as(x, ms.float32), cand, _as(logq, ms.float32), _as(cand_ids, ms.int32), _as(targets, ms.int32),
             _as(pos, ms.float32))
     if cand.dtype == ms.float16:
-        return _P.pool_lse_fp16(*args)
+        return _P.pool_lse(*args)
     return _P.pool_lse(args[0], _as(cand, ms.float32), *args[2:])
 
 

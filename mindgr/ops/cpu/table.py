@@ -1,26 +1,48 @@
-"""The CPU backend's kernel table: one row per C++ forward entry point, with its gradient kernel.
+"""The CPU backend's kernel table: one row per forward kernel, from which the package makes the MindSpore
+Custom primitives and their backward registrations (mindgr/ops/cpu/__init__.py `_Primitives`).
 
-Each row names the public op it serves (`mindgr.ops.backend.OPS`), the C++ symbols of its forward and
-backward, the inputs and outputs of the forward (N / T / w_k: the length carried by a zeros "carrier"
-input, see the package docstring) and which inputs get gradients (the others get zeros). The library
-loader checks every symbol named here, argument errors name the op of the failing symbol
-(`errors.py`), and `describe()` is the listing of the registered ops. A new kernel: its .cc (entry
-points through `MINDGR_AOT_OP`, arguments checked with `MINDGR_REJECT_IF`), its file in
-`build.SOURCES`, one row here, and its primitive in `_Primitives` (mindgr/ops/cpu/__init__.py).
+A row names the public op it serves (`mindgr.ops.backend.OPS`), the C++ symbols of its forward and backward,
+the forward's inputs and outputs, the output shape and dtype rules MindSpore needs (functions of the
+inputs' shapes / dtypes), and how the backward is called:
+
+    backward(*[inputs[i] for i in bwd_inputs], *saved outputs if reads_out, dout)  ->  gradients
+
+where dout is the forward's one output gradient ("one"), that of its first output ("first": the other
+outputs are saved for the backward only) or all of them ("all"); the gradients go to the inputs named in
+`grads`, in that order (cast to the input's dtype for those in `cast_grads`); every other input gets zeros.
+Lengths that are not a dimension of an input (N, T, the widths w_k) travel as the length of a zeros
+"carrier" input. `variadic` rows take 1 + K inputs (K = 1 to 4 carriers), one primitive per K. The jagged
+pair's backward is the other one's forward (`backward_is_forward_of`).
+
+A new kernel: its .cc (entry points through `MINDGR_AOT_OP`, arguments checked with `MINDGR_REJECT_IF` and
+codes from arg_errors.def), its file in `build.SOURCES`, one row here, and the public function that calls
+`_P.<key>` in mindgr/ops/cpu/__init__.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
 class KernelRow:
-    op: str                 # the public op (mindgr.ops.backend.OPS) this kernel computes
-    forward: str            # C++ symbol of the forward
-    inputs: tuple           # the forward's inputs, in order
-    outputs: tuple          # the forward's outputs
-    backward: str           # C++ symbol that computes the gradients
-    grads: tuple            # the inputs that get gradients (the others: zeros)
+    key: str                 # the primitive's name in `_P` (its backward: key + "_bwd")
+    op: str                  # the public op (mindgr.ops.backend.OPS) this kernel computes
+    forward: str             # C++ symbol of the forward
+    inputs: tuple            # the forward's inputs, in order
+    outputs: tuple           # the forward's outputs
+    out_shape: Callable      # shapes of the inputs -> output shape(s)
+    out_dtype: Callable      # dtypes of the inputs -> output dtype(s)
+    backward: str            # C++ symbol that computes the gradients
+    grads: tuple             # the inputs that get gradients, in the backward's output order
+    grad_shape: Callable = None   # shapes of the backward's inputs -> its output shape(s)
+    grad_dtype: Callable = None
+    bwd_inputs: tuple = None      # the forward inputs the backward reads (None: all)
+    reads_out: bool = False       # the backward also reads the forward's outputs
+    dout: str = "one"             # "one", "first" or "all" (see above)
+    cast_grads: tuple = ()        # inputs whose gradient is cast to their own dtype
+    variadic: bool = False        # inputs: x then K carriers (one primitive per K)
+    backward_is_forward_of: str = None   # key of the row whose forward is this one's gradient
     note: str = ""
 
 
@@ -29,39 +51,84 @@ def _t(text: str) -> tuple:
 
 
 TABLE = (
-    KernelRow("hstu_attention", "MindgrHstuFwd", _t("q, k, v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N"),
-              _t("out [T, H, dv]"), "MindgrHstuBwd", _t("q, k, v, w_pos, w_ts")),
-    KernelRow("hstu_attention", "MindgrHstuFwdNoTs", _t("q, k, v, offsets, w_pos, carrier_N"),
-              _t("out [T, H, dv]"), "MindgrHstuBwdNoTs", _t("q, k, v, w_pos"), "w_ts is None"),
-    KernelRow("bias_attention", "MindgrBiasAttnFwd", _t("v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N"),
-              _t("out [T, H, 2, dv]"), "MindgrBiasAttnBwd", _t("v, w_pos, w_ts")),
-    KernelRow("bias_attention", "MindgrBiasAttnFwdNoTs", _t("v, offsets, w_pos, carrier_N"),
-              _t("out [T, H, 1, dv]"), "MindgrBiasAttnBwdNoTs", _t("v, w_pos"), "w_ts is None"),
-    KernelRow("softmax_attention", "MindgrSoftmaxAttnFwd", _t("q, k, v, offsets, carrier_N"),
-              _t("out [T, H, dv], lse [T, H]"), "MindgrSoftmaxAttnBwd", _t("q, k, v"),
-              "the backward also reads out and lse"),
-    KernelRow("linear_attention", "MindgrLinAttnFwd", _t("q, k, v, offsets, log_decay"),
-              _t("out [T, H, dv]"), "MindgrLinAttnBwd", _t("q, k, v")),
-    KernelRow("jagged_to_padded", "MindgrJaggedToPadded", _t("values, offsets, carrier_N"),
-              _t("padded [B, N, *F]"), "MindgrPaddedToJagged", _t("values"), "gradient: padded_to_jagged"),
-    KernelRow("padded_to_jagged", "MindgrPaddedToJagged", _t("padded, offsets, carrier_T"),
-              _t("values [T, *F]"), "MindgrJaggedToPadded", _t("padded"), "gradient: jagged_to_padded"),
-    KernelRow("sampled_logits", "MindgrSampledLogits", _t("out, table, ids"),
-              _t("logits [T, R]"), "MindgrSampledLogitsBwd", _t("out, table")),
-    KernelRow("sampled_lse", "MindgrSampledLse", _t("x, table, ids, targets, pos"),
-              _t("lse [T], probs [T, R], u [T, D]"), "MindgrSampledLseBwd", _t("x, table, pos"),
-              "the backward also reads lse, probs and u"),
-    KernelRow("shared_pool_lse", "MindgrPoolLse", _t("x, cand, logq, cand_ids, targets, pos"),
-              _t("lse [T]"), "MindgrPoolLseBwd", _t("x, cand, logq, pos"),
-              "the backward also reads lse; d_cand in cand's dtype"),
-    KernelRow("layer_norm", "MindgrLayerNorm", _t("x, eps[1]"), _t("y"), "MindgrLayerNormBwd", _t("x")),
-    KernelRow("gated_layer_norm", "MindgrGatedLayerNorm", _t("u, y, eps[1]"), _t("u * LN(y)"),
-              "MindgrGatedLayerNormBwd", _t("u, y")),
-    KernelRow("l2_normalize", "MindgrL2Normalize", _t("x, eps[1]"), _t("x / sqrt(sum(x^2) + eps^2)"),
-              "MindgrL2NormalizeBwd", _t("x")),
-    KernelRow("silu_split", "MindgrSiluSplit", _t("x, carrier_w0 .. carrier_w{K-1}"),
-              _t("out_0 .. out_{K-1}"), "MindgrSiluSplitBwd", _t("x"), "K = 1 to 4"),
+    KernelRow("hstu_fwd_ts", "hstu_attention", "MindgrHstuFwd",
+              _t("q, k, v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N"), _t("out [T, H, dv]"),
+              lambda q, k, v, o, t, r, wp, wt, c: v, lambda q, k, v, o, t, r, wp, wt, c: v,
+              "MindgrHstuBwd", _t("q, k, v, w_pos, w_ts"),
+              lambda q, k, v, o, t, r, wp, wt, c, d: (q, k, v, wp, wt),
+              lambda q, k, v, o, t, r, wp, wt, c, d: (q, k, v, wp, wt)),
+    KernelRow("hstu_fwd", "hstu_attention", "MindgrHstuFwdNoTs",
+              _t("q, k, v, offsets, w_pos, carrier_N"), _t("out [T, H, dv]"),
+              lambda q, k, v, o, wp, c: v, lambda q, k, v, o, wp, c: v,
+              "MindgrHstuBwdNoTs", _t("q, k, v, w_pos"),
+              lambda q, k, v, o, wp, c, d: (q, k, v, wp), lambda q, k, v, o, wp, c, d: (q, k, v, wp),
+              note="w_ts is None"),
+    KernelRow("bias_fwd_ts", "bias_attention", "MindgrBiasAttnFwd",
+              _t("v, offsets, timestamps, request_times, w_pos, w_ts, carrier_N"), _t("out [T, H, 2, dv]"),
+              lambda v, o, t, r, wp, wt, c: [v[0], v[1], 2, v[2]], lambda v, o, t, r, wp, wt, c: v,
+              "MindgrBiasAttnBwd", _t("v, w_pos, w_ts"),
+              lambda v, o, t, r, wp, wt, c, d: (v, wp, wt), lambda v, o, t, r, wp, wt, c, d: (v, wp, wt)),
+    KernelRow("bias_fwd", "bias_attention", "MindgrBiasAttnFwdNoTs",
+              _t("v, offsets, w_pos, carrier_N"), _t("out [T, H, 1, dv]"),
+              lambda v, o, wp, c: [v[0], v[1], 1, v[2]], lambda v, o, wp, c: v,
+              "MindgrBiasAttnBwdNoTs", _t("v, w_pos"),
+              lambda v, o, wp, c, d: (v, wp), lambda v, o, wp, c, d: (v, wp), note="w_ts is None"),
+    KernelRow("softmax_fwd", "softmax_attention", "MindgrSoftmaxAttnFwd",
+              _t("q, k, v, offsets, carrier_N"), _t("out [T, H, dv], lse [T, H]"),
+              lambda q, k, v, o, c: (v, [q[0], q[1]]), lambda q, k, v, o, c: (v, v),
+              "MindgrSoftmaxAttnBwd", _t("q, k, v"),
+              lambda q, k, v, o, c, out, lse, d: (q, k, v), lambda q, k, v, o, c, out, lse, d: (q, k, v),
+              reads_out=True, dout="first", note="the backward recomputes the weights from lse"),
+    KernelRow("linattn_fwd", "linear_attention", "MindgrLinAttnFwd",
+              _t("q, k, v, offsets, log_decay"), _t("out [T, H, dv]"),
+              lambda q, k, v, o, g: v, lambda q, k, v, o, g: v,
+              "MindgrLinAttnBwd", _t("q, k, v"),
+              lambda q, k, v, o, g, d: (q, k, v), lambda q, k, v, o, g, d: (q, k, v),
+              note="a recurrent scan; log_decay gets no gradient"),
+    KernelRow("j2p", "jagged_to_padded", "MindgrJaggedToPadded",
+              _t("values, offsets, carrier_N"), _t("padded [B, N, *F]"),
+              lambda x, o, c: [o[0] - 1, c[0]] + list(x[1:]), lambda x, o, c: x,
+              "MindgrPaddedToJagged", _t("values"), backward_is_forward_of="p2j"),
+    KernelRow("p2j", "padded_to_jagged", "MindgrPaddedToJagged",
+              _t("padded, offsets, carrier_T"), _t("values [T, *F]"),
+              lambda p, o, c: [c[0]] + list(p[2:]), lambda p, o, c: p,
+              "MindgrJaggedToPadded", _t("padded"), backward_is_forward_of="j2p"),
+    KernelRow("sampled_logits", "sampled_logits", "MindgrSampledLogits",
+              _t("out, table, ids"), _t("logits [T, R]"),
+              lambda o, t, i: i, lambda o, t, i: o,
+              "MindgrSampledLogitsBwd", _t("out, table"),
+              lambda o, t, i, d: (o, t), lambda o, t, i, d: (o, t)),
+    # the forward's probs [T, R] and u = d lse / d x [T, D] carry the backward's weights and d_x
+    KernelRow("sampled_lse", "sampled_lse", "MindgrSampledLse",
+              _t("x, table, ids, targets, pos"), _t("lse [T], probs [T, R], u [T, D]"),
+              lambda x, t, i, g, p: (p, i, x), lambda x, t, i, g, p: (p, p, p),
+              "MindgrSampledLseBwd", _t("x, table, pos"),
+              lambda x, t, i, g, p, l, w, u, d: (x, t, p), lambda x, t, i, g, p, l, w, u, d: (x, x, p),
+              reads_out=True, dout="first"),
+    # d_cand comes out float32 and goes back in cand's dtype (float32 or float16)
+    KernelRow("pool_lse", "shared_pool_lse", "MindgrPoolLse",
+              _t("x, cand, logq, cand_ids, targets, pos"), _t("lse [T]"),
+              lambda x, c, q, i, t, p: p, lambda x, c, q, i, t, p: p,
+              "MindgrPoolLseBwd", _t("x, cand, logq, pos"),
+              lambda x, c, q, i, t, p, l, g: (x, c, q, p), lambda x, c, q, i, t, p, l, g: (x, x, q, p),
+              reads_out=True, cast_grads=_t("cand")),
+    KernelRow("layer_norm", "layer_norm", "MindgrLayerNorm", _t("x, eps[1]"), _t("y"),
+              lambda x, e: x, lambda x, e: x, "MindgrLayerNormBwd", _t("x"),
+              lambda x, e, d: x, lambda x, e, d: x),
+    KernelRow("gated_layer_norm", "gated_layer_norm", "MindgrGatedLayerNorm", _t("u, y, eps[1]"), _t("u * LN(y)"),
+              lambda u, y, e: u, lambda u, y, e: u, "MindgrGatedLayerNormBwd", _t("u, y"),
+              lambda u, y, e, d: (u, y), lambda u, y, e, d: (u, y)),
+    KernelRow("l2_normalize", "l2_normalize", "MindgrL2Normalize", _t("x, eps[1]"), _t("x / sqrt(sum(x^2) + eps^2)"),
+              lambda x, e: x, lambda x, e: x, "MindgrL2NormalizeBwd", _t("x"),
+              lambda x, e, d: x, lambda x, e, d: x),
+    KernelRow("silu_split", "silu_split", "MindgrSiluSplit", _t("x, carrier_w0 .. carrier_w{K-1}"),
+              _t("out_0 .. out_{K-1}"),
+              lambda x, *cars: tuple(list(x[:-1]) + [c[0]] for c in cars), lambda x, *cars: tuple(x for _ in cars),
+              "MindgrSiluSplitBwd", _t("x"), lambda x, *d: x, lambda x, *d: x,
+              bwd_inputs=(0,), dout="all", variadic=True, note="K = 1 to 4"),
 )
+
+ROWS = {row.key: row for row in TABLE}
 
 # Plain C functions of the library (tests and reports), loaded and checked with the kernels.
 HELPERS = ("mindgr_time_bucket", "mindgr_time_bucket_formula", "mindgr_num_threads", "mindgr_isa",
@@ -92,7 +159,7 @@ def op_of_symbol(symbol: str) -> str | None:
 
 
 def describe() -> str:
-    """The registered ops, one line per forward: inputs -> outputs (gradient kernel: inputs with gradients)."""
+    """The registered kernels, one line per forward: inputs -> outputs [gradient kernel: inputs with gradients]."""
     lines = []
     for row in TABLE:
         note = f"; {row.note}" if row.note else ""
