@@ -97,6 +97,12 @@ def test_bad_offsets_shapes_and_ids_give_one_line_from_every_op():
         _one_line_error(lambda: cpu.bias_attention(v, bad_off, ts, w_pos, None, 4), "bias_attention", 17),
         _one_line_error(lambda: cpu.softmax_attention(q, k, v, bad_off, 4), "softmax_attention", 17),
         _one_line_error(lambda: cpu.jagged_to_padded(v, bad_off, 4), "jagged_to_padded", 17),
+        _one_line_error(lambda: cpu.linear_attention(q, k, v, bad_off, Tensor(np.zeros(H, np.float32)), None, None, None),
+                        "linear_attention", 17),
+        # a log_decay of the wrong length
+        _one_line_error(lambda: cpu.linear_attention(q, k, v, Tensor(np.array([0, 3, 6], np.int32)),
+                                                     Tensor(np.zeros(H + 1, np.float32)), None, None, None),
+                        "linear_attention", 13),
         # w_pos shorter than 2 * max_len - 1
         _one_line_error(lambda: cpu.hstu_attention(q, k, v, Tensor(np.array([0, 3, 6], np.int32)), ts,
                                                    Tensor(np.zeros(3, np.float32)), None, 4), "hstu_attention", 18),
