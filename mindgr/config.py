@@ -439,10 +439,7 @@ def _validate_cross(cfg: Config):
         if getattr(m, name) == 0 and m.dim % m.num_heads:
             raise ConfigError(f"config: model.{name} = 0 derives dim/num_heads, but model.dim = {m.dim} "
                               f"is not divisible by model.num_heads = {m.num_heads}: set model.{name}")
-    if m.backbone != "hstu":
-        if m.arch != "gr":
-            raise ConfigError(f"config: model.backbone = {m.backbone} is a backbone of the generative decoder "
-                              f"(model.arch gr), not of model.arch {m.arch}")
+    if m.backbone != "hstu":          # (which model kinds take a backbone: models.objectives.check_objective_arch)
         if cfg.data.gr_layout == "tree":
             raise ConfigError(f"config: data.gr_layout = tree needs model.backbone = hstu (its virtual rows "
                               f"are HSTU attention rows); use data.gr_layout = rows with model.backbone = {m.backbone}")

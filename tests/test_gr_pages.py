@@ -113,6 +113,9 @@ def test_compare_reads_page_recall_from_ranks_files(tmp_path, monkeypatch):
         files[name] = tmp_path / f"{name}.npz"
         np.savez(files[name], ranks=np.array(ranks), ties=np.zeros(4, np.int64), targets=targets,
                  **{"metric_page_recall@10": np.array(recall)})
+    import mindgr.train.tasks as tasks
+    from mindgr.train.generative import GenerativeTask
+    monkeypatch.setattr(tasks, "resolve_run", lambda run: GenerativeTask)     # no run directories here
     monkeypatch.setattr(run_eval, "evaluate_any_run", lambda run, split, which, filter_history=None, max_users=0: {
         "ranks_file": files[str(run)[-1]], "checkpoint": "best", "hr@10": 0.0})
     out = compare_runs(tmp_path / "a", tmp_path / "b", samples=200)

@@ -378,9 +378,10 @@ def test_backbone_config_and_flops():
     from mindgr.models.generative import encoder_flops
     from mindgr.models.hstu import encoder_flops as hstu_flops
     from mindgr.models.linear_attention import encoder_flops as linear_flops
+    from mindgr.models.objectives import check_objective_arch
     base = ["model.arch=gr", "loss.objective=ntp", "ids.codes=x.parquet"]
     with pytest.raises(ConfigError, match="model.backbone = linear is a backbone of the generative decoder"):
-        load_config(None, ["model.backbone=linear"])
+        check_objective_arch(load_config(None, ["model.backbone=linear"]))
     with pytest.raises(ConfigError, match="data.gr_layout = tree needs model.backbone = hstu"):
         load_config(None, base + ["model.backbone=linear", "data.gr_layout=tree"])
     with pytest.raises(ConfigError, match="model.backbone"):

@@ -80,6 +80,9 @@ def check_objective_arch(cfg):
     if cfg.model.trie_softmax and not gr:
         raise ConfigError(f"config: model.trie_softmax is the generative decoder's scoring rule: it needs "
                           f"model.arch = {GENERATIVE_ARCH} (got {cfg.model.arch})")
+    if cfg.model.backbone != "hstu" and not gr:
+        raise ConfigError(f"config: model.backbone = {cfg.model.backbone} is a backbone of the generative decoder "
+                          f"(model.arch {GENERATIVE_ARCH}), not of model.arch {cfg.model.arch}")
     if gr and not spec.generative:
         gen = ", ".join(n for n in objective_names() if _OBJECTIVES[n].generative)
         raise ConfigError(f"config: model.arch = {GENERATIVE_ARCH} is trained by next-token prediction: set "
