@@ -1,5 +1,11 @@
 """Shared test fixtures: where the real data lives, a tiny synthetic run config, GRAPH mode with a chosen ops
-backend for a test module; and the test order."""
+backend for a test module; and the test order.
+
+Two rooms: tests/unit/<package>/ (one mindgr package at a time, in-process, fast: the day-to-day subset) and
+tests/system/<package>/ (the program as a user runs it: complete training runs, servers on local ports,
+msrun jobs, the `mindgr` command end to end, README's lines; and every test marked `slow`). Pieces several
+files share live in *_fixtures.py modules beside this file (tests/ is on sys.path: pytest.ini); test files
+never import each other, and their basenames are unique (no __init__.py)."""
 import contextlib
 import os
 from pathlib import Path
@@ -51,9 +57,15 @@ def graph_mode(request):
         yield backend
 
 
+SYSTEM = REPO / "tests" / "system"
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Files holding `slow` tests (msrun jobs, kernel rebuilds, long runs) run first, each file's tests in
-    their own order: with `-n 2 --dist loadfile` (README's test command) the longest files then start
-    early and the two workers finish together instead of one waiting on a late msrun file."""
-    slow_files = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_files)
+    """The system files (msrun jobs, kernel rebuilds, long runs) run first, each file's tests in their own
+    order: with `-n 2 --dist loadfile` (README's test command) the longest files then start early and the
+    two workers finish together instead of one waiting on a late msrun file. A `slow` test outside
+    tests/system is an error: the unit room is the fast subset."""
+    stray = [item.nodeid for item in items if item.get_closest_marker("slow") and SYSTEM not in item.path.parents]
+    if stray:
+        raise pytest.UsageError(f"marked slow but outside tests/system: {stray[0]} (move it to tests/system)")
+    items.sort(key=lambda item: SYSTEM not in item.path.parents)

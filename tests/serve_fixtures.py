@@ -1,4 +1,4 @@
-"""Shared by the tests/test_serve_*.py files: one tiny trained run per session, and `mindgr` subprocesses.
+"""Shared by the serving tests of tests/system/serve/: one tiny trained run per session, and `mindgr` subprocesses.
 
 The run is conftest's tiny_overrides with train.epochs=1, trained once (the first test that asks) into a
 session temporary directory and reused by every serving test.

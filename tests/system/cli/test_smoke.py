@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from test_cli import run
+from cli_fixtures import run
 
 
 @pytest.mark.slow   # the whole smoke run (about a minute on 2 quiet cores, 1.5-2 min on a busy host)

@@ -14,8 +14,7 @@ from mindgr.models.generative import GRDecoder
 from mindgr.models.ntp import NTPLoss, RowError, batch_tensors, pack_rows, user_rows
 from mindgr.models.tree import TreeCaps, TreeNTPLoss, pack_tree, tree_tensors, tree_tokens, tree_user
 from mindgr.ops import set_backend
-from test_gr_decoder import LossGrad, randomize
-from gr_fixtures import fast_backend, random_codes  # noqa: F401
+from gr_fixtures import LossGrad, fast_backend, random_codes, randomize  # noqa: F401
 
 # slow: one graph compile per layout equality case (~40 s in all)
 pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]

@@ -1,16 +1,9 @@
 """The trie-gathered head (model.trie_softmax) against the masked full-softmax reference: the same loss and
 parameter gradients on random tries (fused kernel and composed ops; copied rows, flat rows, page_ntp, the
 tree layout), tie cases (equal logits, one-child nodes), the children tables and the entry layout."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_HERE = Path(__file__).resolve().parent
-for _p in (str(_HERE.parent), str(_HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
 
 from mindspore import Tensor  # noqa: E402
 
@@ -20,8 +13,7 @@ from mindgr.models.ntp import ENTRY_KEYS, EntryNTPLoss, NTPLoss, batch_tensors, 
 from mindgr.models.tree import TreeCaps, TreeNTPLoss, pack_tree, tree_tensors, tree_user  # noqa: E402
 from mindgr.models.trie_head import TrieHead, entry_capacity, head_entries  # noqa: E402
 from mindgr.train.generative import entry_codes, trie_head  # noqa: E402
-from test_gr_decoder import LossGrad, randomize  # noqa: E402
-from gr_fixtures import random_codes  # noqa: E402
+from gr_fixtures import LossGrad, random_codes, randomize  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import REPO
 from ops_fixtures import needs_compiler
 
 pytestmark = [needs_compiler, pytest.mark.slow]  # a kernel build per forced ISA (~100 s)
@@ -83,15 +84,15 @@ def test_reciprocal_and_silu_error_bounds():
 # Kernel-vs-reference tests re-run per ISA (attention forward/backward incl. lengths 0, 1, N and
 # long tails, thread-count invariance, scoring, shared pool).
 PER_ISA_TESTS = [
-    "tests/test_ops_cpu.py::test_attention_matches_reference_graph",
-    "tests/test_ops_cpu.py::test_attention_thread_count_invariance",
-    "tests/test_ops_cpu.py::test_attention_rows_without_time_data_match_reference",
-    "tests/test_ops_cpu_scoring.py",
-    "tests/test_ops_cpu_pool.py::test_pool_lse_matches_reference",
-    "tests/test_ops_cpu_isa.py::test_reciprocal_and_silu_error_bounds",
-    "tests/test_ops_cpu_layernorm.py",
-    "tests/test_ops_cpu_glue.py::test_silu_split_matches_reference_pynative",
-    "tests/test_ops_cpu_glue.py::test_l2_normalize_matches_reference",
+    "tests/unit/ops/test_ops_cpu.py::test_attention_matches_reference_graph",
+    "tests/unit/ops/test_ops_cpu.py::test_attention_thread_count_invariance",
+    "tests/unit/ops/test_ops_cpu.py::test_attention_rows_without_time_data_match_reference",
+    "tests/unit/ops/test_ops_cpu_scoring.py",
+    "tests/unit/ops/test_ops_cpu_pool.py::test_pool_lse_matches_reference",
+    "tests/system/ops/test_ops_cpu_isa.py::test_reciprocal_and_silu_error_bounds",
+    "tests/unit/ops/test_ops_cpu_layernorm.py",
+    "tests/unit/ops/test_ops_cpu_glue.py::test_silu_split_matches_reference_pynative",
+    "tests/unit/ops/test_ops_cpu_glue.py::test_l2_normalize_matches_reference",
 ]
 
 
@@ -101,9 +102,8 @@ def test_narrower_isas_match_reference():
     isas = list(cpu_build.native_isas()[1:])
     if not isas:
         pytest.skip("this machine offers only the generic ISA")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     procs = {isa: subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *PER_ISA_TESTS],
-                                   cwd=root, env=dict(os.environ, MINDGR_CPU_ISA=isa), stdout=subprocess.PIPE,
+                                   cwd=REPO, env=dict(os.environ, MINDGR_CPU_ISA=isa), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
              for isa in isas}
     outs = {}

@@ -18,7 +18,7 @@ from conftest import REPO
 from gr_fixtures import random_codes
 from mindgr.config import load_config
 
-pytestmark = pytest.mark.slow   # an msrun job: left out of the fast subset (pytest -m "not slow")
+pytestmark = pytest.mark.slow   # an msrun job
 
 TIMEOUT = 300
 CONFIG = str(REPO / "configs" / "gr-smoke.yaml")

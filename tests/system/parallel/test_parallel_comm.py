@@ -4,25 +4,13 @@ Each rank count is its own msrun (a failed collective desynchronises the ranks),
 Splits are uneven and include empty parts; with 4 ranks a subgroup (ranks 1 and 3) is checked as well.
 """
 import json
-import sys
 
 import pytest
 
 from conftest import REPO
+from msrun_fixtures import run_ranks
 
-pytestmark = pytest.mark.slow   # msrun jobs: left out of the fast subset (pytest -m "not slow")
-
-TIMEOUT = 240
-
-
-def run_ranks(nproc, log_dir, *task):
-    """`python *task` on nproc ranks via mindgr.parallel.launch, with a hard timeout."""
-    from mindgr.parallel.launch import run_job
-    cmd = [sys.executable, "-m", "mindgr.parallel.launch", "--nproc", str(nproc), "--log-dir", str(log_dir),
-           "--threads", "1", "--node-timeout", "10", "--", *task]
-    code, out, err, timed_out = run_job(cmd, TIMEOUT, cwd=REPO)
-    assert not timed_out, f"{nproc}-rank job timed out after {TIMEOUT}s\n{out[-2000:]}\n{err[-2000:]}"
-    return code, out, err
+pytestmark = pytest.mark.slow   # msrun jobs
 
 
 def selftest_results(log_dir, nproc):

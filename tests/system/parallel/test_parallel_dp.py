@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 from mindgr.config import load_config
 
-pytestmark = pytest.mark.slow   # an msrun job: left out of the fast subset (pytest -m "not slow")
+pytestmark = pytest.mark.slow   # an msrun job
 
 TIMEOUT = 300
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 from mindgr.parallel.launch import rank_pids, run_job
 
-pytestmark = pytest.mark.slow   # msrun jobs: left out of the fast subset (pytest -m "not slow")
+pytestmark = pytest.mark.slow   # msrun jobs
 
 NODE_TIMEOUT = 10
 TIMEOUT = 240

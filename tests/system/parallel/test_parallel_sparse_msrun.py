@@ -16,9 +16,9 @@ import pytest
 
 from conftest import REPO
 from mindgr.config import load_config
-from test_parallel_comm import run_ranks
+from msrun_fixtures import run_ranks
 
-pytestmark = pytest.mark.slow   # msrun jobs: left out of the fast subset (pytest -m "not slow")
+pytestmark = pytest.mark.slow   # msrun jobs
 
 TIMEOUT = 300
 

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from gr_fixtures import random_codes
 from mindgr.config import load_config
-from test_gr_train import LEVELS, SYNTH, gr_overrides
+from gr_fixtures import LEVELS, SYNTH, gr_overrides, random_codes
 
 pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 

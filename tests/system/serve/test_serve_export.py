@@ -3,7 +3,6 @@ run directory are moved away, and `mindgr serve --export` (a real server on a fr
 stopped) and `mindgr recommend --export` answer with the lists `--run` gives; loading the export imports no
 training module; a bad export is refused in one line."""
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,6 @@ import pytest
 
 from conftest import REPO
 
-sys.path.insert(0, os.path.dirname(__file__))
 from serve_fixtures import mindgr  # noqa: E402
 
 from mindgr.bench.serve import free_port, start_server, stop_server, user_requests  # noqa: E402

@@ -4,8 +4,6 @@ The servers are `mindgr serve` subprocesses on free 127.0.0.1 ports, always stop
 """
 import asyncio
 import json
-import os
-import sys
 
 import httpx
 import numpy as np
@@ -13,7 +11,6 @@ import pytest
 
 from conftest import REPO
 
-sys.path.insert(0, os.path.dirname(__file__))
 from serve_fixtures import tiny_run  # noqa: E402,F401
 
 from mindgr.bench.serve import free_port, server_log, start_server, stop_server, user_requests  # noqa: E402

@@ -1,31 +1,17 @@
 """Generative retrieval end to end through `mindgr train` / `mindgr eval` / `mindgr compare`: a tiny GR
 decoder trained by next-token prediction on synthetic data, its decoded ranks, a bit-identical resume,
-a comparison with an HSTU run on the same users, and the one-line config errors."""
+a comparison with an HSTU run on the same users, and the one-line config errors (the plan's token counts,
+evaluation without the history filter and the progress line: tests/unit/train/test_gr_train_units.py)."""
 import io
 import json
 
 import numpy as np
 import pytest
 
-from gr_fixtures import random_codes
+from gr_fixtures import LEVELS, SYNTH, gr_overrides, random_codes
 from mindgr.config import load_config
-from mindgr.runtime import select_device
 
 pytestmark = pytest.mark.graph_mode("auto")
-
-select_device()
-
-SYNTH = ["data.kind=synthetic", "data.max_len=12", "data.synthetic.num_users=120", "data.synthetic.num_items=60",
-         "data.synthetic.median_len=10", "data.synthetic.max_len=20", "data.synthetic.num_clusters=4"]
-LEVELS = [6, 6, 3]
-
-
-def gr_overrides(out, name, codes, *extra):
-    return [f"run.out_dir={out}", f"run.name={name}", "run.log_every=1", *SYNTH, "model.arch=gr",
-            "model.dim=16", "model.num_blocks=1", "model.num_heads=2", "model.dropout=0.1",
-            "loss.objective=ntp", "train.batch_size=16", "train.epochs=2", "train.lr=0.005",
-            "eval.every_epochs=1", "eval.ks=[1,5,10]", "eval.beam=10", "eval.max_users=40",
-            "eval.batch_size=64", "ids.from_run=", f"ids.codes={codes}", "ops.backend=cpu", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -190,41 +176,6 @@ def test_bad_configs_are_one_line(gr_setup, capsys, extra, message):
     assert message in err and len(err.splitlines()) == 1, err
 
 
-def _count_cases(seed):
-    """(n, objective, merger, layout builder args) over random histories: the cases a closed-form count must
-    match, every objective and merger (3 codes per item)."""
-    rng = np.random.default_rng(seed)
-    codes = random_codes(rng, 40, [5, 5, 3])
-    offsets = np.concatenate([[0], np.cumsum([5, 5, 3])])
-    for _ in range(20):
-        n = int(rng.integers(1, 12))
-        items = rng.integers(1, 41, n)
-        pages = np.cumsum(np.r_[0, rng.random(n - 1) < 0.5]) if n > 1 else np.zeros(n, np.int64)
-        for objective in ("ntp", "page_ntp"):
-            for merger in ("none", "item", "item_id", "pairs"):
-                yield n, objective, merger, pages, (items, codes, offsets, objective, merger,
-                                                    pages if objective == "page_ntp" else None)
-
-
-def test_row_counts_match_rows():
-    """The plan's closed-form token counts equal the rows built, for every objective and merger."""
-    from mindgr.models.ntp import user_rows
-    from mindgr.train.gr_data import row_token_counts
-    for n, objective, merger, pages, args in _count_cases(0):
-        want = [r["slots"].shape[0] for r in user_rows(*args)]
-        assert row_token_counts(n, 3, objective, merger, pages) == want
-
-
-def test_tree_counts_match_users():
-    """The tree plan's closed-form (prompt, segment, virtual) token counts equal the layouts tree_user builds."""
-    from mindgr.models.tree import tree_user, virtual_tokens
-    from mindgr.train.gr_data import tree_token_counts
-    for n, objective, merger, pages, args in _count_cases(1):
-        u = tree_user(*args)
-        want = (0, 0, 0) if u is None else (u["prompt_slots"].shape[0], 2 * len(u["targets"]), virtual_tokens(u))
-        assert tree_token_counts(n, 3, objective, merger, pages) == want
-
-
 def test_tree_layout_trains_like_copied_rows(gr_setup):
     """data.gr_layout = tree through `mindgr train` (item merger, trie softmax, no dropout, the whole epoch in
     one batch): the same losses as the copied rows, step after step."""
@@ -257,34 +208,6 @@ def test_item_id_dropout_reaches_the_step(gr_setup):
     assert sorted(runs["idd0"]) == sorted(runs["idd9"]) == [1, 2, 3]
     assert runs["idd9"] == runs["idd9b"]
     assert abs(runs["idd0"][1] - runs["idd9"][1]) > 1e-4, runs
-
-
-def test_hstu_eval_without_history_filter():
-    """eval.filter_history=false: evaluate() ranks against every item, history included."""
-    from mindgr.train.data import RunData
-    from mindgr.train.evaluate import evaluate
-    from mindgr.train.metrics import target_ranks
-    data = RunData(load_config(None, SYNTH + ["model.time_bias=false"]))
-    rng = np.random.default_rng(1)
-    table = rng.normal(size=(data.num_items + 1, 8)).astype(np.float32)
-    users = {}
-
-    class FakeEncoder:               # a user vector per row, fixed by the row's first item id
-        def __call__(self, ids, positions, offsets, timestamps, request_times):
-            off = offsets.asnumpy()
-            first = ids.asnumpy()[np.minimum(off[:-1], len(ids.asnumpy()) - 1)]
-            vec = np.stack([users.setdefault(int(i), rng.normal(size=8).astype(np.float32)) for i in first])
-            return type("T", (), {"asnumpy": lambda self: vec})()
-
-    ev = data.split.test
-    got = {}
-    for flt in (True, False):
-        _, ranks, _ = evaluate(FakeEncoder(), table, data.eval["test"], ev, [10], per_user=True, filter_history=flt)
-        got[flt] = ranks
-    assert (got[False] >= got[True]).all() and (got[False] > got[True]).any()
-    scores = np.stack([users[int(h[-12:][0])] for h in ev.histories]) @ table.T
-    want, _ = target_ranks(scores, ev.targets, [()] * len(ev.targets))
-    assert np.array_equal(got[False], want)
 
 
 @pytest.mark.slow  # an export of every graph shape
@@ -335,14 +258,3 @@ def test_recommend_and_export_the_trained_run(gr_setup, tmp_path, capsys):
     finally:
         (away / "run").rename(run_dir)
         (away / "codes.parquet").rename(codes_file)
-
-
-def test_progress_printer_is_throttled_and_silent_at_the_end():
-    from mindgr.train.gr_eval import progress_printer
-    lines = []
-    report = progress_printer("test", every_s=30.0, emit=lines.append)
-    report(100, 1000, 10.0)        # too early
-    report(400, 1000, 40.0)        # printed: 400 users in 40 s, 600 left at 10 users/s = 1.0 min
-    report(500, 1000, 50.0)        # within 30 s of the last line
-    report(1000, 1000, 100.0)      # the end: the caller prints its own summary
-    assert lines == ["decode test: 400/1000 users (40%), 10 users/s, about 1.0 min left"]

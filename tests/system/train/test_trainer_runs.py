@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 from mindgr.config import load_config
 
-pytestmark = pytest.mark.slow   # complete training runs (1-2.5 min each on a busy host): not in -m "not slow"
+pytestmark = pytest.mark.slow   # complete training runs (1-2.5 min each on a busy host)
 
 
 @pytest.mark.parametrize("extra", [["loss.negatives=mixed", "loss.pool_size=32", "loss.in_batch_size=16",

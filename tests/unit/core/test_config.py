@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from mindgr.config import ConfigError, load_config, parse_override
 
 
@@ -59,7 +60,7 @@ def test_override_syntax():
         parse_override("dim=3")
 
 
-SHIPPED = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
+SHIPPED = sorted((REPO / "configs").rglob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.parent.name + "/" + p.name)
@@ -134,7 +135,7 @@ def test_missing_or_bad_base_is_one_line(tmp_path):
 
 def test_shipped_refinement_changes_only_what_it_names():
     """configs/ml-1m/hstu-large.yaml is hstu.yaml with 8 blocks and 2 heads, nothing else."""
-    root = Path(__file__).resolve().parents[1] / "configs" / "ml-1m"
+    root = REPO / "configs" / "ml-1m"
     base, large = load_config(str(root / "hstu.yaml")).to_dict(), load_config(str(root / "hstu-large.yaml")).to_dict()
     assert (large["model"]["num_blocks"], large["model"]["num_heads"], large["run"]["name"]) == (8, 2, "ml-1m-hstu-large")
     for key, value in (("num_blocks", 2), ("num_heads", 1)):

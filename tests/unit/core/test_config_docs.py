@@ -1,8 +1,7 @@
 """docs/configuration.md is generated from mindgr/config.py: the page and the code must agree."""
 import importlib.util
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 
 def test_configuration_page_matches_the_code():

@@ -1,13 +1,7 @@
 """Packer: fixed shapes, capacities, fill ratio, no token lost or duplicated, determinism."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
-    sys.path.insert(0, _ROOT)
 
 from mindgr.datasets import (EpochPlan, EvalSet, auto_capacities, build_batch, eval_examples,  # noqa: E402
                              plan_batches, training_examples, training_request_times)

@@ -1,13 +1,8 @@
 """prepare/read_any: dispatch by kind, summary block, store on disk."""
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
-    sys.path.insert(0, _ROOT)
 
 from mindgr.datasets import DataError, prepare, read_any, read_store  # noqa: E402
 from mindgr.datasets.prepare import main  # noqa: E402

@@ -1,14 +1,8 @@
 """Readers: good input, every kind of malformed input, lenient skip counting."""
 import gzip
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
-    sys.path.insert(0, _ROOT)
 
 from mindgr.datasets import (DataError, SkipCounter, read_kuairand, read_movielens_1m,  # noqa: E402
                              read_movielens_100k)

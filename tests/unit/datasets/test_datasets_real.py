@@ -1,18 +1,11 @@
 """Checks on the real public datasets in shared/data (skipped when that folder is absent)."""
-import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-_REPO = Path(__file__).resolve().parents[1]
-if str(_REPO) not in sys.path:  # make `mindgr` importable however pytest is launched
-    sys.path.insert(0, str(_REPO))
-
 from mindgr.datasets import read_movielens_1m, read_movielens_100k  # noqa: E402
 
-DATA_DIR = Path(os.environ.get("MINDGR_DATA_DIR", _REPO.parent / "shared" / "data"))
+from conftest import DATA_DIR  # noqa: E402
 
 
 def _need(rel):

@@ -1,13 +1,7 @@
 """Leave-one-out split semantics for the standard (holdout=2) and HSTU (holdout=1) protocols."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
-    sys.path.insert(0, _ROOT)
 
 from mindgr.datasets import SequenceStore, leave_one_out  # noqa: E402
 

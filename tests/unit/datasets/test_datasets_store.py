@@ -1,14 +1,8 @@
 """SequenceStore: id remapping, stats, parquet round trip and validation on read."""
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
-    sys.path.insert(0, _ROOT)
 
 from mindgr.datasets import DataError, SequenceStore, read_store, remap_items, write_store  # noqa: E402
 

@@ -1,15 +1,9 @@
 """Synthetic generator: determinism, realistic shape, learnable structure, KuaiRand CSV round trip."""
 import csv
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
-    sys.path.insert(0, _ROOT)
 
 from mindgr.datasets import generate_synthetic, read_kuairand, write_kuairand_csv  # noqa: E402
 from mindgr.datasets.synthetic import KUAIRAND_COLUMNS  # noqa: E402

@@ -2,8 +2,6 @@
 synthetic generator; carried through the store's files, the leave-one-out split and timestamp pages;
 absent (None) everywhere else, with the item streams unchanged."""
 import gzip
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +9,7 @@ import pytest
 from mindgr.datasets import (DataError, generate_synthetic, leave_one_out, read_csv_log, read_movielens_100k,
                              read_movielens_1m, read_store, write_store)
 
-DATA_DIR = Path(os.environ.get("MINDGR_DATA_DIR", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+from conftest import DATA_DIR
 ML1M = DATA_DIR / "ml-1m" / "ratings_users_1-2999.dat.gz"
 
 

@@ -6,27 +6,18 @@ Tolerances (float32 MindSpore vs float64 numpy): loss |d| <= 1e-5 + 1e-4 |ref|; 
 directions d: |<g, d> - fd| <= 3e-4 sum|g d| + 1e-6 with central differences (eps 1e-5) of the float64
 oracle, as in test_models_hstu.py. Parameters are redrawn at O(0.3) scale so that every path matters.
 """
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-_HERE = Path(__file__).resolve().parent
-for _p in (str(_HERE.parent), str(_HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from mindspore import nn
 
-import mindspore as ms  # noqa: E402
-from mindspore import Tensor, nn  # noqa: E402
-
-import hstu_numpy as hn  # noqa: E402
-from mindgr.ids.trie import PrefixTrie  # noqa: E402
-from mindgr.models.generative import GRDecoder  # noqa: E402
-from mindgr.models.ntp import (NTPLoss, _row, batch_tensors, pack_rows, prompt_tokens,  # noqa: E402
+import hstu_numpy as hn
+from mindgr.ids.trie import PrefixTrie
+from mindgr.models.generative import GRDecoder
+from mindgr.models.ntp import (NTPLoss, _row, batch_tensors, pack_rows, prompt_tokens,
                                user_rows)
-from mindgr.ops import set_backend  # noqa: E402
-from gr_fixtures import fast_backend, random_codes  # noqa: E402,F401
+from mindgr.ops import set_backend
+from gr_fixtures import LossGrad, fast_backend, random_codes, randomize  # noqa: F401
 
 pytestmark = pytest.mark.graph_mode("auto")
 
@@ -34,21 +25,6 @@ SIZES = [4, 3, 2]
 D, H, DQK, DV, NBLK = 8, 2, 3, 4, 2
 
 
-
-
-class LossGrad(nn.Cell):
-    def __init__(self, loss):
-        super().__init__()
-        self.weights = loss.trainable_params()
-        self.fn = ms.value_and_grad(loss, None, self.weights)
-
-    def construct(self, *args):
-        return self.fn(*args)
-
-
-def randomize(cell, rng, scale=0.3):
-    for p in cell.trainable_params():
-        p.set_data(Tensor((rng.standard_normal(p.shape) * scale).astype(np.float32)))
 
 
 def numpy_params(dec):

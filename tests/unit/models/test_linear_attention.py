@@ -10,18 +10,11 @@ finish against construct.
 
 Tolerances (float32 MindSpore vs float64 numpy): values rtol 1e-4 / atol 1e-5 (attention atol 1e-4 over
 sums of up to ~60 terms); gradients along random directions d: |<g, d> - fd| <= 3e-4 sum|g d| + 1e-6, as
-tests/test_models_hstu.py.
+tests/unit/models/test_models_hstu.py.
 """
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_HERE = Path(__file__).resolve().parent
-for _p in (str(_HERE.parent), str(_HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
 
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402

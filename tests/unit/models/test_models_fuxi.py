@@ -9,16 +9,9 @@ against central differences of the float64 oracle, |<g, d> - fd| <= 3e-4 * sum|g
 """
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_HERE = Path(__file__).resolve().parent
-for _p in (str(_HERE.parent), str(_HERE)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
 
 from mindspore import Tensor, nn  # noqa: E402
 

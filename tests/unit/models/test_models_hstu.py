@@ -17,16 +17,9 @@ Tolerances (MindSpore runs in float32, numpy in float64):
     attention/LayerNorm path contributes exactly 0; real outputs are bitwise independent of tail values;
   * encoder: output rows have norm 1 within 1e-5; dropout masks of ones reproduce drop=None to 1e-6.
 """
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_HERE = Path(__file__).resolve().parent
-for _p in (str(_HERE.parent), str(_HERE)):
-    if _p not in sys.path:  # make `mindgr` and `hstu_numpy` importable however pytest is launched
-        sys.path.insert(0, _p)
 
 from mindspore import Tensor  # noqa: E402
 

@@ -1,53 +1,24 @@
 """SampledSoftmaxLoss in isolation, against a numpy sampled softmax, for both scoring paths.
 
 A tiny stand-in encoder (embedding table + linear map, L2-normalised rows; the same construct signature
-as HSTU/SASRec) replaces the real model so only the loss is under test. For every position i with
+as HSTU/SASRec) (loss_fixtures.py) replaces the real model so only the loss is under test. For every position i with
 target t_i > 0:
     loss_i = logsumexp([s(o_i, e_t) / tau] + [s(o_i, e_r) / tau for negatives r != t_i]) - s(o_i, e_t) / tau
 with s the cosine similarity; the loss is the mean of loss_i over those positions (0 if there are none).
 Tolerance: float32 vs float64, |loss_ms - loss_np| <= 1e-5 + 1e-5 |loss_np|; score_all=True and
 score_all=False agree to 1e-5.
 """
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
-    sys.path.insert(0, _ROOT)
+from mindspore import Tensor
 
-from mindspore import Parameter, Tensor, nn, ops  # noqa: E402
-
-from mindgr.models.losses import SampledSoftmaxLoss  # noqa: E402
-
-V, D, T, R, B = 12, 6, 10, 5, 3
-TAU = 0.05
+from loss_fixtures import D, R, T, TAU, V, TinyEncoder, tiny_batch
+from mindgr.models.losses import SampledSoftmaxLoss
 
 
 pytestmark = pytest.mark.graph_mode("reference")
-
-
-
-
-def _unit(x):
-    return x / ops.sqrt((x * x).sum(-1, keepdims=True))
-
-
-class TinyEncoder(nn.Cell):
-    """out = normalise((emb[ids] @ w) * drop); item_table() = normalise(emb)."""
-
-    def __init__(self, emb, w):
-        super().__init__()
-        self.emb = Parameter(Tensor(emb), name="emb")
-        self.w = Parameter(Tensor(w), name="w")
-
-    def item_table(self):
-        return _unit(self.emb)
-
-    def construct(self, ids, positions, offsets, timestamps, drop, request_times=None):
-        return _unit(ops.matmul(ops.gather(self.emb, ids, 0), self.w) * drop)
 
 
 def numpy_loss(emb, w, ids, drop, targets, negatives, tau, mask_hits=True):
@@ -76,18 +47,6 @@ def setup():
     return rng, emb, w, losses
 
 
-def _batch(rng):
-    """5 real tokens in rows of length 3, 0, 2 (B_cap = 3), then an unused tail of T - 5 tokens."""
-    offsets = np.array([0, 3, 3, 5], np.int32)
-    ids = np.zeros(T, np.int32)
-    ids[:5] = rng.integers(1, V + 1, 5)
-    targets = np.zeros(T, np.int32)
-    targets[:5] = rng.integers(1, V + 1, 5)
-    negatives = rng.integers(1, V + 1, (T, R)).astype(np.int32)
-    positions = np.array([0, 1, 2, 0, 1] + [0] * (T - 5), np.int32)
-    return ids, positions, offsets, targets, negatives
-
-
 def _run(losses, ids, positions, offsets, targets, negatives, drop):
     ts = Tensor(np.zeros(T, np.int64))
     req = Tensor(np.zeros(len(offsets) - 1, np.int64))
@@ -104,7 +63,7 @@ def _check(got, want):
 
 def test_random_batch_with_accidental_hits(setup):
     rng, emb, w, losses = setup
-    ids, positions, offsets, targets, negatives = _batch(rng)
+    ids, positions, offsets, targets, negatives = tiny_batch(rng)
     targets[1] = 0  # a real token without a target (as at non-final eval positions)
     negatives[0, [1, 3]] = targets[0]  # accidental hits
     negatives[4, 0] = targets[4]
@@ -123,7 +82,7 @@ def test_random_batch_with_accidental_hits(setup):
 
 def test_all_negatives_accidental_hits(setup):
     rng, emb, w, losses = setup
-    ids, positions, offsets, targets, negatives = _batch(rng)
+    ids, positions, offsets, targets, negatives = tiny_batch(rng)
     negatives[2, :] = targets[2]  # token 2: every negative is its target -> its loss is exactly 0
     negatives[3, :-1] = targets[3]  # token 3: one real negative left
     drop = ((rng.random((T, D)) > 0.3) / 0.7).astype(np.float32)
@@ -140,7 +99,7 @@ def test_all_negatives_accidental_hits(setup):
 
 def test_every_token_all_hits_and_no_targets(setup):
     rng, emb, w, losses = setup
-    ids, positions, offsets, targets, negatives = _batch(rng)
+    ids, positions, offsets, targets, negatives = tiny_batch(rng)
     drop = np.ones((T, D), np.float32)
     # Every negative of every token equals its target: nothing to contrast with, the loss is 0.
     all_hits = np.repeat(targets[:, None], R, axis=1).astype(np.int32)

@@ -123,7 +123,7 @@ def test_objective_builds_the_loss_of_each_negatives_shape(negatives, cls):
 
 
 def test_cli_unknown_arch_is_one_line_exit_2(tmp_path):
-    from test_cli import one_line_error, run
+    from cli_fixtures import one_line_error, run
     p = run("train", "--config", "configs/smoke.yaml", "model.arch=gpt", f"run.out_dir={tmp_path}")
     one_line_error(p, 2, "model.arch = 'gpt'", "hstu, sasrec")
     assert not (tmp_path / "smoke" / "metrics.jsonl").exists()

@@ -6,15 +6,9 @@ Tolerances: attention float32 vs float64 numpy, |out - ref| <= 1e-5 + 1e-5 |ref|
 tail outputs exactly 0. Causality: outputs that must not change agree to 1e-6 while the changed
 positions move by more than 1e-3.
 """
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:  # make `mindgr` importable however pytest is launched
-    sys.path.insert(0, _ROOT)
 
 from mindspore import Tensor, nn  # noqa: E402
 

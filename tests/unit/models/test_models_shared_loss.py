@@ -12,7 +12,7 @@ import pytest
 from mindspore import Tensor
 
 from mindgr.models.losses import SharedNegativesLoss
-from test_models_loss import TAU, D, T, V, TinyEncoder, _batch
+from loss_fixtures import TAU, D, T, V, TinyEncoder, tiny_batch
 
 
 pytestmark = pytest.mark.graph_mode("reference")
@@ -42,7 +42,7 @@ def test_shared_candidates_match_numpy(fp16):
     rng = np.random.default_rng(11)
     emb = rng.standard_normal((V + 1, D)).astype(np.float32)
     w = rng.standard_normal((D, D)).astype(np.float32)
-    ids, positions, offsets, targets, _ = _batch(rng)
+    ids, positions, offsets, targets, _ = tiny_batch(rng)
     cand = rng.integers(1, V + 1, 9).astype(np.int32)
     cand[2] = targets[0]          # an accidental hit for token 0
     cand[7:] = 0                  # unused slots

@@ -16,14 +16,13 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ascend_plan as plan  # noqa: E402  (tests/ is on sys.path, as for ops_fixtures)
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 ASC = REPO / "mindgr" / "ops" / "ascend"
 SCRIPT = REPO / "scripts" / "build_ascend_ops.sh"
 

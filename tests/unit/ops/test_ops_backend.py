@@ -14,6 +14,8 @@ from mindspore import nn
 
 from mindgr.ops import backend, jagged, reference
 
+pytestmark = pytest.mark.graph_mode("reference")   # the graph test binds backends when its cells compile
+
 
 @pytest.fixture
 def restore_backend():
@@ -113,7 +115,6 @@ class _ToPadded(nn.Cell):
 
 
 def test_graph_cells_bind_the_backend_selected_when_they_compile(fake_backend, restore_backend):
-    ms.set_context(mode=ms.GRAPH_MODE)
     values = ms.Tensor(np.arange(1, 7, dtype=np.float32).reshape(6, 1))
     offsets = ms.Tensor(np.array([0, 2, 6], np.int32))
     backend.set_backend("reference")

@@ -221,7 +221,7 @@ def test_sampled_lse_thread_count_invariant(monkeypatch):
 def test_sampled_softmax_loss_cpu_backend_matches_reference(monkeypatch):
     """models/losses.py on the cpu backend (fused tail) vs the reference backend: loss and gradients."""
     from mindgr.models.losses import SampledSoftmaxLoss
-    from test_models_loss import TinyEncoder
+    from loss_fixtures import TinyEncoder
     rng = np.random.default_rng(11)
     V, D, T, R = 40, 8, 30, 17
     emb = rng.standard_normal((V + 1, D)).astype(np.float32)

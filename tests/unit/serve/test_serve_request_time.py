@@ -7,26 +7,20 @@ changes it, and an absent request_time is the last history timestamp. No trained
 import numpy as np
 import pytest
 
-from mindgr.runtime import select_device
+from mindspore import Tensor
 
-select_device()
+from mindgr.models.hstu import HSTU
+from mindgr.serve.requests import Catalogue
+from mindgr.serve.retrieval import Recommender
+from mindgr.train.step import EncodeLast
 
-import mindspore as ms  # noqa: E402
-from mindspore import Tensor  # noqa: E402
-
-from mindgr.models.hstu import HSTU  # noqa: E402
-from mindgr.ops import set_backend  # noqa: E402
-from mindgr.serve.requests import Catalogue  # noqa: E402
-from mindgr.serve.retrieval import Recommender  # noqa: E402
-from mindgr.train.step import EncodeLast  # noqa: E402
+pytestmark = pytest.mark.graph_mode("reference")
 
 ITEMS, D, N = 40, 8, 6
 
 
 @pytest.fixture(scope="module")
 def recommender():
-    ms.set_context(mode=ms.GRAPH_MODE)
-    set_backend("reference")
     enc = HSTU(ITEMS, D, 1, 2, 4, 4, N, dropout=0.0, time_bias=True, num_time_buckets=32, seed=1,
                request_time=True)
     rng = np.random.default_rng(0)

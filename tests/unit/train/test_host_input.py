@@ -8,14 +8,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mindgr.runtime import select_device
+from mindgr.config import load_config
+from mindgr.datasets import build_batch
+from mindgr.train.data import Examples
+from mindgr.train.step import StepInputs
 
-select_device()
-
-from mindgr.config import load_config  # noqa: E402
-from mindgr.datasets import build_batch  # noqa: E402
-from mindgr.train.data import Examples  # noqa: E402
-from mindgr.train.step import StepInputs  # noqa: E402
+pytestmark = pytest.mark.graph_mode("reference")
 
 FIELDS = ("ids", "positions", "offsets", "timestamps", "request_times", "targets", "rows")
 

@@ -4,91 +4,18 @@ import json
 
 import numpy as np
 
-from mindgr.config import load_config
-from mindgr.runtime import select_device
+import pytest
 
-select_device()
+from loop_fixtures import toy_cfg, toy_executor
 
-
-class _Plan:
-    """Three batches an epoch, batch b = [b]."""
-
-    def num_batches(self, epoch):
-        return 3
-
-    def iter_batches(self, epoch, start):
-        for b in range(start, 3):
-            yield b, [b]
-
-
-def _toy_executor(cfg):
-    from mindspore import Parameter, Tensor
-    from mindgr.train.executor import Executor, StepShape
-
-    class Toy(Executor):
-        """An executor with its own data, step, FLOPs and evaluation (no task): the loop only calls the
-        executor's interface."""
-
-        def check_config(self):
-            pass
-
-        def on_run_dir(self, run_dir, fresh):
-            pass
-
-        def baselines(self):
-            return {}
-
-        def build_data(self, run_dir, resuming):
-            self.plan = _Plan()
-            return self.plan
-
-        def describe_data(self):
-            return "toy: 3 batches/epoch"
-
-        def build(self, run):
-            self.shape = StepShape.single(1, 1)
-            self.w = Parameter(Tensor(np.zeros(2, np.float32)), name="w")
-            self.prepared, self.restored = [], None
-
-        def prepare(self, epoch, b, indices):
-            self.prepared.append((epoch, b))
-            return (epoch, b), {"tokens": 4, "fill": 1.0}
-
-        def execute(self, prepared, step):
-            self.w.set_data(Tensor(np.full(2, step, np.float32)))
-            return 1.0 / step, 0.001, prepared[1]
-
-        def batch_flops(self, info):
-            return 10.0 * info["tokens"]
-
-        def can_evaluate(self, split):
-            return True
-
-        def evaluate(self, split, step):
-            score = float(self.w.asnumpy()[0]) / 100
-            return {"count": 1, "ndcg@10": score, "mrr": score}
-
-        def named_state(self):
-            return {"w": self.w.value()}
-
-        def restore(self, tensors, path):
-            self.restored = path.name
-            self.w.set_data(Tensor(tensors["w"]))
-
-    return Toy(cfg, None)
-
-
-def _toy_cfg(tmp_path, *extra):
-    return load_config(None, [f"run.out_dir={tmp_path}", "run.name=toy", "data.kind=synthetic",
-                              "data.synthetic.num_users=50", "data.synthetic.num_items=20", "train.epochs=2",
-                              "eval.every_epochs=1", "run.log_every=2", "ops.backend=reference", *extra])
+pytestmark = pytest.mark.graph_mode("reference")
 
 
 def test_an_executor_with_its_own_data_trains_evaluates_checkpoints_and_resumes(tmp_path, monkeypatch):
     from mindgr.train.loop import TrainLoop
     monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
-    cfg = _toy_cfg(tmp_path)
-    loop = TrainLoop(cfg, _toy_executor(cfg), quiet=True)
+    cfg = toy_cfg(tmp_path)
+    loop = TrainLoop(cfg, toy_executor(cfg), quiet=True)
     result = loop.fit()
     assert loop.step == 6 and loop.epoch == 2
     assert result["checkpoint"]["name"] == "best" and result["checkpoint"]["step"] == 6
@@ -99,8 +26,8 @@ def test_an_executor_with_its_own_data_trains_evaluates_checkpoints_and_resumes(
     assert windows[0]["loss"] == (1.0 + 1 / 2) / 2             # the window's mean loss
     assert [r["step"] for r in rows if r.get("eval") == "valid"][:2] == [3, 6]
     # resumed with more epochs: continues at epoch 2, batch 0, from the last checkpoint
-    cfg = _toy_cfg(tmp_path, "train.epochs=3")
-    resumed = TrainLoop(cfg, _toy_executor(cfg), resume=True, quiet=True)
+    cfg = toy_cfg(tmp_path, "train.epochs=3")
+    resumed = TrainLoop(cfg, toy_executor(cfg), resume=True, quiet=True)
     assert resumed.executor.restored == "ckpt-step00000006" and (resumed.step, resumed.epoch) == (6, 2)
     assert float(resumed.executor.w.asnumpy()[0]) == 6.0
     resumed.fit()
@@ -113,8 +40,8 @@ def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path,
     scores = {3: 0.2, 6: 0.5, 9: 0.4, 12: 0.5, 15: 0.9, 18: 0.1}     # step -> valid NDCG@10 (a tie is no better)
 
     def run(*extra, resume=False):
-        cfg = _toy_cfg(tmp_path, "train.epochs=6", *extra)
-        executor = _toy_executor(cfg)
+        cfg = toy_cfg(tmp_path, "train.epochs=6", *extra)
+        executor = toy_executor(cfg)
         executor.evaluate = lambda split, step: {"count": 1, "ndcg@10": scores[step], "mrr": 0.0}
         loop = TrainLoop(cfg, executor, resume=resume, quiet=True)
         return loop, loop.fit()
@@ -131,8 +58,8 @@ def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path,
 
 def test_run_steps_trains_n_more_steps_across_epochs(tmp_path):
     from mindgr.train.loop import TrainLoop
-    cfg = _toy_cfg(tmp_path, "train.epochs=100", "eval.every_epochs=0", "run.ckpt_every=1000")
-    loop = TrainLoop(cfg, _toy_executor(cfg), quiet=True)
+    cfg = toy_cfg(tmp_path, "train.epochs=100", "eval.every_epochs=0", "run.ckpt_every=1000")
+    loop = TrainLoop(cfg, toy_executor(cfg), quiet=True)
     block = loop.run_steps(4)
     assert block["steps"] == 4 and loop.step == 4 and (loop.epoch, loop.next_batch) == (1, 1)
     assert block["tokens"] == 16 and block["flops"] == 160.0 and len(block["step_times"]) == 4

@@ -1,13 +1,15 @@
 """train.lr_schedule: the rate of each step (mindgr.train.schedule), the loop setting it step by step and
-across a resume, and a real compiled step reading it (a rate of 0 leaves the weights exactly as they were)."""
+across a resume (a real compiled step reading it: tests/system/train/test_schedule_step.py)."""
 import json
 import math
 
-import numpy as np
 import pytest
 
+from loop_fixtures import toy_cfg, toy_executor
 from mindgr.config import ConfigError, load_config
 from mindgr.train import schedule
+
+pytestmark = pytest.mark.graph_mode("reference")
 
 
 def _train(*extra):
@@ -46,14 +48,13 @@ def test_bad_schedule_settings_are_one_line_errors():
 
 
 def test_the_loop_sets_each_steps_rate_and_continues_the_curve_on_resume(tmp_path, monkeypatch):
-    from test_loop import _toy_cfg, _toy_executor
     from mindgr.train.loop import TrainLoop
     monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
 
     def run(epochs, resume=False):
-        cfg = _toy_cfg(tmp_path, f"train.epochs={epochs}", "train.lr_schedule=cosine", "train.warmup_steps=2",
+        cfg = toy_cfg(tmp_path, f"train.epochs={epochs}", "train.lr_schedule=cosine", "train.warmup_steps=2",
                        "train.lr_floor=0.2")
-        executor = _toy_executor(cfg)
+        executor = toy_executor(cfg)
         seen = []
         executor.set_learning_rate = seen.append
         loop = TrainLoop(cfg, executor, resume=resume, quiet=True)
@@ -70,30 +71,9 @@ def test_the_loop_sets_each_steps_rate_and_continues_the_curve_on_resume(tmp_pat
 
 
 def test_constant_runs_never_touch_the_rate(tmp_path, monkeypatch):
-    from test_loop import _toy_cfg, _toy_executor
     from mindgr.train.loop import TrainLoop
     monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
-    cfg = _toy_cfg(tmp_path)
-    executor = _toy_executor(cfg)
+    cfg = toy_cfg(tmp_path)
+    executor = toy_executor(cfg)
     executor.set_learning_rate = lambda lr: pytest.fail("a constant run set the rate")
     TrainLoop(cfg, executor, quiet=True).fit()
-
-
-@pytest.mark.slow
-def test_the_compiled_step_reads_the_scheduled_rate(tmp_path, tiny_overrides):
-    """Cosine to a floor of 0: the last step's rate is exactly 0, so AdamWeightDecay leaves every weight as
-    it was, while the step before it (rate > 0) moved them; the checkpoints hold the rate that was set."""
-    from mindgr.train.checkpoint import load_checkpoint
-    from mindgr.train.trainer import Trainer
-    cfg = load_config(None, tiny_overrides + ["eval.every_epochs=0", "train.max_steps=5", "run.ckpt_every=1",
-                                              "run.keep_last=10", "train.lr_schedule=cosine", "train.lr_floor=0"])
-    Trainer(cfg, quiet=True).fit()
-    ckpts = tmp_path / "tiny" / "checkpoints"
-    state = {s: load_checkpoint(ckpts / f"ckpt-step{s:08d}.safetensors")[0] for s in (3, 4, 5)}
-    for s in (3, 4, 5):
-        rate = float(np.asarray(state[s]["optimizer.learning_rate"]).reshape(-1)[0])
-        assert rate == np.float32(schedule.learning_rate(cfg.train, s, 5))               # stored as float32
-    weights = [k for k in state[5] if not k.startswith("optimizer.") and state[5][k].dtype.kind == "f"]
-    assert weights
-    assert any(not np.array_equal(state[3][k], state[4][k]) for k in weights)       # rate > 0: moved
-    assert all(np.array_equal(state[4][k], state[5][k]) for k in weights)           # rate 0: unchanged

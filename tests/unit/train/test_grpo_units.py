@@ -1,0 +1,77 @@
+"""GRPO-SR (loss.objective grpo_sr) without a run: the policy loss against numpy (clipping on both sides, group
+normalisation, zero advantage for equal rewards, the KL term, gradients) and the relevance gate (rollouts,
+the loss cell on a trained decoder and the runs: tests/system/train/test_grpo.py)."""
+import numpy as np
+import pytest
+
+from gr_fixtures import np_policy_loss
+
+pytestmark = pytest.mark.graph_mode("auto")
+
+
+# ---- the loss against numpy -------------------------------------------------------------------------------
+def test_policy_objective_and_its_gradient_match_numpy():
+    import mindspore as ms
+    from mindspore import Tensor
+    from mindgr.models.grpo import PolicyObjective
+    from mindgr.train.reward_gate import group_advantages
+    rng = np.random.default_rng(0)
+    groups, g, eps, beta = 3, 4, 0.2, 0.1
+    old = rng.normal(-3, 1, groups * g)
+    # ratios on both sides of the clip range and inside it
+    shift = np.array([0.5, -0.5, 0.05, -0.05, 0.3, -0.4, 0.0, 0.1, 0.6, -0.6, 0.02, -0.3])
+    logp = old + shift
+    ref = old + rng.normal(0, 0.2, groups * g)
+    rewards = rng.random((groups, g))
+    rewards[2] = 0.7                                      # a group of equal rewards
+    adv = group_advantages(rewards).reshape(-1).astype(np.float64)
+    assert (adv[8:] == 0).all()
+    w = np.full(groups * g, 1.0 / (groups * g))
+    want, want_grad = np_policy_loss(logp, old, ref, adv, w, eps, beta)
+    r = np.exp(shift)
+    assert ((r * adv > 0) & (r > 1 + eps)).any() and ((r * adv < 0) & (r < 1 - eps)).any()   # both clips bind
+    net = PolicyObjective(eps, beta)
+    args = [Tensor(x.astype(np.float32)) for x in (logp, old, ref, adv, w)]
+    got = float(net(*args).asnumpy())
+    grad = ms.grad(net, grad_position=0)(*args).asnumpy()
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-6)
+    # a group of equal rewards contributes no policy gradient: only the KL term moves its candidates
+    _, no_kl = np_policy_loss(logp, old, ref, adv, w, eps, 0.0)
+    assert (no_kl[8:] == 0).all() and (no_kl[:8] != 0).any()
+    # finite differences of the numpy loss agree with its analytic gradient (away from the clip edges)
+    h = 1e-6
+    fd = np.array([(np_policy_loss(logp + h * e, old, ref, adv, w, eps, beta)[0]
+                    - np_policy_loss(logp - h * e, old, ref, adv, w, eps, beta)[0]) / (2 * h)
+                   for e in np.eye(len(logp))])
+    np.testing.assert_allclose(fd, want_grad, rtol=1e-5, atol=1e-8)
+
+
+def test_group_advantages_are_normalised_within_each_group():
+    from mindgr.train.reward_gate import group_advantages
+    r = np.array([[0.0, 1.0, 2.0, 3.0], [5.0, 5.0, 5.0, 5.0], [0.1, 0.1, 0.1, 0.3]], np.float32)
+    a = group_advantages(r)
+    np.testing.assert_allclose(a[0], (r[0] - r[0].mean()) / (r[0].std() + 1e-6), rtol=1e-6)
+    assert (a[1] == 0).all()                                   # equal rewards: exactly zero
+    assert a[2].mean() == pytest.approx(0, abs=1e-6) and a[2, 3] > 0 > a[2, 0]
+
+
+def test_gate_never_rewards_consumed_items_and_none_is_the_plain_reward():
+    from mindgr.train.reward_gate import gate_mask, hybrid_reward
+    codes = np.array([[0, 0], [1, 0], [1, 1], [2, 0], [3, 0], [2, 1]], np.int32)    # item -> (first code, second)
+    histories = [np.array([1, 3]), np.array([4])]
+    items = np.array([[1, 2, 5, 4], [4, 3, 1, 0]])
+    rm = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
+    none = hybrid_reward(rm, gate_mask("none", histories, items))
+    # consumed items (1 of user 0, 4 of user 1) and the padding item 0 get nothing; the rest the plain RM
+    np.testing.assert_array_equal(none, [[0, 2, 3, 4], [0, 6, 7, 0]])
+    first = hybrid_reward(rm, gate_mask("first_code", histories, items, codes, recent=10))
+    # user 0's recent first codes {1, 2}: item 2 (1), 5 (2) pass, 4 (3) does not; user 1's {3}: none pass
+    np.testing.assert_array_equal(first, [[0, 2, 3, 0], [0, 0, 0, 0]])
+    only_last = gate_mask("first_code", histories, items, codes, recent=1)     # user 0's last item is 3 (code 2)
+    np.testing.assert_array_equal(only_last[0], [False, False, True, False])
+    with pytest.raises(ValueError, match="retrieval_topm"):
+        gate_mask("retrieval_topm", histories, items)
+    allowed = np.array([[True, True, False, True], [True, True, True, True]])
+    np.testing.assert_array_equal(gate_mask("retrieval_topm", histories, items, allowed=allowed),
+                                  [[False, True, False, True], [False, True, True, False]])
