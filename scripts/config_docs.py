@@ -1,5 +1,5 @@
 """Write docs/configuration.md from mindgr/config.py: every key, its type, default, allowed values and the
-comment next to it in the code. tests/test_config_docs.py fails when the page and the code disagree.
+comment next to it in the code. tests/unit/core/test_config_docs.py fails when the page and the code disagree.
 
     python scripts/config_docs.py            # rewrite docs/configuration.md
 """

@@ -3,7 +3,7 @@ de-duplication digit, and the prefix trie decoding searches over.
 
 tokenizer.py (the clustering), codes.py (the Parquet table and its stats), vectors.py (item vectors from a
 user file; a run's item table is read a layer above, mindgr.train.item_table), trie.py (the prefix trie's
-keys and valid-next masks). No MindSpore here (tests/test_layers.py checks it): decoding, which runs the
+keys and valid-next masks). No MindSpore here (tests/unit/repo/test_layers.py checks it): decoding, which runs the
 model, is mindgr.generate.
 """
 from mindgr.ids.codes import load_codes, save_codes

@@ -15,7 +15,7 @@ LayerNorm has none; N = the configured max length; C = 3 channels, 2 with model.
 Input: item_emb * sqrt(D) + pos_emb, dropout; output L2-normalised (as HSTU).
 
 This is the published implementation's math (checked tensor by tensor against a transcription of its
-padded form: tests/test_models_fuxi.py, tests/fuxi_numpy.py dense_block), with HSTU's conventions in
+padded form: tests/unit/models/test_models_fuxi.py, tests/fuxi_numpy.py dense_block), with HSTU's conventions in
 MindGR: the time bucket is clamp(floor(ln(max(|dt|, 1)) / 0.301), 0, num_time_buckets) with query time
 t_{i+1} (the last position: the request time with model.request_time, else its own time), w_pos has
 2N-1 entries, rows are cut to N. Known differences, small: b_1, b_2, b_3 (zero-initialised) exist here

@@ -7,7 +7,7 @@ decoded token of a beam (n = 1..Lt-1) reads
 
     o_n = gamma^n (q_n^T S_p) + sum_{j=1..n} gamma^(n-j) (q_n . k_j) v_j      (j over the beam's ancestry)
 
-Three layouts of that state, same lists (tests/test_onela.py):
+Three layouts of that state, same lists (tests/system/models/test_onela.py):
 - "onela" (the default, alias "shared"): per user and block ONE prompt state S_p [U, H, dqk, dv]; each beam
   holds only the (k, v) records of its own decoded tokens, append-only slots [S, U, Bm, H, d] as the HSTU
   state's records (mindgr.models.kv_cache), found through an ancestry index built from parent indices on

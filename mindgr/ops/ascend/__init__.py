@@ -12,7 +12,7 @@ Registered ops (sources in op_host/ and op_kernel/, built by scripts/build_ascen
         -> dq, dk, dv, dw_pos, dw_ts
 The request_times input (the published convention's query time at each row's last position) was
 added to the AscendC sources to match the CPU kernels; it has NOT been compiled or run on Ascend
-hardware (no CANN toolchain here): tests/test_ops_ascend_sources.py checks the sources agree with
+hardware (no CANN toolchain here): tests/unit/ops/test_ops_ascend_sources.py checks the sources agree with
 this module and a numpy emulation of the kernels' decomposition against the reference.
 Without a time bias the wrapper passes w_ts = [0.0] (one bucket, zero weight): the kernels then add
 exactly 0 to every score, and the discarded dw_ts costs one reduction per chunk.
