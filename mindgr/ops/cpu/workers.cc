@@ -237,7 +237,7 @@ void parallel_run_impl(int n, RunFn call, void* ctx) {
 
 }  // namespace mindgr
 
-// For tests (tests/test_ops_cpu_workers.py): `rounds` parallel_runs of n tids, each adding 1 to
+// For tests (tests/unit/ops/test_ops_cpu_workers.py): `rounds` parallel_runs of n tids, each adding 1 to
 // counts[tid] (counts: n ints); with throw_tid in [0, n) that tid throws in every round. Returns 0,
 // or 1 if a round's exception did not reach the caller (or one came where none was thrown).
 extern "C" int mindgr_parallel_probe(int n, int rounds, int throw_tid, int* counts) {
