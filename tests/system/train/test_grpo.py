@@ -8,22 +8,16 @@ import json
 import numpy as np
 import pytest
 
-from gr_fixtures import np_policy_loss, random_codes
+from gr_fixtures import LEVELS, SYNTH, np_policy_loss, random_codes
+from gr_fixtures import gr_overrides as shared_gr_overrides
 from mindgr.config import ConfigError, load_config
 
 pytestmark = pytest.mark.graph_mode("auto")
 
-SYNTH = ["data.kind=synthetic", "data.max_len=12", "data.synthetic.num_users=120", "data.synthetic.num_items=60",
-         "data.synthetic.median_len=10", "data.synthetic.max_len=20", "data.synthetic.num_clusters=4"]
-LEVELS = [6, 6, 3]
-
 
 def gr_overrides(out, name, codes, *extra):
-    return [f"run.out_dir={out}", f"run.name={name}", "run.log_every=1", *SYNTH, "model.arch=gr",
-            "model.dim=16", "model.num_blocks=1", "model.num_heads=2", "model.dropout=0.1",
-            "loss.objective=ntp", "train.batch_size=16", "train.epochs=1", "train.lr=0.005",
-            "eval.every_epochs=1", "eval.ks=[1,5,10]", "eval.beam=10", "eval.max_users=40",
-            "eval.batch_size=64", "ids.from_run=", f"ids.codes={codes}", "ops.backend=cpu", *extra]
+    """The GR run the RL runs align: the shared tiny GR run, one epoch."""
+    return shared_gr_overrides(out, name, codes, "train.epochs=1", *extra)
 
 
 def rl_overrides(out, name, codes, *extra):
