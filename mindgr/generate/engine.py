@@ -28,12 +28,14 @@ import time
 import numpy as np
 
 from mindgr.generate.beam import NEG_INF, beam_search, check_widths, select_full_sort
+from mindgr.generate.children import child_table, children_search
 from mindgr.models.generation import check_generator
 from mindgr.models.generative import LastTokenLogits, RecomputeScorer, level_log_softmax
 
 CACHES = ("shared", "per_beam", "replay", "recompute")
 SELECTIONS = ("partial", "full_sort")
 MASKS = ("reuse", "rebuild")
+HEADS = ("children", "full")
 
 
 class _RunnerNet:
@@ -120,17 +122,23 @@ class DecodingEngine:
     decoder is reached only through its generation contract (mindgr.models.generation)."""
 
     def __init__(self, decoder, trie, codes, beam: int, max_prompt_tokens: int, num_users: int,
-                 cache: str = "shared", selection: str = "partial", masks: str = "reuse", runner=None):
+                 cache: str = "shared", selection: str = "partial", masks: str = "reuse", runner=None,
+                 head: str = "children"):
         """runner(fn, *args) -> fn(*args): where the model calls run (default: the calling thread; the server
-        passes one model thread so that host-side selection of one batch overlaps model compute of another)."""
+        passes one model thread so that host-side selection of one batch overlaps model compute of another).
+        head: "children" (mindgr.generate.children: only the trie's allowed codes of each beam are scored and
+        selected) or "full" (every code of the level scored, masked and selected: the earlier path; the
+        selection / masks options apply to it). The recompute baseline always scores in full."""
         for name, value, allowed in (("cache", cache, CACHES), ("selection", selection, SELECTIONS),
-                                     ("masks", masks, MASKS)):
+                                     ("masks", masks, MASKS), ("head", head, HEADS)):
             if value not in allowed:
                 raise ValueError(f"decode {name} = {value!r}: expected one of {', '.join(allowed)}")
         check_generator(decoder)
         self.dec, self.trie, self.codes = decoder, trie, np.asarray(codes)
         self.beam, self.p_cap, self.num_users = beam, max_prompt_tokens, num_users
         self.cache, self.selection, self.masks = cache, selection, masks
+        self.head = head if cache != "recompute" else "full"
+        self.children = child_table(trie) if self.head == "children" else None
         self.state = None
         if cache != "recompute":        # the decoder's layout of that name (a one-line error if it has none)
             self.state = decoder.decode_state(num_users, beam, max_prompt_tokens, runner=runner, layout=cache)
@@ -139,12 +147,16 @@ class DecodingEngine:
             self.recompute_net.set_train(False)
             if runner is not None:
                 self.recompute_net = _RunnerNet(self.recompute_net, runner)
-        self.timings = {"prefill": 0.0, "model": 0.0, "masks": 0.0, "select": 0.0}
+        self.timings = {"prefill": 0.0, "model": 0.0, "head": 0.0, "masks": 0.0, "select": 0.0}
 
     def search(self, histories, k: int):
         check_widths(self.trie, self.beam, k)
         if len(histories) > self.num_users:
             raise ValueError(f"{len(histories)} users exceed the engine's batch capacity {self.num_users}")
+        if self.head == "children":
+            return children_search(self.state, self.dec, self.children,
+                                   self.dec.prompts(histories, self.codes, self.p_cap), len(histories),
+                                   self.num_users, self.beam, k, self.timings)
         select = select_partial if self.selection == "partial" else select_full_sort
         if self.cache == "recompute":
             scorer = RecomputeScorer(self.dec, histories, self.codes, self.beam, self.p_cap, self.num_users,

@@ -42,6 +42,7 @@ from mindspore import Tensor, nn, ops
 from mindgr.models.hstu import HSTUBlock
 from mindgr.models.linear_attention import LinearAttentionBlock
 from mindgr.models.layers import apply_dropout, last_positions, layer_norm, param, trunc_normal, xavier_uniform
+from mindgr.ops.norm import layer_norm as fused_layer_norm
 from mindgr.models.ntp import code_tokens, group_width, prompt_tokens, tokens_per_prompt_item
 
 
@@ -111,6 +112,12 @@ class GRDecoder(nn.Cell):
             x = m * joined + (1.0 - m) * x
         return x * self.scale
 
+    def embed_code(self, slots):
+        """embed(slots, merged = 0) of decoded tokens (one real code in slot 0): no merger map computed."""
+        c = slots[:, 0]
+        return (ops.gather(self.code_emb, c, 0) + ops.gather(self.level_emb, ops.gather(self.slot_level, c, 0), 0)) \
+            * self.scale
+
     def construct(self, slots, merged, offsets, drop=None):
         x = self.embed(slots, merged)
         t = x.shape[0]
@@ -163,18 +170,50 @@ class GRDecoder(nn.Cell):
             vs.append(v)
         return self.logits(ops.gather(layer_norm(x), last, 0)), ops.stack(ks), ops.stack(vs)
 
+    def prefill_records(self, slots, merged, offsets, last, num_users: int, p_cap: int):
+        """prefill with every block's prompt K and V apart -> (level-0 logits, K_0, .., K_{blocks-1}, V_0, ..)
+        (the engine's own graphs, mindgr.models.kv_cache: nothing to slice per block at each step)."""
+        x = self.embed(slots, merged)
+        ts = ops.zeros((x.shape[0],), ms.int64)
+        ks, vs = (), ()
+        for i in range(self.num_blocks):
+            x, k, v = self.blocks[i].prompt_forward(x, offsets, ts, num_users, p_cap)
+            ks = ks + (k,)
+            vs = vs + (v,)
+        return (self.logits(ops.gather(layer_norm(x), last, 0)),) + ks + vs
+
+    def step_records(self, slots, kps, vps, pidx, pmask, krs, vrs, anc, ridx, rmask, num_users: int, beam: int,
+                     steps: int, head: str = "hidden"):
+        """step on records kept one tensor per (block, slot) (HSTUBlock.record_step): kps / vps one per block,
+        krs / vrs block-major, `steps` slots each -> (hidden [U*Bm, D] or logits, K_0.., V_0..) of this token."""
+        x = self.embed_code(slots)
+        ks, vs = (), ()
+        for i in range(self.num_blocks):
+            x, k, v = self.blocks[i].record_step(x, kps[i], vps[i], pidx, pmask, krs[i * steps:(i + 1) * steps],
+                                                 vrs[i * steps:(i + 1) * steps], anc, ridx, rmask, num_users, beam)
+            ks = ks + (k,)
+            vs = vs + (v,)
+        out = fused_layer_norm(x)
+        if head == "logits":
+            out = self.logits(out)
+        return (out,) + ks + vs
+
     def step(self, slots, kp, vp, pidx, pmask, kr, vr, onehot, anc, ridx, rmask, num_users: int, beam: int,
-             steps: int, parts: str = "both"):
+             steps: int, parts: str = "both", head: str = "logits"):
         """One decoded code per (user, beam) -> (logits [U*Bm, sum K], record K, record V), every block's
-        HSTUBlock.cached_step over its slice of the caches ([blocks, ...])."""
-        x = self.embed(slots, ops.zeros((slots.shape[0],), ms.float32))
+        HSTUBlock.cached_step over its slice of the caches ([blocks, ...]). head "hidden": the final
+        normalised hidden vectors [U*Bm, D] instead of logits (the caller scores only the codes it needs)."""
+        x = self.embed_code(slots)
         new_k, new_v = [], []
         for i in range(self.num_blocks):
             x, k, v = self.blocks[i].cached_step(x, kp[i], vp[i], pidx, pmask, kr[i], vr[i], onehot, anc, ridx,
                                                  rmask, num_users, beam, steps, parts)
             new_k.append(k)
             new_v.append(v)
-        return self.logits(layer_norm(x)), ops.stack(new_k), ops.stack(new_v)
+        out = fused_layer_norm(x)
+        if head == "logits":
+            out = self.logits(out)
+        return out, ops.stack(new_k), ops.stack(new_v)
 
 
 def log_softmax(z: np.ndarray, allowed: np.ndarray | None = None) -> np.ndarray:

@@ -81,35 +81,65 @@ class HSTUBlock(nn.Cell):
         kp / vp [U, P, H, d]: the prompt's keys / values (prompt_forward), shared by the user's beams;
         pidx [U, P] int32 / pmask [U, P]: each prompt key's position-bias index and validity;
         kr / vr [S, U, Bm, H, d]: the append-only records, one slot per decoded level; this token's k / v
-        are written at the slot where onehot [S] is 1 (a blend: a scatter into a graph input is not an
+        are written at the slot where onehot [S] is 1 (a select: a scatter into a graph input is not an
         in-place update in graph mode); anc [U*Bm*S] int32: flat record rows of each beam's ancestry (itself
         at this slot, its parent at the slot before, ...), followed by parent indices on the host so that a
         forked beam copies nothing; ridx [S] int32 / rmask [S]: the records' bias index and validity.
         parts: "both", or "prompt" / "beam" (one attention part only: for timing the split)."""
         u, b, s, h, dqk, dv = users, beam, steps, self.h, self.dqk, self.dv
+        n = u * b
         inv_n = 1.0 / float(self.max_len)
-        uu, v, q, k = self._uvqk_plain(x)
-        q4 = q.reshape(u, b, h, dqk)
+        # the block's own fused projection (LayerNorm, one matmul, SiLU split), as in construct
+        uu, v, q, k = silu_split(linear(layer_norm(x), self.w_uvqk), (h * dv, h * dv, h * dqk, h * dqk))
         attn = ops.zeros((u, b, h, dv), ms.float32)
         if parts != "beam":
             # the prompt part: one [beam, dqk] x [dqk, P] product per (user, head) over the shared keys
+            q4 = q.reshape(u, b, h, dqk)
             sp = ops.matmul(q4.transpose(0, 2, 1, 3), kp.transpose(0, 2, 3, 1))           # [U, H, Bm, P]
             wp = ops.silu(sp + ops.gather(self.w_pos, pidx, 0)[:, None, None, :])
             wp = wp * (pmask * inv_n)[:, None, None, :]
             attn = attn + ops.matmul(wp, vp.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-        # this step's record, then the ancestry part (ancestors found through the parent indices)
-        oh = onehot.reshape(s, 1, 1, 1, 1)
-        kr = kr * (1.0 - oh) + oh * k.reshape(1, u, b, h, dqk)
-        vr = vr * (1.0 - oh) + oh * v.reshape(1, u, b, h, dv)
+        # this step's record written at its slot (a select: cheaper than a blend), then the ancestry part
+        # (ancestors found through the parent indices) as one [1, dqk] x [dqk, S] product per (beam, head)
+        write = onehot.reshape(s, 1, 1, 1, 1) > 0.5
+        kr = ops.where(write, k.reshape(1, u, b, h, dqk), kr)
+        vr = ops.where(write, v.reshape(1, u, b, h, dv), vr)
         if parts != "prompt":
-            ka = ops.gather(kr.reshape(s * u * b, h, dqk), anc, 0).reshape(u, b, s, h, dqk)
-            va = ops.gather(vr.reshape(s * u * b, h, dv), anc, 0).reshape(u, b, s, h, dv)
-            sb = (q4.reshape(u, b, 1, h, dqk) * ka).sum(-1)                                 # [U, Bm, S, H]
-            wb = ops.silu(sb + ops.gather(self.w_pos, ridx, 0)[None, None, :, None])
-            wb = wb * (rmask * inv_n)[None, None, :, None]
-            attn = attn + (wb[..., None] * va).sum(2)
-        o = uu * layers.layer_norm(attn.reshape(u * b, h * dv))
-        return x + ops.matmul(o, self.w_out) + self.b_out, kr, vr
+            ka = ops.gather(kr.reshape(s * n, h, dqk), anc, 0).reshape(n, s, h, dqk).transpose(0, 2, 3, 1)
+            va = ops.gather(vr.reshape(s * n, h, dv), anc, 0).reshape(n, s, h, dv).transpose(0, 2, 1, 3)
+            sb = ops.matmul(q.reshape(n, h, 1, dqk), ka)                                     # [N, H, 1, S]
+            wb = ops.silu(sb + ops.gather(self.w_pos, ridx, 0)) * (rmask * inv_n)
+            attn = attn + ops.matmul(wb, va).reshape(u, b, h, dv)
+        o = gated_layer_norm(uu, attn.reshape(n, h * dv))
+        return x + linear(o, self.w_out) + self.b_out, kr, vr
+
+    def record_step(self, x, kp, vp, pidx, pmask, krs, vrs, anc, ridx, rmask, users: int, beam: int):
+        """cached_step with the records kept apart, one tensor per slot (the engine's own decoding graph,
+        mindgr.models.kv_cache.FastStepCell): nothing of the records is sliced, blended or copied back.
+
+        x [N, D] (N = U*Bm); kp / vp, pidx, pmask as cached_step; krs / vrs: S tensors [N, H, d], slot s's
+        k / v of the beams of that step; anc [S, N] int32: each beam's ancestor row at slot s (rows of
+        slots >= this step's are unused); ridx [S] int32 / rmask [S]: the bias index and validity (slot <
+        this step's) of each slot -> (y [N, D], this token's k [N, H, dqk], v [N, H, dv])."""
+        u, b, h, dqk, dv = users, beam, self.h, self.dqk, self.dv
+        n = u * b
+        inv_n = 1.0 / float(self.max_len)
+        uu, v, q, k = silu_split(linear(layer_norm(x), self.w_uvqk), (h * dv, h * dv, h * dqk, h * dqk))
+        q4 = q.reshape(u, b, h, dqk)
+        sp = ops.matmul(q4.transpose(0, 2, 1, 3), kp.transpose(0, 2, 3, 1))                # [U, H, Bm, P]
+        wp = ops.silu(sp + ops.gather(self.w_pos, pidx, 0)[:, None, None, :])
+        wp = wp * (pmask * inv_n)[:, None, None, :]
+        attn = ops.matmul(wp, vp.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3).reshape(n, h, dv)
+        q3, k3, v3 = q.reshape(n, h, dqk), k.reshape(n, h, dqk), v.reshape(n, h, dv)
+        bias = ops.gather(self.w_pos, ridx, 0)
+        wself = ops.silu((q3 * k3).sum(-1) + self.w_pos[self.max_len - 1]) * inv_n            # [N, H]
+        attn = attn + wself[..., None] * v3
+        for s in range(len(krs)):                  # the ancestors, one slot at a time (masked past this step)
+            ka = ops.gather(krs[s], anc[s], 0)
+            ws = ops.silu((q3 * ka).sum(-1) + bias[s]) * (rmask[s] * inv_n)
+            attn = attn + ws[..., None] * ops.gather(vrs[s], anc[s], 0)
+        o = gated_layer_norm(uu, attn.reshape(n, h * dv))
+        return x + linear(o, self.w_out) + self.b_out, k3, v3
 
     def per_beam_step(self, x, kc, vc, parent, slot, idx, mask):
         """The per-beam cache's step (the usual generate() layout, mindgr.models.per_beam_cache): every beam

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor, mutable, nn
 
 from mindgr.models.generation import DecodeState
 from mindgr.models.ntp import code_tokens
@@ -41,15 +41,42 @@ class PrefillCell(nn.Cell):
 class DecodeStepCell(nn.Cell):
     """One decoded token per (user, beam) -> (logits [U*Bm, sum K], updated record K, record V).
 
-    parts: "both" (decoding), or "prompt" / "beam" (only that attention part: for the time split)."""
+    parts: "both" (decoding), or "prompt" / "beam" (only that attention part: for the time split).
+    head: "logits", or "hidden" (the normalised hidden vectors [U*Bm, D]: no code head in the graph)."""
 
-    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, steps: int, parts: str = "both"):
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, steps: int, parts: str = "both",
+                 head: str = "logits"):
         super().__init__()
         self.dec, self.u, self.b, self.p, self.s, self.parts = decoder, num_users, beam, p_cap, steps, parts
+        self.head = head
 
     def construct(self, slots, kp, vp, pidx, pmask, kr, vr, onehot, anc, ridx, rmask):
         return self.dec.step(slots, kp, vp, pidx, pmask, kr, vr, onehot, anc, ridx, rmask, self.u, self.b,
-                             self.s, self.parts)
+                             self.s, self.parts, self.head)
+
+
+class FastPrefillCell(nn.Cell):
+    """PrefillCell with each block's prompt K, V apart: (level-0 logits, K_0.., V_0..) (the engine's graphs)."""
+
+    def __init__(self, decoder, num_users: int, p_cap: int):
+        super().__init__()
+        self.dec, self.u, self.p = decoder, num_users, p_cap
+
+    def construct(self, slots, merged, offsets, last):
+        return self.dec.prefill_records(slots, merged, offsets, last, self.u, self.p)
+
+
+class FastStepCell(nn.Cell):
+    """One decoded token per (user, beam) on records kept one tensor per (block, slot) -> (hidden [U*Bm, D]
+    (head "hidden") or logits, this token's K per block, V per block): the engine's own step graph."""
+
+    def __init__(self, decoder, num_users: int, beam: int, steps: int, head: str = "hidden"):
+        super().__init__()
+        self.dec, self.u, self.b, self.s, self.head = decoder, num_users, beam, steps, head
+
+    def construct(self, slots, kps, vps, pidx, pmask, krs, vrs, anc, ridx, rmask):
+        return self.dec.step_records(slots, kps, vps, pidx, pmask, krs, vrs, anc, ridx, rmask, self.u, self.b,
+                                     self.s, self.head)
 
 
 def _inline(fn, *args):
@@ -87,18 +114,36 @@ class KVCacheState(DecodeState):
         if p_cap + decoder.num_levels - 1 > decoder.max_len:
             raise ValueError(f"prompt capacity {p_cap} + {decoder.num_levels - 1} decoded tokens exceeds the "
                              f"decoder's max_len {decoder.max_len}")
+        self.fast_prefill = self.fast_step = None
         if graphs is not None:
             self.prefill_net, self.step_net = graphs
         else:
+            # each cell compiles on its first call: the stacked ones (prefill / step, also what `mindgr export`
+            # writes) and the engine's own (prefill_records / step_hidden)
             self.prefill_net = PrefillCell(decoder, num_users, p_cap)
             self.step_net = DecodeStepCell(decoder, num_users, beam, p_cap, self.steps, parts)
-            for net in (self.prefill_net, self.step_net):
+            self.fast_prefill = FastPrefillCell(decoder, num_users, p_cap)
+            self.fast_step = FastStepCell(decoder, num_users, beam, self.steps)
+            for net in (self.prefill_net, self.step_net, self.fast_prefill, self.fast_step):
                 net.set_train(False)
         self.timings = {"prefill": 0.0, "step": 0.0}
+        self.kr = self.vr = None
+        self._zero_rec = None
+
+    @property
+    def gives_hidden(self) -> bool:
+        """Whether prefill_records / step_hidden / head_weights are available (not with exported graphs)."""
+        return self.fast_step is not None
 
     def share_graphs(self, other: "KVCacheState"):
         """Call `other`'s compiled cells (same decoder and shapes): one compile for two states."""
         self.prefill_net, self.step_net = other.prefill_net, other.step_net
+        self.fast_prefill, self.fast_step = other.fast_prefill, other.fast_step
+
+    def head_weights(self):
+        """(w_t [sum K, D], bias [sum K]) float32 host copies of the code head, read now (current weights)."""
+        return (np.ascontiguousarray(self.dec.w_head.asnumpy().T, np.float32),
+                np.asarray(self.dec.b_head.asnumpy(), np.float32))
 
     def prefill(self, prompts):
         slots, merged, offsets, last, self.lengths = prompt_batch(self.dec, prompts, self.u, self.p)
@@ -110,14 +155,79 @@ class KVCacheState(DecodeState):
     def _prefill_graph(self, slots, merged, offsets, last):
         """Every MindSpore call of a prefill (on the runner's thread): the graph, then empty records."""
         logits, self.kp, self.vp = self.prefill_net(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
-        dec = self.dec
-        shape = (dec.num_blocks, self.steps, self.u, self.b, dec.num_heads)
-        self.kr = Tensor(np.zeros(shape + (dec.dqk,), np.float32))
-        self.vr = Tensor(np.zeros(shape + (dec.dv,), np.float32))
+        if self.kr is None:      # empty records, made once: a step writes its slot (stale slots are masked)
+            dec = self.dec
+            shape = (dec.num_blocks, self.steps, self.u, self.b, dec.num_heads)
+            self.kr = self._zero_kr = Tensor(np.zeros(shape + (dec.dqk,), np.float32))
+            self.vr = self._zero_vr = Tensor(np.zeros(shape + (dec.dv,), np.float32))
+        else:
+            self.kr, self.vr = self._zero_kr, self._zero_vr
         return logits.asnumpy()
 
     def step(self, level, codes, parents):
         """Level `level` >= 1: append codes [U, Bm] (chosen at level-1) as record slot level-1."""
+        return self._step(level, codes, parents, self.step_net)
+
+    # ---- the engine's own graphs: prompt K/V and records one tensor per (block, slot), no code head ----------
+    def prefill_records(self, prompts):
+        """prefill through the engine's own graph (each block's prompt K/V apart) -> level-0 logits [U, sum K]."""
+        slots, merged, offsets, last, self.lengths = prompt_batch(self.dec, prompts, self.u, self.p)
+        t0 = time.perf_counter()
+        logits = self.run(self._prefill_records_graph, slots, merged, offsets, last)
+        self.timings["prefill"] += time.perf_counter() - t0
+        return logits
+
+    def _prefill_records_graph(self, slots, merged, offsets, last):
+        out = self.fast_prefill(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
+        nb = self.dec.num_blocks
+        self.kps, self.vps = tuple(out[1:1 + nb]), tuple(out[1 + nb:])
+        if self._zero_rec is None:     # unwritten slots (masked in the step): one shared zero tensor each
+            dec = self.dec
+            self._zero_rec = (Tensor(np.zeros((self.u * self.b, dec.num_heads, dec.dqk), np.float32)),
+                              Tensor(np.zeros((self.u * self.b, dec.num_heads, dec.dv), np.float32)))
+        self.krs = [[self._zero_rec[0]] * self.steps for _ in range(nb)]
+        self.vrs = [[self._zero_rec[1]] * self.steps for _ in range(nb)]
+        return out[0].asnumpy()
+
+    def step_hidden(self, level, codes, parents):
+        """Level `level` >= 1 after prefill_records, without the code head -> the final normalised hidden
+        vectors [U, Bm, D]: the caller scores only the codes it needs with head_weights
+        (mindgr.generate.children). This token's K/V become record slot level-1."""
+        dec, u, b, n = self.dec, self.u, self.b, self.dec.max_len
+        t = level - 1
+        gids = (dec.level_offsets[t] + codes).reshape(-1)
+        slots = np.ascontiguousarray(code_tokens(gids, dec.group, dec.pad_id)[0][:, :1])
+        qpos = self.lengths + t
+        j = np.arange(self.p)
+        pidx = np.clip(n - 1 + j[None, :] - qpos[:, None], 0, 2 * n - 2).astype(np.int32)
+        pmask = (j[None, :] < self.lengths[:, None]).astype(np.float32)
+        r = np.arange(self.steps)
+        ridx = np.clip(n - 1 + r - t, 0, 2 * n - 2).astype(np.int32)
+        rmask = (r < t).astype(np.float32)
+        # the ancestor of each beam at each earlier slot: its parent at t-1, the parent's parent at t-2, ...
+        anc = np.zeros((self.steps, u, b), np.int64)
+        cur = np.broadcast_to(np.arange(b), (u, b))
+        for slot in range(t - 1, -1, -1):
+            cur = np.take_along_axis(parents[slot + 1], cur, 1)
+            anc[slot] = cur
+        anc = (anc + (np.arange(u) * b)[None, :, None]).reshape(self.steps, u * b).astype(np.int32)
+        t0 = time.perf_counter()
+        out = self.run(self._step_records_graph, t, slots, pidx, pmask, anc, ridx, rmask)
+        self.timings["step"] += time.perf_counter() - t0
+        return out.reshape(u, b, -1)
+
+    def _step_records_graph(self, t, slots, pidx, pmask, anc, ridx, rmask):
+        nb = self.dec.num_blocks
+        krs = tuple(x for blk in self.krs for x in blk)
+        vrs = tuple(x for blk in self.vrs for x in blk)
+        # mutable: tuples of tensors are graph inputs, not constants (no compile per call)
+        out = self.fast_step(Tensor(slots), mutable(self.kps), mutable(self.vps), Tensor(pidx), Tensor(pmask),
+                             mutable(krs), mutable(vrs), Tensor(anc), Tensor(ridx), Tensor(rmask))
+        for i in range(nb):
+            self.krs[i][t], self.vrs[i][t] = out[1 + i], out[1 + nb + i]
+        return out[0].asnumpy()
+
+    def _step(self, level, codes, parents, net):
         dec, u, b, n = self.dec, self.u, self.b, self.dec.max_len
         t = level - 1                                                  # the record slot written now
         gids = (dec.level_offsets[t] + codes).reshape(-1)
@@ -139,16 +249,16 @@ class KVCacheState(DecodeState):
                 cur = np.take_along_axis(parents[slot], cur, 1)
         flat = (r[None, None, :] * u + np.arange(u)[:, None, None]) * b + anc
         t0 = time.perf_counter()
-        logits = self.run(self._step_graph, slots, pidx, pmask, onehot, flat.reshape(-1).astype(np.int32), ridx,
-                          rmask)
+        logits = self.run(self._step_graph, net, slots, pidx, pmask, onehot, flat.reshape(-1).astype(np.int32),
+                          ridx, rmask)
         self.timings["step"] += time.perf_counter() - t0
         return logits.reshape(u, b, -1)
 
-    def _step_graph(self, slots, pidx, pmask, onehot, anc, ridx, rmask):
+    def _step_graph(self, net, slots, pidx, pmask, onehot, anc, ridx, rmask):
         args = (Tensor(slots), self.kp, self.vp, Tensor(pidx), Tensor(pmask), self.kr, self.vr, Tensor(onehot),
                 Tensor(anc), Tensor(ridx), Tensor(rmask))
         self.last_step_inputs = args            # kept for timing the attention parts (mindgr.bench.decode)
-        logits, self.kr, self.vr = self.step_net(*args)
+        logits, self.kr, self.vr = net(*args)
         return logits.asnumpy()
 
     def nbytes(self) -> dict:
