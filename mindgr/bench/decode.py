@@ -1,7 +1,8 @@
 """Per-step decode time, engine vs naive baseline, for a random-weight GR decoder of a Beauty-like shape.
 
 mindgr bench decode [--beams 16 64] [--prompts 50 200] [--users 2] [--repeats 3] [--dim 64]
-    [--blocks 2] [--heads 2] [--threads N]          (also as python -m mindgr.bench.decode ...)
+    [--blocks 2] [--heads 2] [--threads N] [--shape random|beauty] [--backbone hstu|linear]
+                                                    (also as python -m mindgr.bench.decode ...)
 
 Per configuration both searches run on the same users, alternating, `repeats` times after a warm-up
 (compiles); figures are medians per decode step (the Lt-1 steps after the prefill):
@@ -12,6 +13,20 @@ Per configuration both searches run on the same users, alternating, `repeats` ti
   masks   valid-next masks per step (engine: reused trie masks; naive: rebuilt from the code table),
   request the whole search for the batch (engine: prefill + steps + selection), ms.
 The host is shared and noisy: compare the two columns of one run (ratios), not absolute times.
+
+--shape beauty: the GR decoder of configs/beauty/gr.yaml (D 128, 2 blocks, 2 heads, item merger, trie
+softmax, prompts of up to 20 items) on a synthetic code table of Beauty's shape (12,101 items, 3 x 2048
+codes + the de-dup digit, first codes Zipf-skewed as mindgr.bench.train draws them), random weights and
+random histories of 5-20 items; `--users` users per batch (the evaluation's eval.batch_size). Per beam the
+engine's two scorings run alternately on the same users, `repeats` rounds after a warm-up (compiles) that
+checks they return the same lists: children (the default: only the trie's allowed codes scored, the step
+graph without the code head) and full (every code of the level scored by the graph, log-softmax, masks and
+selection over the whole level: the path before). Printed per beam and path: users/s (median [min-max]),
+the peak resident memory of a fresh process that builds the decoder and runs that path's searches of the
+batch (so one path's freed memory pools do not count against the other), and the
+time per user by part: prefill graph, step graphs, head (children: the allowed codes' logits and their
+softmax; full: the host log-softmax of the level), masks (children: the (beam, code) pairs from the trie),
+selection, other (prompts, ancestry, item lookup: the rest of the search).
 
 --backbone linear: a linear-attention decoder (mindgr.models.linear_attention) decoded in its three layouts
 side by side (mindgr.models.linear_decode): onela (one prompt state per user, per-beam records, ancestry
@@ -171,12 +186,15 @@ def measure(args):
             naive = DecodingEngine(dec, trie, codes, beam, prompt, args.users, cache="recompute",
                                    selection="full_sort", masks="rebuild")
             parts = {name: DecodeStepCell(dec, args.users, beam, prompt, steps, name) for name in ("prompt", "beam")}
+            # the attention-part probes run the stacked step graph's inputs (the engine's own graphs have none)
+            probe = DecodingEngine(dec, trie, codes, beam, prompt, args.users, head="full")
             t0 = time.perf_counter()
             a = eng.search(hist, 10)
             b = naive.search(hist, 10)
+            probe.search(hist, 10)
             for net in parts.values():
                 net.set_train(False)
-                net(*eng.state.last_step_inputs)
+                net(*probe.state.last_step_inputs)
             warm = time.perf_counter() - t0
             assert (a[0] == b[0]).all(), "engine and naive lists differ"
             rec = {k: [] for k in ("e_model", "e_prompt", "e_beam", "e_select", "e_masks", "e_prefill",
@@ -196,7 +214,7 @@ def measure(args):
                         rec["e_prefill"].append(e.timings["prefill"])
                 for name, net in parts.items():
                     t1 = time.perf_counter()
-                    net(*eng.state.last_step_inputs)[0].asnumpy()
+                    net(*probe.state.last_step_inputs)[0].asnumpy()
                     rec[f"e_{name}"].append(time.perf_counter() - t1)
             med = {k: float(np.median(v)) * 1e3 for k, v in rec.items()}
             bytes_ = eng.cache_nbytes()
@@ -212,6 +230,124 @@ def measure(args):
     return dict(backend=backend, items=int(codes.shape[0] - 1), dim=args.dim, results=results)
 
 
+SHAPE_PATHS = ("children", "full")          # the engine's head= option: new path, the path before
+
+
+def build_beauty_shape(args):
+    """The GR decoder of configs/beauty/gr.yaml with random weights on a synthetic Beauty-shaped code table."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindgr.bench.train import synthetic_codes
+    from mindgr.ids.trie import PrefixTrie
+    from mindgr.models.generative import GRDecoder
+    from mindgr.ops import set_backend
+    from mindgr.runtime import select_device
+    ms.set_context(mode=ms.GRAPH_MODE)
+    select_device()
+    backend = set_backend(args.backend)
+    codes, sizes = synthetic_codes(args.items, 3, 2048, 0)
+    max_history = 20
+    dec = GRDecoder(sizes, 128, 2, 2, 64, 64, max_len=max_history + len(sizes) - 1, token_merger="item",
+                    trie_softmax=True, seed=0)
+    rng = np.random.default_rng(0)
+    for p in dec.trainable_params():
+        p.set_data(Tensor((rng.standard_normal(p.shape) * 0.1).astype(np.float32)))
+    dec.set_train(False)
+    hist = [rng.integers(1, codes.shape[0], int(rng.integers(5, max_history + 1))) for _ in range(args.users)]
+    return dec, PrefixTrie(codes, sizes), codes, backend, hist, max_history
+
+
+def measure_shape(args):
+    """Children vs full scoring at the Beauty shape, alternated per beam (module docstring)."""
+    from mindgr.generate.engine import DecodingEngine
+    dec, trie, codes, backend, hist, p_cap = build_beauty_shape(args)
+    u = args.users
+    results = []
+    for beam in args.beams:
+        engines = {path: DecodingEngine(dec, trie, codes, beam, p_cap, u, head=path) for path in SHAPE_PATHS}
+        engines["full"].state.share_graphs(engines["children"].state)
+        t0 = time.perf_counter()
+        lists = {path: e.search(hist, beam) for path, e in engines.items()}
+        warm = time.perf_counter() - t0
+        assert (lists["children"][0] == lists["full"][0]).all(), f"beam {beam}: children and full lists differ"
+        rec = {path: {"users_s": [], "peak_mb": [], "parts": []} for path in SHAPE_PATHS}
+        for r in range(args.repeats):
+            for path in (SHAPE_PATHS if r % 2 == 0 else SHAPE_PATHS[::-1]):
+                e = engines[path]
+                for key in e.timings:
+                    e.timings[key] = 0.0
+                e.state.timings = {k: 0.0 for k in e.state.timings}
+                t1 = time.perf_counter()
+                e.search(hist, beam)
+                total = time.perf_counter() - t1
+                graph = e.state.timings["step"]
+                tm = e.timings
+                head = tm["head"] if path == "children" else tm["model"] - graph   # full: host log-softmax
+                parts = {"prefill": tm["prefill"], "step": graph, "head": head, "masks": tm["masks"],
+                         "select": tm["select"]}
+                parts["other"] = total - sum(parts.values())
+                rec[path]["users_s"].append(u / total)
+                rec[path]["parts"].append({k: v / u * 1e3 for k, v in parts.items()})      # ms per user
+        row = dict(beam=beam, users=u, warmup_s=round(warm, 1))
+        if not args.rss_child:           # each path's peak in a fresh process: one path's freed pools are
+            for path in SHAPE_PATHS:     # not counted against the other
+                rec[path]["peak_mb"] = [_child_peak(args, beam, path)]
+        for path in SHAPE_PATHS:
+            rate = np.asarray(rec[path]["users_s"])
+            parts = {k: round(float(np.median([p[k] for p in rec[path]["parts"]])), 3)
+                     for k in rec[path]["parts"][0]}
+            row[path] = dict(users_s=round(float(np.median(rate)), 1), min=round(float(rate.min()), 1),
+                             max=round(float(rate.max()), 1),
+                             peak_mb=round(float(np.median(rec[path]["peak_mb"])), 0), ms_per_user=parts)
+        ratio = np.asarray(rec["children"]["users_s"]) / np.asarray(rec["full"]["users_s"])
+        row["ratio"] = round(float(np.median(ratio)), 1)
+        row["ratio_range"] = [round(float(ratio.min()), 1), round(float(ratio.max()), 1)]
+        results.append(row)
+        print(json.dumps(row), flush=True)
+        del engines, lists
+    return dict(backend=backend, items=int(codes.shape[0] - 1), level_sizes=[int(x) for x in trie.level_sizes],
+                shape="beauty", threads=args.threads, results=results)
+
+
+def _child_peak(args, beam: int, path: str) -> float:
+    """Peak resident MB of a fresh process that builds the same decoder and runs one path's searches."""
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "mindgr.bench.decode", "--shape", "beauty", "--beams", str(beam), "--users",
+           str(args.users), "--items", str(args.items), "--threads", str(args.threads), "--backend", args.backend,
+           "--rss-child", path]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["peak_mb"])
+
+
+def shape_child(args):
+    """--rss-child PATH: one path's two searches of one batch in this (fresh) process; prints its peak."""
+    from mindgr.generate.engine import DecodingEngine
+    from mindgr.train.gr_eval import peak_rss_mb
+    dec, trie, codes, _, hist, p_cap = build_beauty_shape(args)
+    e = DecodingEngine(dec, trie, codes, args.beams[0], p_cap, args.users, head=args.rss_child)
+    for _ in range(2):
+        e.search(hist, args.beams[0])
+    print(json.dumps({"path": args.rss_child, "beam": args.beams[0], "peak_mb": round(peak_rss_mb(), 0)}))
+
+
+def print_shape(out):
+    print("Beauty shape: users/s of a batch's search, median [min-max] over the rounds; peak MB: the resident "
+          "high-water mark of a fresh process running that path's searches; ms per user by part (prefill / step graphs / head / "
+          "masks / select / other)")
+    print(f"{'beam':>4} | {'path':<8} | {'users/s':<22} | {'peak MB':>8} | ms/user: prefill   step   head  masks "
+          f"select  other | new / old")
+    for r in out["results"]:
+        for path in SHAPE_PATHS:
+            c = r[path]
+            p = c["ms_per_user"]
+            ratio = f"{r['ratio']:.1f}x [{r['ratio_range'][0]:.1f}-{r['ratio_range'][1]:.1f}]" if path == "children" else ""
+            print(f"{r['beam']:>4} | {path:<8} | {c['users_s']:7.1f} [{c['min']:.1f}-{c['max']:.1f}]{'':<4} | "
+                  f"{c['peak_mb']:8.0f} | {p['prefill']:14.3f} {p['step']:6.3f} {p['head']:6.3f} {p['masks']:6.3f} "
+                  f"{p['select']:6.3f} {p['other']:6.3f} | {ratio}")
+
+
 def add_arguments(ap):
     ap.add_argument("--beams", type=int, nargs="+", default=[16, 64], help="beam widths")
     ap.add_argument("--prompts", type=int, nargs="+", default=[50, 200], help="prompt lengths (tokens)")
@@ -223,6 +359,10 @@ def add_arguments(ap):
     ap.add_argument("--heads", type=int, default=2, help="attention heads")
     ap.add_argument("--threads", type=int, default=0, help="MindSpore CPU threads (0: its default)")
     ap.add_argument("--backend", default="auto", help="ops backend")
+    ap.add_argument("--shape", choices=("random", "beauty"), default="random",
+                    help="beauty: the decoder and code-table shape of configs/beauty/gr.yaml, children vs full "
+                         "scoring (users/s, peak memory, time by part)")
+    ap.add_argument("--rss-child", choices=SHAPE_PATHS, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--backbone", choices=("hstu", "linear"), default="hstu",
                     help="decoder blocks: hstu (engine vs naive) or linear (onela, per_beam_state, replay)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
@@ -233,6 +373,16 @@ def run(args) -> int:
         from mindgr.runtime import limit_threads, select_device
         select_device()
         limit_threads(args.threads)
+    if args.rss_child:
+        shape_child(args)
+        return 0
+    if args.shape == "beauty":
+        out = measure_shape(args)
+        print_shape(out)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(out, f, indent=1)
+        return 0
     if args.backbone == "linear":
         out = measure_linear(args)
         print_linear(out)

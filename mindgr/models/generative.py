@@ -171,32 +171,30 @@ class GRDecoder(nn.Cell):
         return self.logits(ops.gather(layer_norm(x), last, 0)), ops.stack(ks), ops.stack(vs)
 
     def prefill_records(self, slots, merged, offsets, last, num_users: int, p_cap: int):
-        """prefill with every block's prompt K and V apart -> (level-0 logits, K_0, .., K_{blocks-1}, V_0, ..)
-        (the engine's own graphs, mindgr.models.kv_cache: nothing to slice per block at each step)."""
+        """prefill for the engine's own step graphs -> (level-0 logits, then per block the prompt's K and V as
+        HSTUBlock.prompt_blocks: K_0, V_0, K_1, V_1, ..)."""
         x = self.embed(slots, merged)
         ts = ops.zeros((x.shape[0],), ms.int64)
-        ks, vs = (), ()
+        out = ()
         for i in range(self.num_blocks):
             x, k, v = self.blocks[i].prompt_forward(x, offsets, ts, num_users, p_cap)
-            ks = ks + (k,)
-            vs = vs + (v,)
-        return (self.logits(ops.gather(layer_norm(x), last, 0)),) + ks + vs
+            out = out + self.blocks[i].prompt_blocks(k, v)
+        return (self.logits(ops.gather(layer_norm(x), last, 0)),) + out
 
-    def step_records(self, slots, kps, vps, pidx, pmask, krs, vrs, anc, ridx, rmask, num_users: int, beam: int,
-                     steps: int, head: str = "hidden"):
-        """step on records kept one tensor per (block, slot) (HSTUBlock.record_step): kps / vps one per block,
-        krs / vrs block-major, `steps` slots each -> (hidden [U*Bm, D] or logits, K_0.., V_0..) of this token."""
+    def step_records(self, slots, prompt, krs, vrs, anc, pidx, pmask, ridx, num_users: int, beam: int,
+                     used: int, head: str = "hidden"):
+        """One decoded token per (user, beam) on records kept one tensor per (block, slot)
+        (HSTUBlock.record_step): prompt = prefill_records' K_0, V_0, K_1, ..; krs / vrs block-major, the
+        `used` earlier slots each -> (hidden [U*Bm, D] (or logits), K_0, V_0, K_1, ..) of this token."""
         x = self.embed_code(slots)
-        ks, vs = (), ()
+        out = ()
         for i in range(self.num_blocks):
-            x, k, v = self.blocks[i].record_step(x, kps[i], vps[i], pidx, pmask, krs[i * steps:(i + 1) * steps],
-                                                 vrs[i * steps:(i + 1) * steps], anc, ridx, rmask, num_users, beam)
-            ks = ks + (k,)
-            vs = vs + (v,)
-        out = fused_layer_norm(x)
-        if head == "logits":
-            out = self.logits(out)
-        return (out,) + ks + vs
+            x, k, v = self.blocks[i].record_step(x, prompt[2 * i], prompt[2 * i + 1], pidx, pmask,
+                                                 krs[i * used:(i + 1) * used], vrs[i * used:(i + 1) * used], anc,
+                                                 ridx, num_users, beam)
+            out = out + (k, v)
+        hidden = fused_layer_norm(x)
+        return (hidden if head == "hidden" else self.logits(hidden),) + out
 
     def step(self, slots, kp, vp, pidx, pmask, kr, vr, onehot, anc, ridx, rmask, num_users: int, beam: int,
              steps: int, parts: str = "both", head: str = "logits"):

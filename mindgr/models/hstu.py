@@ -113,30 +113,41 @@ class HSTUBlock(nn.Cell):
         o = gated_layer_norm(uu, attn.reshape(n, h * dv))
         return x + linear(o, self.w_out) + self.b_out, kr, vr
 
-    def record_step(self, x, kp, vp, pidx, pmask, krs, vrs, anc, ridx, rmask, users: int, beam: int):
-        """cached_step with the records kept apart, one tensor per slot (the engine's own decoding graph,
-        mindgr.models.kv_cache.FastStepCell): nothing of the records is sliced, blended or copied back.
+    def prompt_blocks(self, k, v):
+        """The prompt's K [U, P, H, dqk] / V [U, P, H, dv] as per-user block-diagonal matrices over the heads,
+        K [U, H*dqk, H*P] and V [U, H*P, H*dv] (made once per prefill): record_step's prompt attention is then
+        two plain batched products in the token layout, no per-step transposes."""
+        u, p, h, dqk, dv = k.shape[0], k.shape[1], self.h, self.dqk, self.dv
+        eye = ops.eye(h, h, ms.float32)
+        kb = k.transpose(0, 2, 3, 1).reshape(u, h, dqk, 1, p) * eye.reshape(1, h, 1, h, 1)
+        vb = v.transpose(0, 2, 1, 3).reshape(u, h, p, 1, dv) * eye.reshape(1, h, 1, h, 1)
+        return kb.reshape(u, h * dqk, h * p), vb.reshape(u, h * p, h * dv)
 
-        x [N, D] (N = U*Bm); kp / vp, pidx, pmask as cached_step; krs / vrs: S tensors [N, H, d], slot s's
-        k / v of the beams of that step; anc [S, N] int32: each beam's ancestor row at slot s (rows of
-        slots >= this step's are unused); ridx [S] int32 / rmask [S]: the bias index and validity (slot <
-        this step's) of each slot -> (y [N, D], this token's k [N, H, dqk], v [N, H, dv])."""
+    def record_step(self, x, kb, vb, pidx, pmask, krs, vrs, anc, ridx, users: int, beam: int):
+        """cached_step with the records kept apart, one tensor per slot (the engine's own decoding graph,
+        mindgr.models.kv_cache.FastStepCell, one per decoded level): nothing of the records is sliced,
+        blended or copied back, and only the slots before this step's are read.
+
+        x [N, D] (N = U*Bm); kb / vb the prompt's K / V as prompt_blocks; pidx [U, P] int32 / pmask [U, P]
+        as cached_step; krs / vrs: the t earlier slots' k / v [N, H, d] (rows: the beams of that step); anc
+        [t, N] int32: each beam's ancestor row at each of them; ridx [t] int32: their bias index ->
+        (y [N, D], this token's k [N, H, dqk], v [N, H, dv])."""
         u, b, h, dqk, dv = users, beam, self.h, self.dqk, self.dv
         n = u * b
         inv_n = 1.0 / float(self.max_len)
         uu, v, q, k = silu_split(linear(layer_norm(x), self.w_uvqk), (h * dv, h * dv, h * dqk, h * dqk))
-        q4 = q.reshape(u, b, h, dqk)
-        sp = ops.matmul(q4.transpose(0, 2, 1, 3), kp.transpose(0, 2, 3, 1))                # [U, H, Bm, P]
-        wp = ops.silu(sp + ops.gather(self.w_pos, pidx, 0)[:, None, None, :])
-        wp = wp * (pmask * inv_n)[:, None, None, :]
-        attn = ops.matmul(wp, vp.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3).reshape(n, h, dv)
+        # the prompt part: scores [U, Bm, H*P] of every head at once against the block-diagonal keys
+        sp = ops.matmul(q.reshape(u, b, h * dqk), kb)
+        bias = ops.tile(ops.gather(self.w_pos, pidx, 0), (1, h))
+        wp = ops.silu(sp + bias[:, None, :]) * (ops.tile(pmask, (1, h)) * inv_n)[:, None, :]
+        attn = ops.matmul(wp, vb).reshape(n, h, dv)
         q3, k3, v3 = q.reshape(n, h, dqk), k.reshape(n, h, dqk), v.reshape(n, h, dv)
-        bias = ops.gather(self.w_pos, ridx, 0)
         wself = ops.silu((q3 * k3).sum(-1) + self.w_pos[self.max_len - 1]) * inv_n            # [N, H]
         attn = attn + wself[..., None] * v3
-        for s in range(len(krs)):                  # the ancestors, one slot at a time (masked past this step)
+        rbias = ops.gather(self.w_pos, ridx, 0)
+        for s in range(len(krs)):                  # the ancestors, one earlier slot at a time
             ka = ops.gather(krs[s], anc[s], 0)
-            ws = ops.silu((q3 * ka).sum(-1) + bias[s]) * (rmask[s] * inv_n)
+            ws = ops.silu((q3 * ka).sum(-1) + rbias[s]) * inv_n
             attn = attn + ws[..., None] * ops.gather(vrs[s], anc[s], 0)
         o = gated_layer_norm(uu, attn.reshape(n, h * dv))
         return x + linear(o, self.w_out) + self.b_out, k3, v3

@@ -56,7 +56,7 @@ class DecodeStepCell(nn.Cell):
 
 
 class FastPrefillCell(nn.Cell):
-    """PrefillCell with each block's prompt K, V apart: (level-0 logits, K_0.., V_0..) (the engine's graphs)."""
+    """The engine's prefill: (level-0 logits, then per block the prompt's K, V as HSTUBlock.prompt_blocks)."""
 
     def __init__(self, decoder, num_users: int, p_cap: int):
         super().__init__()
@@ -67,16 +67,16 @@ class FastPrefillCell(nn.Cell):
 
 
 class FastStepCell(nn.Cell):
-    """One decoded token per (user, beam) on records kept one tensor per (block, slot) -> (hidden [U*Bm, D]
-    (head "hidden") or logits, this token's K per block, V per block): the engine's own step graph."""
+    """The engine's step at one decoded level: the `used` earlier record slots in, one token per (user, beam)
+    -> (hidden [U*Bm, D] (head "hidden") or logits, then this token's K, V per block)."""
 
-    def __init__(self, decoder, num_users: int, beam: int, steps: int, head: str = "hidden"):
+    def __init__(self, decoder, num_users: int, beam: int, used: int, head: str = "hidden"):
         super().__init__()
-        self.dec, self.u, self.b, self.s, self.head = decoder, num_users, beam, steps, head
+        self.dec, self.u, self.b, self.used, self.head = decoder, num_users, beam, used, head
 
-    def construct(self, slots, kps, vps, pidx, pmask, krs, vrs, anc, ridx, rmask):
-        return self.dec.step_records(slots, kps, vps, pidx, pmask, krs, vrs, anc, ridx, rmask, self.u, self.b,
-                                     self.s, self.head)
+    def construct(self, slots, prompt, krs, vrs, anc, pidx, pmask, ridx):
+        return self.dec.step_records(slots, prompt, krs, vrs, anc, pidx, pmask, ridx, self.u, self.b, self.used,
+                                     self.head)
 
 
 def _inline(fn, *args):
@@ -123,12 +123,12 @@ class KVCacheState(DecodeState):
             self.prefill_net = PrefillCell(decoder, num_users, p_cap)
             self.step_net = DecodeStepCell(decoder, num_users, beam, p_cap, self.steps, parts)
             self.fast_prefill = FastPrefillCell(decoder, num_users, p_cap)
-            self.fast_step = FastStepCell(decoder, num_users, beam, self.steps)
-            for net in (self.prefill_net, self.step_net, self.fast_prefill, self.fast_step):
+            self.fast_step = [FastStepCell(decoder, num_users, beam, t) for t in range(self.steps)]  # per level
+            for net in [self.prefill_net, self.step_net, self.fast_prefill] + self.fast_step:
                 net.set_train(False)
         self.timings = {"prefill": 0.0, "step": 0.0}
         self.kr = self.vr = None
-        self._zero_rec = None
+        self.fast_active = False
 
     @property
     def gives_hidden(self) -> bool:
@@ -155,6 +155,7 @@ class KVCacheState(DecodeState):
     def _prefill_graph(self, slots, merged, offsets, last):
         """Every MindSpore call of a prefill (on the runner's thread): the graph, then empty records."""
         logits, self.kp, self.vp = self.prefill_net(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
+        self.fast_active = False
         if self.kr is None:      # empty records, made once: a step writes its slot (stale slots are masked)
             dec = self.dec
             shape = (dec.num_blocks, self.steps, self.u, self.b, dec.num_heads)
@@ -179,14 +180,9 @@ class KVCacheState(DecodeState):
 
     def _prefill_records_graph(self, slots, merged, offsets, last):
         out = self.fast_prefill(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
-        nb = self.dec.num_blocks
-        self.kps, self.vps = tuple(out[1:1 + nb]), tuple(out[1 + nb:])
-        if self._zero_rec is None:     # unwritten slots (masked in the step): one shared zero tensor each
-            dec = self.dec
-            self._zero_rec = (Tensor(np.zeros((self.u * self.b, dec.num_heads, dec.dqk), np.float32)),
-                              Tensor(np.zeros((self.u * self.b, dec.num_heads, dec.dv), np.float32)))
-        self.krs = [[self._zero_rec[0]] * self.steps for _ in range(nb)]
-        self.vrs = [[self._zero_rec[1]] * self.steps for _ in range(nb)]
+        self.prompt = tuple(out[1:])
+        self.recs = []                       # recs[t]: slot t's (K, V) per block, block-major
+        self.fast_active = True
         return out[0].asnumpy()
 
     def step_hidden(self, level, codes, parents):
@@ -201,30 +197,32 @@ class KVCacheState(DecodeState):
         j = np.arange(self.p)
         pidx = np.clip(n - 1 + j[None, :] - qpos[:, None], 0, 2 * n - 2).astype(np.int32)
         pmask = (j[None, :] < self.lengths[:, None]).astype(np.float32)
-        r = np.arange(self.steps)
-        ridx = np.clip(n - 1 + r - t, 0, 2 * n - 2).astype(np.int32)
-        rmask = (r < t).astype(np.float32)
+        used = max(t, 1)                     # (level 1 reads no slot: a placeholder input)
+        ridx = np.clip(n - 1 + np.arange(used) - t, 0, 2 * n - 2).astype(np.int32)
         # the ancestor of each beam at each earlier slot: its parent at t-1, the parent's parent at t-2, ...
-        anc = np.zeros((self.steps, u, b), np.int64)
+        anc = np.zeros((used, u, b), np.int64)
         cur = np.broadcast_to(np.arange(b), (u, b))
         for slot in range(t - 1, -1, -1):
             cur = np.take_along_axis(parents[slot + 1], cur, 1)
             anc[slot] = cur
-        anc = (anc + (np.arange(u) * b)[None, :, None]).reshape(self.steps, u * b).astype(np.int32)
+        anc = (anc + (np.arange(u) * b)[None, :, None]).reshape(used, u * b).astype(np.int32)
         t0 = time.perf_counter()
-        out = self.run(self._step_records_graph, t, slots, pidx, pmask, anc, ridx, rmask)
+        out = self.run(self._step_records_graph, t, slots, anc, pidx, pmask, ridx)
         self.timings["step"] += time.perf_counter() - t0
         return out.reshape(u, b, -1)
 
-    def _step_records_graph(self, t, slots, pidx, pmask, anc, ridx, rmask):
+    def _step_records_graph(self, t, slots, anc, pidx, pmask, ridx):
         nb = self.dec.num_blocks
-        krs = tuple(x for blk in self.krs for x in blk)
-        vrs = tuple(x for blk in self.vrs for x in blk)
+        if t:
+            krs = tuple(self.recs[s][2 * i] for i in range(nb) for s in range(t))
+            vrs = tuple(self.recs[s][2 * i + 1] for i in range(nb) for s in range(t))
+        else:                                # unused by the level-1 graph
+            krs = vrs = (self.prompt[0],)
         # mutable: tuples of tensors are graph inputs, not constants (no compile per call)
-        out = self.fast_step(Tensor(slots), mutable(self.kps), mutable(self.vps), Tensor(pidx), Tensor(pmask),
-                             mutable(krs), mutable(vrs), Tensor(anc), Tensor(ridx), Tensor(rmask))
-        for i in range(nb):
-            self.krs[i][t], self.vrs[i][t] = out[1 + i], out[1 + nb + i]
+        out = self.fast_step[t](Tensor(slots), mutable(self.prompt), mutable(krs), mutable(vrs), Tensor(anc),
+                                Tensor(pidx), Tensor(pmask), Tensor(ridx))
+        del self.recs[t:]
+        self.recs.append(tuple(out[1:]))
         return out[0].asnumpy()
 
     def _step(self, level, codes, parents, net):
@@ -262,5 +260,10 @@ class KVCacheState(DecodeState):
         return logits.asnumpy()
 
     def nbytes(self) -> dict:
-        """Bytes the cache really holds: the shared prompt part and the per-beam records."""
+        """Bytes the cache really holds: the shared prompt part and the per-beam records (of the last
+        prefill's layout: the stacked one, or the engine's own, whose prompt K/V are block-diagonal over
+        the heads and whose records are the slots written so far)."""
+        if self.fast_active:
+            return {"prompt": int(sum(t.nbytes for t in self.prompt)),
+                    "beams": int(sum(t.nbytes for rec in self.recs for t in rec))}
         return {"prompt": int(self.kp.nbytes + self.vp.nbytes), "beams": int(self.kr.nbytes + self.vr.nbytes)}

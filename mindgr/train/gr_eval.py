@@ -39,10 +39,22 @@ def eval_users(num: int, max_users: int, seed: int = 0) -> np.ndarray:
 
 
 def history_buckets(max_history: int) -> list:
-    """Prompt capacities (in items) of the decoding engines: users are decoded by the smallest that holds
-    their prompt, so short histories are not padded to the longest (a fixed, small set of shapes)."""
-    caps = sorted({max(1, max_history // 4), max(1, max_history // 2), max_history})
-    return caps
+    """Prompt capacities (in items) of the decoding engines: one, the longest prompt. The engine's cost per
+    user hardly depends on the prompt (its step reads the prompt's K/V once per beam), while every capacity
+    is its own compiled graphs and memory: one shape serves every user, validation and test alike."""
+    return [max(1, max_history)]
+
+
+def peak_rss_mb() -> float:
+    """This process's resident high-water mark (VmHWM; 0 where /proc is missing): training and decoding so far."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
 
 
 USER_METRIC_PREFIX = "metric_"   # a ranks file's extra per-user metrics (page recall), -1 = not evaluated
@@ -70,7 +82,7 @@ def page_recall(items: np.ndarray, pages, histories, ks) -> dict:
 
 
 _ENGINES: "OrderedDict" = None
-_KEEP_ENGINES = 6
+_KEEP_ENGINES = 2
 
 
 def _engine(decoder, trie, codes, beam, p_cap, n_users, engine_options):
@@ -118,8 +130,10 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
                      num_items: int, filter_history=True, engine_options: dict | None = None, progress=None):
     """(greater, ties, stats) of evalset's users `rows`, decoded batch_users at a time; filter_history may be
     a bool or a tuple of bools (then greater and ties are dicts by value: one decode gives both rankings).
-    Users are grouped by prompt length into a few engines (history_buckets); each user's list does not
-    depend on its group (the prompt's K/V and position biases are per user). progress(done, total, seconds),
+    Every user is decoded at one prompt capacity and batch shape (history_buckets), so one engine (its
+    compiled graphs) serves validation and test; a user's list does not depend on its batch (the prompt's
+    K/V and position biases are per user). Batches are decoded one after another and only their ranks are
+    kept (peak memory: one batch's search). progress(done, total, seconds),
     if given, is called after every batch (progress_printer throttles it)."""
     from mindgr.models.generative import max_prompt_tokens
     flags = tuple(filter_history) if isinstance(filter_history, (tuple, list)) else (bool(filter_history),)
@@ -141,7 +155,7 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
         members = np.flatnonzero(bucket == b)
         if not len(members):
             continue
-        n_users = max(1, min(batch_users, len(members)))
+        n_users = batch_users     # one shape for every batch (the last one padded): validation's and test's alike
         engine = _engine(decoder, trie, codes, beam, cap * per_item, n_users, engine_options)
         for lo in range(0, len(members), n_users):
             idx = members[lo:lo + n_users]
@@ -164,7 +178,7 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
     stats = {"users": int(len(rows)), "beam": beam, "decode_s": seconds,
              "users_per_s": len(rows) / seconds if seconds > 0 else 0.0,
              "prompt_tokens_mean": prompt_tokens / max(len(rows), 1), "prompt_caps_items": caps,
-             "prefill_s": timings["prefill"], "step_s": timings["model"]}
+             "prefill_s": timings["prefill"], "step_s": timings["model"], "peak_rss_mb": round(peak_rss_mb(), 1)}
     if recall is not None:
         stats["page_recall"] = recall if isinstance(filter_history, (tuple, list)) else recall[flags[0]]
     ties = {f: np.zeros(len(rows), np.int64) for f in flags}

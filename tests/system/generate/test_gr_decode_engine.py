@@ -16,7 +16,10 @@ from mindgr.generate.beam import select_full_sort
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder
 from mindgr.ops import set_backend
+from mindgr.generate.beam import beam_search
+from mindgr.generate.children import select_ragged
 from mindgr.generate.engine import DecodingEngine, select_partial
+from mindgr.models.generative import RecomputeScorer
 from gr_fixtures import fast_backend, random_codes  # noqa: F401
 
 # slow: engine vs naive over several models and beam widths (~20 s)
@@ -25,10 +28,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 
 
 
-def case(seed, merger, sizes, num_items, users, dim=8, blocks=2):
+def case(seed, merger, sizes, num_items, users, dim=8, blocks=2, trie_softmax=False):
     rng = np.random.default_rng(seed)
     codes = random_codes(rng, num_items, sizes)
-    dec = GRDecoder(sizes, dim, blocks, 2, 4, 4, max_len=16, token_merger=merger, seed=seed, num_items=num_items)
+    dec = GRDecoder(sizes, dim, blocks, 2, 4, 4, max_len=16, token_merger=merger, seed=seed, num_items=num_items,
+                    trie_softmax=trie_softmax)
     for p in dec.trainable_params():
         p.set_data(Tensor((rng.standard_normal(p.shape) * 0.3).astype(np.float32)))
     hist = [rng.integers(1, num_items + 1, int(rng.integers(1, 4))) for _ in range(users)]
@@ -132,6 +136,60 @@ def test_partial_selection_equals_full_sort(seed):
     np.testing.assert_array_equal(got[1][live], want[1][live])
 
 
+@pytest.mark.parametrize("seed,merger,trie_softmax,beam,users", [(21, "item", True, 6, 5), (22, "none", False, 9, 3),
+                                                                 (23, "pairs", True, 3, 4), (24, "item", False, 40, 2)])
+def test_children_scoring_equals_full_scoring_and_the_reference(seed, merger, trie_softmax, beam, users):
+    """The engine's default scoring (the trie's allowed codes only: the step graph without the code head, the
+    head on the host, ragged top-k over many users' beams at once) returns the lists of the whole-level
+    scoring, of the plain beam search over recomputed sequences and of the per-beam cache (whose logits
+    are gathered at the allowed codes): with and without the trie softmax, fewer users than the batch
+    capacity, and a beam wider than the trie's first level (dead beams)."""
+    sizes = [5, 3, 3, 2] if seed % 2 else [4, 4, 3]
+    codes, dec, hist = case(seed, merger, sizes, 40, users, trie_softmax=trie_softmax)
+    trie = PrefixTrie(codes, sizes)
+    k = min(beam, 4)
+    cap = users + 1
+    children = DecodingEngine(dec, trie, codes, beam, 12, num_users=cap)
+    full = DecodingEngine(dec, trie, codes, beam, 12, num_users=cap, head="full")
+    per_beam = DecodingEngine(dec, trie, codes, beam, 12, num_users=cap, cache="per_beam")
+    assert children.state.gives_hidden and not getattr(per_beam.state, "gives_hidden", False)
+    items, scores = children.search(hist, k)
+    ref_items, ref_scores = beam_search(trie, RecomputeScorer(dec, hist, codes, beam, 12), users, beam, k,
+                                        renormalize=trie_softmax)
+    np.testing.assert_array_equal(items, ref_items)
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-5, atol=2e-5)
+    for other in (full, per_beam):
+        o_items, o_scores = other.search(hist, k)
+        np.testing.assert_array_equal(o_items, items)
+        np.testing.assert_allclose(o_scores, scores, rtol=1e-5, atol=2e-5)
+    if beam > trie.masks[0][0].sum():          # more beams than first codes: the dead slots agree too
+        assert (children.search(hist, beam)[0] == full.search(hist, beam)[0]).all()
+    # the engine's state is reused by the next batch: another order of the users gives their own lists
+    np.testing.assert_array_equal(children.search(hist[::-1], k)[0], items[::-1])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_ragged_selection_equals_stable_sort(seed):
+    """select_ragged (per user the width best of a ragged candidate list, in tie order) against a stable sort
+    per user, with exact ties (values from a few integers), -inf candidates and users with no candidates."""
+    rng = np.random.default_rng(seed)
+    users, width = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+    counts = rng.integers(0, 14, users)
+    owner = np.repeat(np.arange(users), counts)
+    vals = rng.integers(-4, 2, owner.shape[0]).astype(np.float32)
+    vals[rng.random(vals.shape) < 0.2] = -np.inf
+    pick, score = select_ragged(vals, owner, users, width)
+    first = np.cumsum(counts) - counts
+    for u in range(users):
+        mine = vals[first[u]:first[u] + counts[u]]
+        order = np.argsort(-mine, kind="stable")[:width]
+        order = order[np.isfinite(mine[order])]
+        n = order.shape[0]
+        np.testing.assert_array_equal(pick[u, :n], first[u] + order)
+        np.testing.assert_array_equal(score[u, :n], mine[order])
+        assert (pick[u, n:] == -1).all() and np.isneginf(score[u, n:]).all()
+
+
 def test_bad_engine_options_are_one_line():
     codes, dec, _ = case(0, "none", [3, 3], 6, users=1)
     trie = PrefixTrie(codes, [3, 3])
@@ -139,5 +197,7 @@ def test_bad_engine_options_are_one_line():
         DecodingEngine(dec, trie, codes, 4, 6, 1, cache="dense")
     with pytest.raises(ValueError, match="decode selection = 'heap': expected one of partial, full_sort"):
         DecodingEngine(dec, trie, codes, 4, 6, 1, selection="heap")
+    with pytest.raises(ValueError, match="decode head = 'all': expected one of children, full"):
+        DecodingEngine(dec, trie, codes, 4, 6, 1, head="all")
     with pytest.raises(ValueError, match="exceeds the decoder's max_len 16"):
         DecodingEngine(dec, trie, codes, 4, 16, 1)
