@@ -70,7 +70,8 @@ class HSTUBlock(nn.Cell):
     def prompt_forward(self, x, offsets, timestamps, rows: int, row_len: int):
         """The block over prompts laid out one per `row_len` tokens -> (y [T, D], K [rows, row_len, H, dqk],
         V [rows, row_len, H, dv]): its output and the keys / values decoded tokens attend to."""
-        _, v, _, k = self._uvqk_plain(x)
+        hv, hqk = self.h * self.dv, self.h * self.dqk
+        _, v, _, k = silu_split(linear(layer_norm(x), self.w_uvqk), (hv, hv, hqk, hqk))   # as construct's
         y = self.construct(x, offsets, timestamps)     # (graph mode cannot call `self`)
         return y, k.reshape(rows, row_len, self.h, self.dqk), v.reshape(rows, row_len, self.h, self.dv)
 
