@@ -8,7 +8,12 @@ Ideas (xGR, arXiv 2512.11529), as built here:
   attention has no softmax normaliser, so a token's attention is (its part over the shared prompt) + (its
   part over its ancestry). The engine sees none of that: a decoder with another state (a recurrent one
   for linear attention) is decoded by the same engine.
-- Early sorting termination: `select_partial` keeps per beam only its best candidates
+- Only the trie's children scored (`head="children"`, the default: mindgr.generate.children): after the
+  first level a beam's candidates are the few codes the trie allows after its prefix, so the step graph
+  gives hidden vectors (no code head), the head runs on the host for those (beam, code) pairs only, and
+  every user's best candidates are chosen from the ragged pairs at once. `head="full"` is the path before:
+  every code of the level scored, masked and selected (with the two options below).
+- Early sorting termination (head "full"): `select_partial` keeps per beam only its best candidates
   (argpartition, no sort), drops whole beams whose best candidate is below a threshold (a lower bound
   of the width-th best score, from the beams' maxima), and sorts only the `width` winners; never a full
   sort of beam x vocabulary.

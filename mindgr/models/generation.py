@@ -45,6 +45,12 @@ class DecodeState(abc.ABC):
         """Level `level` >= 1: codes [U, Bm] chosen at level-1, one per beam; parents[t] [U, Bm] is the beam
         (among level t-1's) each level-t beam forked from, t = 1..level-1 -> logits [U, Bm, sum K]."""
 
+    # Optional (the engine's fast scoring, mindgr.generate.children): a state whose `gives_hidden` is true
+    # also has prefill_records(prompts) -> level-0 logits (a prefill for the next two), step_hidden(level,
+    # codes, parents) -> the final normalised hidden vectors [U, Bm, D] instead of logits, and
+    # head_weights() -> (w_t [sum K, D], bias [sum K]): the code head, applied by the engine to the allowed
+    # codes only. Any other state is scored from its step's logits.
+
     @abc.abstractmethod
     def share_graphs(self, other: "DecodeState"):
         """Run `other`'s compiled graphs (same decoder and shapes): two states, one compile."""
