@@ -26,7 +26,10 @@ def test_gr_export_round_trip_is_bit_identical(tmp_path):
     rec = gr.GenerativeRecommender(bundle, beam=4, shapes=(1,))
     eng = rec.engines[0][1]
     hist = [np.array([3, 9, 17])]
-    want_items, want_scores = eng.search(hist, 4)
+    want_items, _ = eng.search(hist, 4)                   # the engine's own graphs (children scoring)
+    eng.head = "full"                                      # the stacked graphs: what the export holds
+    full_items, want_scores = eng.search(hist, 4)
+    np.testing.assert_array_equal(full_items, want_items)
     step_inputs = eng.state.last_step_inputs
     want_step = [t.asnumpy() for t in eng.state.step_net(*step_inputs)]
     prefill, step = graphs[1]
