@@ -12,14 +12,12 @@ import pytest
 
 from mindspore import Tensor
 
-from mindgr.generate.beam import select_full_sort
-from mindgr.ids.trie import PrefixTrie
-from mindgr.models.generative import GRDecoder
-from mindgr.ops import set_backend
-from mindgr.generate.beam import beam_search
+from mindgr.generate.beam import beam_search, select_full_sort
 from mindgr.generate.children import select_ragged
 from mindgr.generate.engine import DecodingEngine, select_partial
-from mindgr.models.generative import RecomputeScorer
+from mindgr.ids.trie import PrefixTrie
+from mindgr.models.generative import GRDecoder, RecomputeScorer
+from mindgr.ops import set_backend
 from gr_fixtures import fast_backend, random_codes  # noqa: F401
 
 # slow: engine vs naive over several models and beam widths (~20 s)
