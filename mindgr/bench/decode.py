@@ -377,20 +377,20 @@ def run(args) -> int:
         shape_child(args)
         return 0
     if args.shape == "beauty":
-        out = measure_shape(args)
-        print_shape(out)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(out, f, indent=1)
-        return 0
-    if args.backbone == "linear":
-        out = measure_linear(args)
-        print_linear(out)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(out, f, indent=1)
-        return 0
-    out = measure(args)
+        measure_fn, print_fn = measure_shape, print_shape
+    elif args.backbone == "linear":
+        measure_fn, print_fn = measure_linear, print_linear
+    else:
+        measure_fn, print_fn = measure, print_engine_vs_naive
+    out = measure_fn(args)
+    print_fn(out)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+def print_engine_vs_naive(out):
     print(f"{'prompt':>6} {'beam':>4} | {'engine ms/step: model (prompt, beam) select masks':<52} | "
           f"{'naive ms/step: model select masks':<36} | step ratio | request ms engine / naive (ratio)")
     for r in out["results"]:
@@ -398,10 +398,6 @@ def run(args) -> int:
               f" {r['e_select']:8.3f} {r['e_masks']:8.3f}{'':>8} | {r['n_model']:9.2f} {r['n_select']:8.3f}"
               f" {r['n_masks']:8.2f}{'':>7} | {r['step_ratio']:9.1f}x | {r['e_request']:8.1f} / "
               f"{r['n_request']:8.1f} ({r['request_ratio']:.1f}x)")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
-    return 0
 
 
 def main(argv=None):
