@@ -88,9 +88,7 @@ def level_lse(rows: np.ndarray, w_level: np.ndarray, b_level: np.ndarray) -> np.
     out = np.empty(rows.shape[0], np.float64)
     step = max(1, (1 << 22) // max(w_level.shape[1], 1))
     for lo in range(0, rows.shape[0], step):
-        z = (rows[lo:lo + step] @ w_level + b_level).astype(np.float64)
-        m = z.max(1, keepdims=True)
-        out[lo:lo + step] = (m + np.log(np.exp(z - m).sum(1, keepdims=True)))[:, 0]
+        out[lo:lo + step] = level_lse_logits(rows[lo:lo + step] @ w_level + b_level)
     return out
 
 
