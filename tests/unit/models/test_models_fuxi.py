@@ -16,7 +16,7 @@ import pytest
 from mindspore import Tensor, nn  # noqa: E402
 
 import fuxi_numpy as fn  # noqa: E402
-from block_grad import BlockGrad  # noqa: E402
+from block_grad import BlockGrad, check_directional_grads  # noqa: E402
 from mindgr.config import ConfigError, load_config  # noqa: E402
 from mindgr.models import build_encoder, fuxi  # noqa: E402
 from mindgr.models.fuxi import FuXiAlpha, FuXiBlock  # noqa: E402
@@ -80,15 +80,8 @@ def test_block_forward_and_gradients_match_numpy(backend, h, time_bias):
 
         np.testing.assert_allclose(y.asnumpy(), oracle(p), rtol=1e-4, atol=1e-5)
         c64 = c.astype(np.float64)
-        eps = 1e-5
-        for name, g in grads.items():
-            for _ in range(2):
-                d = rng.standard_normal(g.shape)
-                plus, minus = dict(p), dict(p)
-                plus[name], minus[name] = p[name] + eps * d, p[name] - eps * d
-                fd = ((oracle(plus) - oracle(minus)) * c64).sum() / (2 * eps)
-                an = float((g.astype(np.float64) * d).sum())
-                assert abs(an - fd) <= 3e-4 * float(np.abs(g * d).sum()) + 1e-6, (name, lengths, an, fd)
+        check_directional_grads(lambda q: float((oracle(q) * c64).sum()), p, grads, rng, directions=2,
+                                context=(lengths,))
         # the attention channels reach real tokens only: a tail token is a plain residual + FFN token
         x2 = x.copy()
         x2[total:] = rng.standard_normal((T_CAP - total, D)) * 10
@@ -302,15 +295,8 @@ def test_block_tensor_by_tensor_against_the_published_padded_form(backend, time_
     (_, _), (gx, gw) = grad_cell(Tensor(x), Tensor(offsets), Tensor(ts), Tensor(cot))
     grads = {"x": gx.asnumpy(), **{short(p): g.asnumpy() for p, g in zip(grad_cell.weights, gw)}}
     p = dict(values, x=x.astype(np.float64))
-    eps = 1e-5
 
     def f(q):  # the block without request times (BlockGrad's call), summed against the cotangent
-        return (fn.dense_block(q["x"], offsets, ts, q, h, DQK, DV, n)["y"] * cot).sum()
+        return float((fn.dense_block(q["x"], offsets, ts, q, h, DQK, DV, n)["y"] * cot).sum())
 
-    for name, g in grads.items():
-        d = rng.standard_normal(g.shape)
-        plus, minus = dict(p), dict(p)
-        plus[name], minus[name] = p[name] + eps * d, p[name] - eps * d
-        fd = (f(plus) - f(minus)) / (2 * eps)
-        an = float((g.astype(np.float64) * d).sum())
-        assert abs(an - fd) <= 3e-4 * float(np.abs(g * d).sum()) + 1e-6, (name, an, fd)
+    check_directional_grads(f, p, grads, rng)
