@@ -20,6 +20,7 @@ construct(slots, merged, offsets) -> hidden and logits(hidden).
 from __future__ import annotations
 
 import abc
+import time
 
 import numpy as np
 
@@ -34,6 +35,13 @@ class DecodeState(abc.ABC):
     `timings` holds the seconds spent in "prefill" and "step" model calls."""
 
     timings: dict
+
+    def timed(self, phase: str, fn, *args):
+        """fn(*args) on the state's runner, its wall seconds added to timings[phase]."""
+        t0 = time.perf_counter()
+        out = self.run(fn, *args)
+        self.timings[phase] += time.perf_counter() - t0
+        return out
 
     @abc.abstractmethod
     def prefill(self, prompts) -> np.ndarray:

@@ -18,7 +18,6 @@ writes as MindIR (mindgr.serve.export): their inputs are the export format.
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 from mindspore import Tensor, mutable, nn
@@ -101,6 +100,13 @@ def prompt_batch(dec, prompts, u: int, p: int):
     return slots, merged, np.asarray(bounds, np.int32), last, lengths
 
 
+def run_prefill(state, graph, prompts):
+    """A decoding state's prefill: the prompts laid out (the state keeps their lengths), then
+    graph(slots, merged, offsets, last) timed on the state's runner -> its level-0 logits."""
+    slots, merged, offsets, last, state.lengths = prompt_batch(state.dec, prompts, state.u, state.p)
+    return state.timed("prefill", graph, slots, merged, offsets, last)
+
+
 class KVCacheState(DecodeState):
     """Shared prompt K/V + append-only per-beam records with parent indices, for num_users x beam."""
 
@@ -146,11 +152,7 @@ class KVCacheState(DecodeState):
                 np.asarray(self.dec.b_head.asnumpy(), np.float32))
 
     def prefill(self, prompts):
-        slots, merged, offsets, last, self.lengths = prompt_batch(self.dec, prompts, self.u, self.p)
-        t0 = time.perf_counter()
-        logits = self.run(self._prefill_graph, slots, merged, offsets, last)
-        self.timings["prefill"] += time.perf_counter() - t0
-        return logits
+        return run_prefill(self, self._prefill_graph, prompts)
 
     def _prefill_graph(self, slots, merged, offsets, last):
         """Every MindSpore call of a prefill (on the runner's thread): the graph, then empty records."""
@@ -172,11 +174,7 @@ class KVCacheState(DecodeState):
     # ---- the engine's own graphs: prompt K/V and records one tensor per (block, slot), no code head ----------
     def prefill_records(self, prompts):
         """prefill through the engine's own graph (each block's prompt K/V apart) -> level-0 logits [U, sum K]."""
-        slots, merged, offsets, last, self.lengths = prompt_batch(self.dec, prompts, self.u, self.p)
-        t0 = time.perf_counter()
-        logits = self.run(self._prefill_records_graph, slots, merged, offsets, last)
-        self.timings["prefill"] += time.perf_counter() - t0
-        return logits
+        return run_prefill(self, self._prefill_records_graph, prompts)
 
     def _prefill_records_graph(self, slots, merged, offsets, last):
         out = self.fast_prefill(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
@@ -206,9 +204,7 @@ class KVCacheState(DecodeState):
             cur = np.take_along_axis(parents[slot + 1], cur, 1)
             anc[slot] = cur
         anc = (anc + (np.arange(u) * b)[None, :, None]).reshape(used, u * b).astype(np.int32)
-        t0 = time.perf_counter()
-        out = self.run(self._step_records_graph, t, slots, anc, pidx, pmask, ridx)
-        self.timings["step"] += time.perf_counter() - t0
+        out = self.timed("step", self._step_records_graph, t, slots, anc, pidx, pmask, ridx)
         return out.reshape(u, b, -1)
 
     def _step_records_graph(self, t, slots, anc, pidx, pmask, ridx):
@@ -246,10 +242,8 @@ class KVCacheState(DecodeState):
             if slot > 0:
                 cur = np.take_along_axis(parents[slot], cur, 1)
         flat = (r[None, None, :] * u + np.arange(u)[:, None, None]) * b + anc
-        t0 = time.perf_counter()
-        logits = self.run(self._step_graph, net, slots, pidx, pmask, onehot, flat.reshape(-1).astype(np.int32),
-                          ridx, rmask)
-        self.timings["step"] += time.perf_counter() - t0
+        logits = self.timed("step", self._step_graph, net, slots, pidx, pmask, onehot,
+                            flat.reshape(-1).astype(np.int32), ridx, rmask)
         return logits.reshape(u, b, -1)
 
     def _step_graph(self, net, slots, pidx, pmask, onehot, anc, ridx, rmask):

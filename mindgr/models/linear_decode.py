@@ -23,14 +23,13 @@ serves every level; one prefill graph per (users, P_cap), the HSTU state's promp
 """
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import mindspore as ms
 from mindspore import Tensor, mutable, nn, ops
 
 from mindgr.models.generation import DecodeState
-from mindgr.models.kv_cache import _inline, prompt_batch
+from mindgr.models.kv_cache import _inline, run_prefill
 from mindgr.models.layers import layer_norm
 from mindgr.models.ntp import code_tokens
 
@@ -186,11 +185,7 @@ class _LinearState(DecodeState):
         self.timings = {"prefill": 0.0, "step": 0.0}
 
     def prefill(self, prompts):
-        slots, merged, offsets, last, self.lengths = prompt_batch(self.dec, prompts, self.u, self.p)
-        t0 = time.perf_counter()
-        logits = self.run(self._prefill_graph, slots, merged, offsets, last)
-        self.timings["prefill"] += time.perf_counter() - t0
-        return logits
+        return run_prefill(self, self._prefill_graph, prompts)
 
     def _prefill_graph(self, slots, merged, offsets, last):
         logits, states = self.prefill_net(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
@@ -233,9 +228,7 @@ class RecordState(_LinearState):
         anc = ancestry_index(parents, level, self.u, self.b, self.steps).reshape(-1).astype(np.int32)
         onehot = (np.arange(self.steps) == level - 1).astype(np.float32)
         pw, rw = decay_weights(self.decays, level, self.steps)
-        t0 = time.perf_counter()
-        logits = self.run(self._step_graph, slots, onehot, anc, pw, rw)
-        self.timings["step"] += time.perf_counter() - t0
+        logits = self.timed("step", self._step_graph, slots, onehot, anc, pw, rw)
         return logits.reshape(self.u, self.b, -1)
 
     def _step_graph(self, slots, onehot, anc, pw, rw):
@@ -277,9 +270,7 @@ class PerBeamState(_LinearState):
         slots = self._tokens(level, codes)
         t = level - 1
         parent = np.arange(self.u)[:, None] * self.b + (parents[t] if t > 0 else np.arange(self.b)[None, :])
-        t0 = time.perf_counter()
-        logits = self.run(self._step_graph, slots, parent.reshape(-1).astype(np.int32))
-        self.timings["step"] += time.perf_counter() - t0
+        logits = self.timed("step", self._step_graph, slots, parent.reshape(-1).astype(np.int32))
         return logits.reshape(self.u, self.b, -1)
 
     def _step_graph(self, slots, parent):

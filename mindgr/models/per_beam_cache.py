@@ -12,14 +12,13 @@ shared state avoids. Fixed shapes: one expand graph per (users, beam, P_cap), on
 """
 from __future__ import annotations
 
-import time
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindgr.models.generation import DecodeState
-from mindgr.models.kv_cache import PrefillCell, _inline, prompt_batch
+from mindgr.models.kv_cache import PrefillCell, _inline, run_prefill
 from mindgr.models.layers import layer_norm
 from mindgr.models.ntp import code_tokens
 
@@ -77,11 +76,7 @@ class PerBeamKVState(DecodeState):
         self.prefill_net, self.expand_net, self.step_net = other.prefill_net, other.expand_net, other.step_net
 
     def prefill(self, prompts):
-        slots, merged, offsets, last, self.lengths = prompt_batch(self.dec, prompts, self.u, self.p)
-        t0 = time.perf_counter()
-        logits = self.run(self._prefill_graph, slots, merged, offsets, last)
-        self.timings["prefill"] += time.perf_counter() - t0
-        return logits
+        return run_prefill(self, self._prefill_graph, prompts)
 
     def _prefill_graph(self, slots, merged, offsets, last):
         logits, kp, vp = self.prefill_net(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
@@ -107,10 +102,8 @@ class PerBeamKVState(DecodeState):
         slot = np.zeros(p + self.steps, np.float32)
         slot[p + t] = 1.0
         per_beam = lambda a: np.repeat(a, b, axis=0)                   # noqa: E731  [U, L] -> [U*Bm, L]
-        t0 = time.perf_counter()
-        logits = self.run(self._step_graph, slots, parent.reshape(-1).astype(np.int32), slot,
-                          per_beam(idx).astype(np.int32), per_beam(mask).astype(np.float32))
-        self.timings["step"] += time.perf_counter() - t0
+        logits = self.timed("step", self._step_graph, slots, parent.reshape(-1).astype(np.int32), slot,
+                            per_beam(idx).astype(np.int32), per_beam(mask).astype(np.float32))
         return logits.reshape(u, b, -1)
 
     def _step_graph(self, slots, parent, slot, idx, mask):
