@@ -465,9 +465,13 @@ def _validate_cross(cfg: Config):
                               f"!= parallel.nproc = {p.nproc}")
         if p.nodes and p.nproc > 1 and p.nproc % p.nodes:
             raise ConfigError(f"config: parallel.nodes = {p.nodes} does not divide parallel.nproc = {p.nproc}")
-        if cfg.loss.negatives != "per_token":
-            raise ConfigError(f"config: parallel.sparse = {p.sparse} needs loss.negatives = per_token "
-                              f"(not {cfg.loss.negatives})")
+        if cfg.loss.negatives not in ("per_token", "shared_pool"):
+            raise ConfigError(f"config: parallel.sparse = {p.sparse} needs loss.negatives = per_token or "
+                              f"shared_pool (not {cfg.loss.negatives})")
+        if cfg.loss.negatives == "shared_pool" and cfg.loss.sampling != "uniform":
+            # the frequency layout's cut and the byte model count a uniform pool
+            raise ConfigError(f"config: parallel.sparse = {p.sparse} with loss.negatives = shared_pool needs "
+                              f"loss.sampling = uniform (not {cfg.loss.sampling})")
     if not cfg.eval.ks or min(cfg.eval.ks) < 1:
         raise ConfigError(f"config: eval.ks = {cfg.eval.ks!r}: expected a non-empty list of integers >= 1")
     if cfg.eval.beam and cfg.eval.beam < max(cfg.eval.ks):

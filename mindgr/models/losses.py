@@ -32,6 +32,24 @@ def sampled_softmax_mean(out, table, targets, negatives, inv_tau: float, score_a
     return (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))
 
 
+def shared_negatives_mean(out, table, targets, neg_ids, neg_logq, inv_tau: float, fp16: bool):
+    """The shared-candidate sampled softmax above, averaged over the positions with a target: out [T, D] and
+    table [rows, D] unit vectors, targets [T] and neg_ids [K] row indices of table (0 = no target / unused
+    slot), neg_logq [K] the correction. Also the pool loss of the sharded layout
+    (mindgr.parallel.sparse.step), where table holds only the batch's rows."""
+    tgt = targets.astype(ms.int32)
+    x = out * inv_tau                                                        # logits = x . e
+    pos = (x * ops.gather(table, tgt, 0)).sum(-1)                            # [T]
+    cand = ops.gather(table, neg_ids, 0)                                     # [K, D]
+    if fp16:
+        cand = cand.astype(ms.float16)
+    # log(exp(pos) + sum over the candidates (masked: id 0, accidental hits) of exp(x . e - logQ))
+    lse = shared_pool_lse(x, cand, neg_logq, neg_ids, tgt, pos)
+    valid = (tgt > 0).astype(ms.float32)
+    per_token = lse - pos
+    return (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))
+
+
 def use_score_all(num_items: int, num_negatives: int) -> bool:
     """Score every item with one [T, D] x [D, V] matmul and pick the sampled columns, or gather [T, R, D].
 
@@ -67,14 +85,4 @@ class SharedNegativesLoss(nn.Cell):
     def construct(self, ids, positions, offsets, timestamps, request_times, targets, neg_ids, neg_logq, drop):
         out = self.encoder(ids, positions, offsets, timestamps, drop, request_times)   # [T, D], unit rows
         table = self.encoder.item_table()
-        tgt = targets.astype(ms.int32)
-        x = out * self.inv_tau                                               # logits = x . e
-        pos = (x * ops.gather(table, tgt, 0)).sum(-1)                        # [T]
-        cand = ops.gather(table, neg_ids, 0)                                 # [K, D]
-        if self.fp16:
-            cand = cand.astype(ms.float16)
-        # log(exp(pos) + sum over the candidates (masked: id 0, accidental hits) of exp(x . e - logQ))
-        lse = shared_pool_lse(x, cand, neg_logq, neg_ids, tgt, pos)
-        valid = (tgt > 0).astype(ms.float32)
-        per_token = lse - pos
-        return (per_token * valid).sum() / ops.maximum(valid.sum(), ops.ones_like(valid.sum()))
+        return shared_negatives_mean(out, table, targets, neg_ids, neg_logq, self.inv_tau, self.fp16)

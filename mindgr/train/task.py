@@ -162,9 +162,10 @@ class RetrievalTask(Task):
 
     def check_config(self, executor: str):
         super().check_config(executor)
-        if executor != "local" and self.cfg.loss.negatives != "per_token":
-            raise ConfigError(f"config: loss.negatives = {self.cfg.loss.negatives!r}: only per_token is supported "
-                              "with more than one process so far")
+        neg = self.cfg.loss.negatives
+        if executor != "local" and neg != "per_token" and not (executor == "sharded_table" and neg == "shared_pool"):
+            raise ConfigError(f"config: loss.negatives = {neg!r}: with more than one process only per_token is "
+                              "supported (and shared_pool with a sharded table, parallel.sparse)")
 
     def load(self, run_dir=None, resuming: bool = False):
         from mindgr.train.data import RunData
@@ -214,23 +215,27 @@ class RetrievalTask(Task):
 
     def rank_inputs(self, epoch: int, b: int, indices, share, shape):
         """This rank's sequences packed at its capacities, with its rows of the single-process draws (or its
-        own per-sequence draws under parallel.draws=sequence)."""
+        own per-sequence draws under parallel.draws=sequence); a shared pool is the single process's, whole."""
         from mindgr.datasets import build_batch
         from mindgr.train.rank_draws import SequenceDraws, local_rows
         from mindgr.train.step import StepInputs
         tr, sh = self.data.train, shape
         batch = build_batch(share.indices, tr.inputs, tr.times, tr.targets, sh.rank_tokens, sh.rank_rows,
                             tr.request_times)
+        shared = self.sampler.negatives.shared
         if self.cfg.parallel.draws == "sequence":
             if self.seq_draws is None:
                 sites, _, width = self.sampler.shape
-                self.seq_draws = SequenceDraws(self.cfg.run.seed, self.data.num_items, self.cfg.loss.num_negatives,
+                self.seq_draws = SequenceDraws(self.cfg.run.seed, self.data.num_items,
+                                               0 if shared else self.cfg.loss.num_negatives,
                                                self.cfg.model.dropout, sites, width)
             negatives, drop = self.seq_draws.draw(epoch, share.indices, tr.lengths[share.indices], sh.rank_tokens)
         else:                    # the single-process draws: negatives of the global batch, masks of own rows
-            negatives = self.sampler.draw_negatives(epoch, b)
-            negatives = local_rows(negatives, share.token_src, sh.rank_tokens, fill=1)
+            if not shared:
+                negatives = local_rows(self.sampler.draw_negatives(epoch, b), share.token_src, sh.rank_tokens, fill=1)
             drop = self.sampler.masks.rows(epoch, b, share.token_src, sh.rank_tokens)
+        if shared:    # the single process's pool of the global batch: the same ids on every rank, whatever draws
+            negatives = self.sampler.draw_negatives(epoch, b)
         inputs = StepInputs.from_batch(batch, negatives, drop, share.scale)
         return inputs, {"tokens": share.global_tokens, "lengths": share.lengths, "targets": share.global_targets}
 

@@ -3,7 +3,8 @@ retrieval task (a task with an item table).
 
 Per step s, on every rank (docs/sparse.md):
   input thread  its share of the global batch (as DataParallelExecutor), the distinct ids of its tokens,
-                targets and negatives, every id remapped to its slot in that list (padded to U_cap)
+                targets and negatives (per-token, or the step's shared pool: the same ids on every rank),
+                every id remapped to its slot in that list (padded to U_cap)
   lookup        the rows of those ids from their owners (ShardedTable.lookup, inside the shard group)
   background    (staleness >= 1) the cross-node exchange of step s-1's embedding gradient
   compute       RowsGrads: loss, gradient of the rows, dense gradients (no communication)
@@ -41,7 +42,7 @@ class SparseModel:
         from mindgr.parallel.dp import ReduceApply
         from mindgr.parallel.sparse.init import ShardDraw
         from mindgr.parallel.sparse.row_adam import RowAdam
-        from mindgr.parallel.sparse.step import DenseState, EncodeRows, RowsGrads, RowsLoss
+        from mindgr.parallel.sparse.step import DenseState, EncodeRows, RowsGrads, RowsLoss, RowsPoolLoss
         from mindgr.parallel.sparse.table import ShardedTable
         from mindgr.train.step import EncodeLast, build_optimizer
         self.layout = layout
@@ -62,8 +63,12 @@ class SparseModel:
         self.row_opt = RowAdam(self.table.rows, t.lr, t.beta1, t.beta2, t.eps, t.weight_decay,
                                lazy=cfg.parallel.sparse_update == "lazy")
         self.u_cap = layout.unique_capacity
-        self.loss_net = RowsLoss(self.encoder, cfg.loss.temperature,
-                                 use_score_all(self.u_cap - 1, cfg.loss.num_negatives))
+        self.pool = cfg.loss.pool_size if cfg.loss.negatives == "shared_pool" else 0
+        if self.pool:        # one pool per step, the same on every rank (the task's draw of the global batch)
+            self.loss_net = RowsPoolLoss(self.encoder, cfg.loss.temperature, cfg.loss.fp16_negatives)
+        else:
+            self.loss_net = RowsLoss(self.encoder, cfg.loss.temperature,
+                                     use_score_all(self.u_cap - 1, cfg.loss.num_negatives))
         self.grads = RowsGrads(self.loss_net, self.optimizer.parameters)
         self.reduce_apply = ReduceApply(self.optimizer)
         self.train_step = DenseState(self.encoder, self.optimizer)     # what the dense checkpoint holds
@@ -100,13 +105,18 @@ class _SparseLocal:
         k = StepInputs._fields.index("negatives")                    # calibrate.step_inputs' tensors
         x = StepInputs(*tensors[:k], (tensors[k],), *tensors[k + 1:])
         ids, targets, negatives = x.ids.asnumpy(), x.targets.asnumpy(), x.negatives[0].asnumpy()
+        rng = np.random.default_rng(0)
+        if m.pool:                            # the probe's batches carry per-token ids: a uniform pool instead
+            from mindgr.train.negatives import uniform_items
+            negatives = uniform_items(rng, m.num_rows - 1, m.pool)
         uniq = np.unique(np.concatenate([[0], ids, targets, negatives.ravel()]))[: m.u_cap]
         rows = np.zeros((m.u_cap, m.table.dim), np.float32)
-        rows[: len(uniq)] = np.random.default_rng(0).standard_normal((len(uniq), m.table.dim)) * 0.02
+        rows[: len(uniq)] = rng.standard_normal((len(uniq), m.table.dim)) * 0.02
         clip = len(uniq) - 1
+        mapped = Tensor(np.minimum(remap(uniq, negatives), clip))
         x = x._replace(ids=Tensor(np.minimum(remap(uniq, ids), clip)),
                        targets=Tensor(np.minimum(remap(uniq, targets), clip)),
-                       negatives=(Tensor(np.minimum(remap(uniq, negatives), clip)),))
+                       negatives=(mapped, Tensor(np.zeros(m.pool, np.float32))) if m.pool else (mapped,))
         return m.grads(Tensor(rows), *x.as_tuple())
 
 
@@ -176,7 +186,7 @@ class ShardedTableExecutor(DataParallelExecutor):
     # ---- a step ----------------------------------------------------------------------------------
     def prepare(self, epoch: int, b: int, indices):
         inputs, info = super().prepare(epoch, b, indices)
-        ids, targets, (negatives,) = inputs.ids, inputs.targets, inputs.negatives
+        ids, targets, (negatives, *logq) = inputs.ids, inputs.targets, inputs.negatives   # shared_pool: + logQ
         uniq = np.unique(np.concatenate([np.zeros(1, ids.dtype), ids, targets, negatives.ravel()]).astype(np.int64))
         u_cap = self.shape.unique_capacity
         if len(uniq) > u_cap:
@@ -184,7 +194,7 @@ class ShardedTableExecutor(DataParallelExecutor):
                               f"{len(uniq)} distinct item ids (batch {b} of epoch {epoch}); raise it")
         info["unique"] = uniq
         mapped = inputs._replace(ids=remap(uniq, ids), targets=remap(uniq, targets),
-                                 negatives=(remap(uniq, negatives),))
+                                 negatives=(remap(uniq, negatives), *logq))
         return mapped, info
 
     def execute(self, prepared, step: int):

@@ -102,8 +102,13 @@ def test_config_errors():
     with pytest.raises(ConfigError, match="nodes x parallel.local_ranks = 2 x 3 != parallel.nproc = 4"):
         load_config(None, ["parallel.sparse=hierarchical", "parallel.nproc=4", "parallel.nodes=2",
                            "parallel.local_ranks=3"])
-    with pytest.raises(ConfigError, match="per_token"):
-        load_config(None, ["parallel.sparse=flat", "loss.negatives=shared_pool"])
+    for strategy in ("in_batch", "mixed"):
+        with pytest.raises(ConfigError, match="per_token or shared_pool"):
+            load_config(None, ["parallel.sparse=flat", f"loss.negatives={strategy}"])
+    with pytest.raises(ConfigError, match="loss.sampling = uniform"):
+        load_config(None, ["parallel.sparse=frequency", "loss.negatives=shared_pool", "loss.sampling=popularity"])
+    load_config(None, ["parallel.sparse=hierarchical", "loss.negatives=shared_pool", "loss.fp16_negatives=true",
+                       "loss.pool_estimate=per_token"])
     with pytest.raises(ConfigError, match="parallel.sparse"):
         load_config(None, ["parallel.sparse=sharded"])
     with pytest.raises(ConfigError, match="match the 4 ranks"):
