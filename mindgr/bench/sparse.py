@@ -3,8 +3,10 @@ semi-asynchronous exchange at staleness 0 / 1 / 2 side by side.
 
 Modelled part (one process, no communication): the ids every rank of a `nodes x L` job would look up,
 from the config's real batches, split over ranks by the trainer's own planner, with the trainer's
-per-token negatives. Weak scaling from the measured 2 x 2 job: a rank of any topology trains what a rank
-of the 2 x 2 job trains (topology with W ranks = W / 4 consecutive global batches, each split 4 ways).
+negatives (per-token rows, or the step's shared pool, which every rank of the job looks up). Weak scaling
+from the measured 2 x 2 job: a rank of any topology trains what a rank of the 2 x 2 job trains (topology
+with W ranks = W / 4 consecutive global batches, each split 4 ways; one pool per step, the trainer's pool
+of the first of them); --measured-world 2 models a 2-process job's split instead.
 mindgr.parallel.sparse.traffic.model_step turns the id sets into bytes per node for the hierarchical,
 flat and data-parallel layouts (the msrun self-check verifies that it reproduces the trainer's byte
 counters exactly) and the two-bandwidth model into seconds.
@@ -69,15 +71,20 @@ def _rank_ids(src: _Batches, steps: int, world: int):
     tr = src.data.train
     per_step = max(1, world // src.measured_world)
     batches = src.batches(steps * per_step)
+    shared = src.sampler.negatives.shared
     out = []
     for s in range(steps):
         ranks = []
-        for epoch, (b, indices) in batches[s * per_step: (s + 1) * per_step]:
-            negatives, _ = src.sampler.draw(epoch, b)
+        step_batches = batches[s * per_step: (s + 1) * per_step]
+        if shared:      # one pool per step for the whole job: the trainer's pool of the step's first batch
+            epoch0, (b0, _) = step_batches[0]
+            pool = src.sampler.draw_negatives(epoch0, b0)[0]
+        for epoch, (b, indices) in step_batches:
             batch_ids = tr.batch(indices)
+            negatives = None if shared else src.sampler.draw_negatives(epoch, b)
             for p in src.planners:
                 share = p.share(epoch, b, indices)
-                neg = local_rows(negatives, share.token_src, src.tokens, fill=1)
+                neg = pool if shared else local_rows(negatives, share.token_src, src.tokens, fill=1)
                 ids = batch_ids.ids[share.token_src]
                 tgt = batch_ids.targets[share.token_src]
                 ranks.append(np.unique(np.concatenate([[0], ids, tgt, neg.ravel()]).astype(np.int64)))
@@ -88,13 +95,13 @@ def _rank_ids(src: _Batches, steps: int, world: int):
 LAYOUTS = ("flat", "hierarchical", "frequency", "dp")
 
 
-def model_topologies(cfg, topologies, steps: int) -> list[dict]:
+def model_topologies(cfg, topologies, steps: int, measured_world: int = 4) -> list[dict]:
     from mindgr.parallel.sparse.layout import plan_table
     from mindgr.parallel.sparse.topology import Topology
     from mindgr.parallel.sparse.traffic import Bandwidth, model_step
     bw = Bandwidth(cfg.parallel.intra_gbps, cfg.parallel.inter_gbps)
     dim = cfg.model.dim
-    src = _Batches(cfg)
+    src = _Batches(cfg, measured_world)
     rows = []
     for nodes, local in topologies:
         world = nodes * local
@@ -148,14 +155,18 @@ def _read_run(run: Path) -> dict:
 
 
 def bench_sparse(config, overrides, topologies: str = "2x2,8x8,64x8", steps: int = 5, runs: str = "",
-                 train: bool = False, out_dir: str = "runs/bench-sparse", taus: str = "0,1,2", out=None) -> dict:
+                 train: bool = False, out_dir: str = "runs/bench-sparse", taus: str = "0,1,2", out=None,
+                 measured_world: int = 4) -> dict:
     from mindgr.bench.distributed_common import machine_load
     cfg = load_config(config, overrides)
     topo = [tuple(int(x) for x in t.split("x")) for t in topologies.split(",") if t]
     t0 = time.perf_counter()
-    modelled = model_topologies(cfg, topo, steps)
-    print(f"modelled traffic per step (weak scaling from 2x2; {steps} steps; intra {cfg.parallel.intra_gbps:g} GB/s, "
-          f"inter {cfg.parallel.inter_gbps:g} GB/s per node) [{time.perf_counter() - t0:.0f}s]")
+    modelled = model_topologies(cfg, topo, steps, measured_world)
+    negatives = (f"shared pool of {cfg.loss.pool_size} ids per step" if cfg.loss.negatives == "shared_pool"
+                 else f"{cfg.loss.num_negatives} per-token negatives")
+    print(f"modelled traffic per step (weak scaling from a {measured_world}-rank job; {steps} steps; {negatives}; "
+          f"intra {cfg.parallel.intra_gbps:g} GB/s, inter {cfg.parallel.inter_gbps:g} GB/s per node) "
+          f"[{time.perf_counter() - t0:.0f}s]")
     print("MB summed over nodes; distinct ids per rank / per node group / in the whole step")
     print("layouts: flat; hierarchical (every row replicated per node group); frequency (hot rows replicated, "
           "cold rows flat, two-stage exchange); dp (replicated table, dense all-reduce)")
@@ -202,7 +213,9 @@ def bench_sparse(config, overrides, topologies: str = "2x2,8x8,64x8", steps: int
                 print(f"tau={m['staleness']}: HR@10 {rel * 100:+.2f}% relative to tau=0 "
                       f"({'within' if abs(rel) <= 0.01 else 'NOT within'} 1%), step time "
                       f"{(m['step_time_ms'] / base[0]['step_time_ms'] - 1) * 100:+.1f}%")
-    result = {"modelled": modelled, "ratios": ratios, "measured": measured, "machine": machine_load()}
+    result = {"modelled": modelled, "ratios": ratios, "measured": measured, "machine": machine_load(),
+              "negatives": cfg.loss.negatives, "pool_size": cfg.loss.pool_size if cfg.loss.negatives == "shared_pool"
+              else 0, "measured_world": measured_world}
     return write_result(result, out)
 
 
@@ -224,6 +237,8 @@ def add_arguments(parser):
     add_config_arguments(parser)
     parser.add_argument("--topologies", default="2x2,8x8,64x8", help="modelled nodes x local ranks")
     parser.add_argument("--model-steps", type=int, default=5, help="steps whose ids the traffic model uses")
+    parser.add_argument("--measured-world", type=int, default=4,
+                        help="ranks of the job a modelled rank trains like (weak scaling; 2 for a 2-process run)")
     parser.add_argument("--runs", default="", help="measured run directories to report (comma separated)")
     parser.add_argument("--train", action="store_true", help="train the staleness runs on 4 processes first")
     parser.add_argument("--taus", default="0,1,2", help="--train: staleness values")
@@ -234,5 +249,6 @@ def add_arguments(parser):
 def run(args) -> int:
     load_bench_config(args)
     bench_sparse(args.config, config_overrides(args), topologies=args.topologies, steps=args.model_steps,
-                 runs=args.runs, train=args.train, out_dir=args.out_dir, taus=args.taus, out=args.out)
+                 runs=args.runs, train=args.train, out_dir=args.out_dir, taus=args.taus, out=args.out,
+                 measured_world=args.measured_world)
     return 0

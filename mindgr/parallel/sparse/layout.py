@@ -68,11 +68,20 @@ class TableLayout:
         return np.arange(self.shard, self.num_rows, self.shards, dtype=np.int64)
 
 
+def negative_ids(loss_cfg) -> tuple[int, int]:
+    """(uniform negatives per token, ids of the step's shared pool) a rank looks up: (R, 0) for per_token,
+    (0, K) for shared_pool (the only strategies a sharded table takes, config._validate_cross)."""
+    if loss_cfg.negatives == "shared_pool":
+        return 0, loss_cfg.pool_size
+    return loss_cfg.num_negatives, 0
+
+
 def unique_capacity(cfg, num_items: int, rank_tokens: int) -> int:
     """U_cap: distinct ids a rank-step may hold (config, or every id the step could name, capped at V+1)."""
     if cfg.parallel.unique_capacity:
         return cfg.parallel.unique_capacity
-    bound = rank_tokens * (cfg.loss.num_negatives + 2) + 1
+    per_token, pool = negative_ids(cfg.loss)
+    bound = rank_tokens * (per_token + 2) + pool + 1
     return int(min(num_items + 1, -(-bound // 8) * 8))
 
 
@@ -119,8 +128,8 @@ def _hot_rows(topo: Topology, cfg, num_rows: int, rank_tokens: int, freq) -> tup
         raise ValueError("plan_table: the frequency layout needs the id frequencies of the training data")
     if len(freq) != num_rows:
         raise ValueError(f"plan_table: {len(freq)} id frequencies for a table of {num_rows} rows")
-    cut = hot_cut(freq, rank_tokens, cfg.loss.num_negatives, topo.nodes, topo.local_ranks, cfg.model.dim,
-                  p.hot_tolerance)
+    per_token, pool = negative_ids(cfg.loss)
+    cut = hot_cut(freq, rank_tokens, per_token, topo.nodes, topo.local_ranks, cfg.model.dim, p.hot_tolerance, pool)
     hot, order = cut.pop("hot"), cut.pop("order")
     if p.hot_rows >= 0:                       # a fixed count: the head of the same ranking
         hot = order[: min(p.hot_rows, num_rows)]
@@ -128,5 +137,5 @@ def _hot_rows(topo: Topology, cfg, num_rows: int, rank_tokens: int, freq) -> tup
     else:
         cut["rule"] = f"byte model, tolerance {p.hot_tolerance:g}"
     cut["hot_rows"] = int(len(hot))
-    cut["hot_share_of_rank_ids"] = hot_share(freq, rank_tokens, cfg.loss.num_negatives, hot)
+    cut["hot_share_of_rank_ids"] = hot_share(freq, rank_tokens, per_token, hot, pool)
     return hot.astype(np.int64), cut

@@ -82,15 +82,19 @@ class Bandwidth:
                      + np.max(node_inter, initial=0) / (self.inter_gbps * 1e9))
 
 
-def touch_probabilities(freq: np.ndarray, rank_tokens: int, num_negatives: int, ranks: int) -> np.ndarray:
+def touch_probabilities(freq: np.ndarray, rank_tokens: int, num_negatives: int, ranks: int,
+                        pool: int = 0) -> np.ndarray:
     """P(row i is among the distinct ids of `ranks` ranks in one step), every row: each rank looks up
     `rank_tokens` ids and as many targets (unigram `freq`, [V+1], row 0 = padding) and `num_negatives`
-    uniform ids per token; row 0 is always there."""
+    uniform ids per token, and every rank of the job the same `pool` uniform ids (a shared pool: it does
+    not grow with the ranks); row 0 is always there."""
     freq = np.asarray(freq, np.float64)
     num_items = len(freq) - 1
     log_miss = 2.0 * rank_tokens * np.log1p(-np.minimum(freq, 1.0 - 1e-12))
     log_miss[1:] += rank_tokens * num_negatives * np.log1p(-1.0 / num_items)
-    p = -np.expm1(ranks * log_miss)
+    log_miss = ranks * log_miss
+    log_miss[1:] += pool * np.log1p(-1.0 / num_items)
+    p = -np.expm1(log_miss)
     p[0] = 1.0
     return p
 
@@ -107,17 +111,19 @@ def row_costs(p_node: np.ndarray, p_job: np.ndarray, nodes: int, dim: int) -> tu
 
 
 def hot_cut(freq: np.ndarray, rank_tokens: int, num_negatives: int, nodes: int, local_ranks: int, dim: int,
-            tolerance: float) -> dict:
+            tolerance: float, pool: int = 0) -> dict:
     """The hot rows of the frequency layout: the rows whose replication costs at most (1 + tolerance) x
     the inter-node bytes of fetching them (row_costs, from touch_probabilities), in descending touch
     probability; every row on one node (nothing crosses nodes, and replicas inside a node save the
     gateway hop). A replicated row never costs fewer bytes than a fetched one (both move the row twice
     per remote node that touches it; the replica also sends it to nodes that did not): the gain is that
     its exchange runs off the step's critical path (in the background with staleness >= 1) and needs no
-    fetch before the step, so the cut keeps only rows where the byte price of that is small."""
+    fetch before the step, so the cut keeps only rows where the byte price of that is small. A shared pool
+    of `pool` ids per step (touch_probabilities) makes a row's nodes touch it together: rows touched mostly
+    through the pool cost about the same both ways and become hot."""
     world = nodes * local_ranks
-    p_node = touch_probabilities(freq, rank_tokens, num_negatives, local_ranks)
-    p_job = touch_probabilities(freq, rank_tokens, num_negatives, world)
+    p_node = touch_probabilities(freq, rank_tokens, num_negatives, local_ranks, pool)
+    p_job = touch_probabilities(freq, rank_tokens, num_negatives, world, pool)
     order = np.argsort(-p_node, kind="stable")
     if nodes == 1:
         hot = order
@@ -127,9 +133,9 @@ def hot_cut(freq: np.ndarray, rank_tokens: int, num_negatives: int, nodes: int, 
     return {"hot": hot.astype(np.int64), "order": order}
 
 
-def hot_share(freq: np.ndarray, rank_tokens: int, num_negatives: int, hot: np.ndarray) -> float:
+def hot_share(freq: np.ndarray, rank_tokens: int, num_negatives: int, hot: np.ndarray, pool: int = 0) -> float:
     """Expected share of a rank's distinct ids per step that are hot rows."""
-    p_rank = touch_probabilities(freq, rank_tokens, num_negatives, 1)
+    p_rank = touch_probabilities(freq, rank_tokens, num_negatives, 1, pool)
     return float(p_rank[hot].sum() / max(p_rank.sum(), 1e-12))
 
 
