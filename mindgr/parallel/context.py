@@ -102,5 +102,17 @@ def init_distributed(threads: int = 0, bind: bool = False) -> DistContext:
     return _ctx
 
 
+def use_data_parallel_mode(world: int):
+    """MindSpore's DATA_PARALLEL mode for this process (parallel.grad_reduce = mindspore): after
+    communication is initialised (device_num is the world size) and before any model parameter or step
+    graph is built (MindSpore reads the mode when it creates initializers and compiles). Gradients are
+    summed, not averaged: each rank's loss is already weighted by its share of the global batch
+    (mindgr.parallel.dp). Fusion buckets are set when the reducer is built (MindSporeReduceApply)."""
+    import mindspore as ms
+    ms.reset_auto_parallel_context()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=False,
+                                 device_num=int(world))
+
+
 def current() -> DistContext | None:
     return _ctx

@@ -10,9 +10,15 @@ Two graphs instead of one: LocalGrads (forward + backward, no communication) and
 (all-reduce + optimizer). Timing LocalGrads alone gives each rank's own compute time, which is what the
 load balancer is judged on; inside one graph a fast rank's time would include waiting for the slowest.
 
-The gradients and the loss go over the wire as ONE flat buffer (FlatSum): one collective per step instead
-of one per parameter. Measured on this machine's mccl (2 ranks, 240k floats in 28 tensors): 28 AllReduces
-21 ms wall / 9-12 ms CPU, one AllReduce of the same floats 5.7 ms / 3.3 ms.
+Two ways to sum (parallel.grad_reduce):
+  own        the gradients and the loss go over the wire as ONE flat buffer (FlatSum): one collective per
+             step instead of one per parameter, written when the reducer below issued one AllReduce per
+             parameter (measured on mccl, 2 ranks, 240k floats in 28 tensors: 28 AllReduces 21 ms wall /
+             9-12 ms CPU, one AllReduce of the same floats 5.7 ms / 3.3 ms);
+  mindspore  MindSpore's DATA_PARALLEL reducer, nn.DistributedGradReducer, whose per-parameter AllReduces
+             MindSpore's graph compiler fuses by their `fusion` attribute into parallel.grad_buckets
+             buckets (the auto-parallel context's all_reduce_fusion_config); the loss rides in the last
+             bucket. Same sums (exact: summation of the same two addends per element).
 """
 import numpy as np
 
@@ -84,12 +90,74 @@ class ReduceApply(nn.Cell):
         return summed[-1]
 
 
-class DataParallelStep:
-    """Holds the two graphs; `grads()` is timed per rank, `apply()` synchronises the ranks."""
+def bucket_splits(sizes, buckets: int) -> list[int]:
+    """all_reduce_fusion_config for `buckets` contiguous buckets of about equal element counts over tensors
+    of `sizes` (in order): the index of the last tensor of every bucket but the last (MindSpore starts a
+    new fusion id after each listed index). Fewer buckets when there are fewer tensors; [] = one bucket."""
+    sizes = np.asarray(sizes, np.float64)
+    k = min(int(buckets), len(sizes))
+    if k <= 1:
+        return []
+    ends = np.cumsum(sizes)
+    splits = []
+    for j in range(1, k):
+        i = int(np.searchsorted(ends, ends[-1] * j / k))      # first tensor reaching the j-th share
+        lo = splits[-1] + 1 if splits else 0
+        i = min(max(i, lo), len(sizes) - 1 - (k - j))          # every bucket keeps at least one tensor
+        splits.append(i)
+    return splits
 
-    def __init__(self, loss_net, optimizer):
+
+def _set_fusion_splits(splits: list[int]):
+    """all_reduce_fusion_config = splits in the auto-parallel context; [] clears an earlier one (MindSpore
+    refuses an empty list, so the context is reset and its mode, device count and gradients_mean put back)."""
+    if list(ms.get_auto_parallel_context("all_reduce_fusion_config")) == list(splits):
+        return
+    if splits:
+        ms.set_auto_parallel_context(all_reduce_fusion_config=list(splits))
+        return
+    keep = {k: ms.get_auto_parallel_context(k) for k in ("parallel_mode", "device_num", "gradients_mean")}
+    ms.reset_auto_parallel_context()
+    ms.set_auto_parallel_context(**keep)
+
+
+class MindSporeReduceApply(nn.Cell):
+    """ReduceApply on MindSpore's own data-parallel reducer (nn.DistributedGradReducer under the
+    DATA_PARALLEL context that mindgr.parallel.context.use_data_parallel_mode set): the gradients and the
+    loss summed (gradients_mean False), then one optimizer step; returns the global loss.
+
+    buckets: 0 = one unfused AllReduce per tensor (fusion id 0); 1 = one fusion bucket; k > 1 = k buckets
+    of about equal size (all_reduce_fusion_config, set here just before the reducer reads it).
+    """
+
+    def __init__(self, optimizer, buckets: int = 1):
+        super().__init__()
+        self.optimizer = optimizer
+        params = list(optimizer.parameters)
+        # The loss joins the last bucket: this slot only lends the reducer a parameter's attributes
+        # (its fusion id, no layerwise split); it is never read or updated.
+        self.loss_slot = ms.Parameter(ms.Tensor(np.zeros((1,), np.float32)), name="dp_loss_slot",
+                                      requires_grad=False)
+        self.splits = bucket_splits([p.size for p in params] + [1], buckets) if buckets > 1 else []
+        _set_fusion_splits(self.splits)
+        self.reducer = nn.DistributedGradReducer(params + [self.loss_slot], mean=False,
+                                                 fusion_type=0 if buckets == 0 else 1)
+
+    def construct(self, loss, grads):
+        summed = self.reducer(grads + (loss,))
+        self.optimizer(summed[:-1])
+        return summed[-1]
+
+
+class DataParallelStep:
+    """Holds the two graphs; `grads()` is timed per rank, `apply()` synchronises the ranks.
+    reduce: "own" (FlatSum) or "mindspore" (MindSporeReduceApply with `buckets`)."""
+
+    def __init__(self, loss_net, optimizer, reduce: str = "own", buckets: int = 1):
         self.local = LocalGrads(loss_net, optimizer.parameters)
-        self.apply_cell = ReduceApply(optimizer)
+        self.reduce = reduce
+        self.apply_cell = (MindSporeReduceApply(optimizer, buckets) if reduce == "mindspore"
+                           else ReduceApply(optimizer))
 
     def grads(self, *inputs):
         loss, grads = self.local(*inputs)

@@ -22,7 +22,7 @@ import numpy as np
 from mindgr.config import ConfigError
 from mindgr.parallel import comm
 from mindgr.parallel.balance import CostModel, imbalance
-from mindgr.parallel.context import CollectiveError, collective_failure, init_distributed
+from mindgr.parallel.context import CollectiveError, collective_failure, init_distributed, use_data_parallel_mode
 from mindgr.parallel.watchdog import Watchdog
 from mindgr.train.checkpoint import named_parameters
 from mindgr.train.executor import Executor, RunContext, StepShape
@@ -147,6 +147,8 @@ class DataParallelExecutor(Executor):
     def __init__(self, cfg, task):
         super().__init__(cfg, task)
         self.ctx = init_distributed(cfg.parallel.threads, cfg.parallel.bind_cores)  # msrun's scheduler stops here
+        if cfg.parallel.grad_reduce == "mindspore":      # before build() creates any parameter or graph
+            use_data_parallel_mode(self.ctx.world)
         self.fault = _fault_plan()
         self.watchdog = Watchdog(cfg.parallel.timeout, self.ctx.rank)
         self.win = {"pred": [], "pred_step": [], "local": [], "local_cpu": [], "apply": [], "steps": [], "costs": [],
@@ -179,7 +181,8 @@ class DataParallelExecutor(Executor):
     def make_local_step(self):
         """The step whose `local(*inputs)` the calibration times (a sharded table replaces it)."""
         from mindgr.parallel.dp import DataParallelStep
-        return DataParallelStep(self.model.loss_net, self.model.optimizer)
+        p = self.cfg.parallel
+        return DataParallelStep(self.model.loss_net, self.model.optimizer, p.grad_reduce, p.grad_buckets)
 
     def build(self, run: RunContext):
         from mindgr.parallel.plan import RankPlanner
@@ -208,7 +211,8 @@ class DataParallelExecutor(Executor):
         cm, sh = self.cost_model, self.shape
         run.log.info(f"parallel: {world} ranks ({self.ctx.backend}), per rank {sh.rank_tokens} tokens x "
                      f"{sh.rank_rows} rows (global {sh.token_capacity} x {sh.row_capacity}, slack "
-                     f"{p.capacity_slack:g}), balance {p.balance}, cost c(L) = {cm.c0:.3g} + {cm.a:.3g} L + "
+                     f"{p.capacity_slack:g}), gradients summed by {self._reducer_name()}, balance {p.balance}, "
+                     f"cost c(L) = {cm.c0:.3g} + {cm.a:.3g} L + "
                      f"{cm.b:.3g} L^2" + (f" (calibrated in {self.calibration['probe_s']:.1f}s, fixed "
                                            f"{self.calibration['fixed_s'] * 1e3:.1f} ms/step)"
                                            if self.calibration else " (given)" if not cfg.parallel.calibrate
@@ -217,6 +221,13 @@ class DataParallelExecutor(Executor):
             run.log.write({"calibration": {**cm.as_dict(), "fixed_s": self.calibration["fixed_s"],
                                            "rel_residual": self.calibration["rel_residual"],
                                            "probe": self.calibration["probe"], "world": world}})
+
+    def _reducer_name(self) -> str:
+        p = self.cfg.parallel
+        if getattr(self.dp, "reduce", "own") != "mindspore":
+            return "one flat AllReduce"
+        return ("MindSpore DATA_PARALLEL, " + ("one AllReduce per parameter" if p.grad_buckets == 0 else
+                                                f"{len(self.dp.apply_cell.splits) + 1} fusion bucket(s)"))
 
     def _calibrate(self, probe: dict) -> dict:
         from mindgr.parallel.calibrate import calibrate, grads_timer

@@ -38,3 +38,16 @@ def test_every_primitive_matches_numpy(tmp_path, nproc):
         if nproc == 4 and r in (1, 3):
             assert set(res["odd_group"]) == expected and all(res["odd_group"].values()), res
         assert res["ok"]
+
+
+def test_mindspore_gradient_reducer_matches_numpy(tmp_path):
+    """MindSpore's DATA_PARALLEL reducer (unfused, 1, 2 and 3 fusion buckets) and the flat sum give the
+    numpy sums of both ranks' gradients and losses, bit for bit on 2 ranks."""
+    harness = str(REPO / "tests" / "harness" / "grad_reduce_selftest.py")
+    code, out, err = run_ranks(2, tmp_path / "logs", harness, "3")
+    assert code == 0, out[-3000:] + err[-3000:]
+    results = selftest_results(tmp_path / "logs", 2)
+    for r, res in enumerate(results):
+        assert res["rank"] == r and res["ok"], res
+        assert set(res["checks"]) == {"flat", "ms_unfused", "ms_1", "ms_2", "ms_3"}
+        assert [res["checks"][k]["buckets"] for k in ("ms_unfused", "ms_1", "ms_2", "ms_3")] == [0, 1, 2, 3]

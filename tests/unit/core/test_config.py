@@ -29,6 +29,8 @@ def test_defaults_and_overrides(tmp_path):
     ("model.num_heads=3", ["model.dqk", "not divisible"]),
     ("data.kind=movielens-1m", ["data.path", "needs a source path"]),
     ("data.timestamps=r.dat", ["data.timestamps", "'r.dat'", "only for data.kind movielens-1m", "synthetic"]),
+    ("parallel.grad_reduce=nccl", ["parallel.grad_reduce", "'nccl'", "own, mindspore"]),
+    ("parallel.grad_buckets=-1", ["parallel.grad_buckets", ">= 0"]),
 ])
 def test_bad_values_name_key_value_and_allowed(override, words):
     with pytest.raises(ConfigError) as e:
@@ -37,6 +39,13 @@ def test_bad_values_name_key_value_and_allowed(override, words):
     assert "\n" not in msg
     for w in words:
         assert w in msg, (w, msg)
+
+
+def test_sharded_table_keeps_the_flat_gradient_sum():
+    assert load_config(None, ["parallel.grad_reduce=mindspore"]).parallel.grad_reduce == "mindspore"
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["parallel.sparse=flat", "parallel.grad_reduce=mindspore"])
+    assert "\n" not in str(e.value) and "parallel.grad_reduce=own" in str(e.value)
 
 
 def test_bad_files(tmp_path):
