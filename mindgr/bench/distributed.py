@@ -19,6 +19,11 @@ On an idle machine with 2 free cores the two coincide. tokens/s are real tokens 
 the logged windows after the warm-up (compile and, for 2 processes, the cost-model probe excluded), so
 they include everything a step costs: host packing and draws, the step, the gradient all-reduce and
 the logging collectives. Also reported: real tokens per CPU-second of all processes.
+
+Method `reduce` (bench_reduce_blocks): not a scaling figure but the data-parallel step with the dense
+gradients summed by the hand-written flat AllReduce vs MindSpore's DATA_PARALLEL reducer at several fusion
+bucket counts, alternated in blocks inside one 2-rank job (mindgr.bench.reduce_blocks); per side the
+median and range over rounds of tokens/s and of its ratio to the flat sum.
 """
 from __future__ import annotations
 
@@ -200,23 +205,122 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
     return write_result(result, out)
 
 
+def reduce_round_rates(blocks: list[dict], sides: list[str]) -> dict:
+    """Per complete round: each side's real tokens/s (the global batch's tokens, rank 0's count, over the
+    slower rank's wall) and its all-reduce + update ms per step (mean of the ranks)."""
+    rounds = sorted(r for r in {b["round"] for b in blocks}
+                    if all(sum(b["round"] == r and b["side"] == s for b in blocks) == 2 for s in sides))
+    out = {"round": rounds, "tokens_per_s": {}, "apply_ms": {}, "step_ms": {}}
+    for s in sides:
+        tps, apply_ms, step_ms = [], [], []
+        for r in rounds:
+            sel = [b for b in blocks if b["round"] == r and b["side"] == s]
+            tps.append(next(b["tokens"] for b in sel if b["rank"] == 0) / max(b["wall_s"] for b in sel))
+            apply_ms.append(1e3 * np.mean([b["apply_s"] / b["steps"] for b in sel]))
+            step_ms.append(1e3 * max(b["wall_s"] / b["steps"] for b in sel))
+        out["tokens_per_s"][s], out["apply_ms"][s], out["step_ms"][s] = (np.array(tps), np.array(apply_ms),
+                                                                         np.array(step_ms))
+    return out
+
+
+def bench_reduce_blocks(config=None, overrides=(), steps: int = 10, rounds: int = 12, out: str | None = None,
+                        timeout: float = 3600, samples: int = 2000, rank_tokens: int = RANK_TOKENS,
+                        buckets: str = "1,2,4,0") -> dict:
+    """The hand-written flat gradient sum vs MindSpore's DATA_PARALLEL reducer, alternated in one 2-rank job
+    (mindgr.bench.reduce_blocks)."""
+    import sys
+    from mindgr.bench.reduce_blocks import side_names
+    from mindgr.config import ConfigError, load_config
+    if rounds < 1 or steps < 1:
+        raise ConfigError(f"bench distributed: --rounds ({rounds}) and --steps ({steps}) must be >= 1")
+    try:
+        counts = [int(b) for b in buckets.split(",") if b.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 0 or len(set(counts)) != len(counts):
+        raise ConfigError(f"bench distributed: --buckets {buckets!r}: expected distinct integers >= 0, e.g. 1,2,4,0")
+    load_config(config, BENCH_OVERRIDES + list(overrides))
+    work = Path(temp_dir("mindgr-bench-reduce-"))
+    result_path = work / "reduce.json"
+    cmd = [sys.executable, "-m", "mindgr.parallel.launch", "--nproc", "2", "--threads", "1", "--log-dir",
+           str(work / "msrun"), "--", "-m", "mindgr.bench.reduce_blocks", "--out", str(result_path),
+           "--rounds", str(rounds), "--steps", str(steps), "--rank-tokens", str(rank_tokens),
+           "--buckets", ",".join(map(str, counts)), *(["--config", config] if config else []), *overrides]
+    load_before = machine_load()
+    code, _out, err, timed_out = run_job(cmd, timeout)
+    if timed_out or code != 0 or not result_path.is_file():
+        raise RuntimeError(f"bench distributed (reduce) failed (exit {code}, timed out {timed_out}); logs in "
+                           f"{work / 'msrun'}:\n{err[-3000:]}")
+    raw = json.loads(result_path.read_text())
+    sides = side_names(counts)
+    per = reduce_round_rates(raw["blocks"], sides)
+    n = len(per["round"])
+    if n == 0:
+        raise RuntimeError("bench distributed (reduce): no complete round was timed")
+    rng = np.random.default_rng(0)
+    picks = [rng.integers(0, n, n) for _ in range(samples)]
+    own = per["tokens_per_s"]["own"]
+    summary = {}
+    for s in sides:
+        tps, ratio = per["tokens_per_s"][s], per["tokens_per_s"][s] / own
+        # pooled: total tokens / total time, as mean-of-rates over rounds of equal token counts
+        pooled = float(np.mean(tps) / np.mean(own))
+        boot = [float(np.mean(tps[i]) / np.mean(own[i])) for i in picks]
+        summary[s] = {"tokens_per_s_median": float(np.median(tps)), "tokens_per_s_range": [float(tps.min()),
+                                                                                          float(tps.max())],
+                      "step_ms_median": float(np.median(per["step_ms"][s])),
+                      "step_ms_range": [float(per["step_ms"][s].min()), float(per["step_ms"][s].max())],
+                      "apply_ms_median": float(np.median(per["apply_ms"][s])),
+                      "apply_ms_range": [float(per["apply_ms"][s].min()), float(per["apply_ms"][s].max())],
+                      "vs_own_median": float(np.median(ratio)),
+                      "vs_own_range": [float(ratio.min()), float(ratio.max())],
+                      "vs_own_pooled": pooled, "vs_own_interval95": np.percentile(boot, [2.5, 97.5]).tolist()}
+    result = {"method": "reduce", "rank_tokens": raw["rank_tokens"], "rounds": rounds, "steps_per_block": steps,
+              "sides": sides, "fusion_splits": raw["fusion_splits"], "overrides": raw["overrides"],
+              "summary": summary, "per_round": {k: {s: v.tolist() for s, v in per[k].items()}
+                                                for k in ("tokens_per_s", "apply_ms", "step_ms")},
+              "blocks": raw["blocks"], "load_before": load_before, "load_after": machine_load()}
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"bench distributed (reduce): {n} rounds x {steps} steps per block, 2 ranks, per rank "
+          f"{raw['rank_tokens']} tokens; own = one flat AllReduce, msK = MindSpore DATA_PARALLEL reducer with K "
+          f"fusion buckets (ms0: one AllReduce per parameter)")
+    print(f"  {'side':>5s} {'tokens/s median [range]':>28s} {'step ms median':>15s} {'reduce+update ms':>17s} "
+          f"{'/ own: median [range]':>24s} {'pooled [95%]':>22s}")
+    for s in sides:
+        m = summary[s]
+        print(f"  {s:>5s} {m['tokens_per_s_median']:10.0f} [{m['tokens_per_s_range'][0]:.0f}, "
+              f"{m['tokens_per_s_range'][1]:.0f}] {m['step_ms_median']:15.1f} {m['apply_ms_median']:17.1f} "
+              f"{m['vs_own_median']:9.3f} [{m['vs_own_range'][0]:.3f}, {m['vs_own_range'][1]:.3f}] "
+              f"{m['vs_own_pooled']:9.3f} [{m['vs_own_interval95'][0]:.3f}, {m['vs_own_interval95'][1]:.3f}]")
+    print(f"  load average before {load_before['loadavg_1m']:.2f}, after {result['load_after']['loadavg_1m']:.2f}")
+    return write_result(result, out)
+
+
 def add_arguments(parser):
     add_config_arguments(parser, "the benchmark model's config overrides apply to")
     parser.add_argument("--steps", type=int, default=20, help="steps per block (blocks) or per run (runs)")
     parser.add_argument("--rounds", type=int, default=8, help="blocks: rounds of alternating blocks of --steps")
     parser.add_argument("--rank-tokens", type=int, default=RANK_TOKENS,
-                        help="blocks: tokens per rank before the balancing headroom (rows: tokens / 64)")
-    parser.add_argument("--method", choices=["blocks", "runs"], default="blocks",
-                        help="alternate 1- and 2-process blocks in two long-lived processes (blocks), or "
-                             "separate training jobs one after another (runs)")
+                        help="blocks, reduce: tokens per rank before the balancing headroom (rows: tokens / 64)")
+    parser.add_argument("--method", choices=["blocks", "runs", "reduce"], default="blocks",
+                        help="alternate 1- and 2-process blocks in two long-lived processes (blocks), "
+                             "separate training jobs one after another (runs), or alternate 2-process blocks "
+                             "with the flat gradient sum and MindSpore's DATA_PARALLEL reducer (reduce)")
+    parser.add_argument("--buckets", default="1,2,4,0",
+                        help="reduce: fusion bucket counts of MindSpore's reducer to compare (0 = unfused)")
     add_out_argument(parser)
 
 
 def run(args) -> int:
     from mindgr.config import ConfigError
-    if args.method == "runs":
+    if args.method != "reduce" and args.buckets != "1,2,4,0":
+        raise ConfigError("bench distributed: --buckets applies to --method reduce only")
+    if args.method == "reduce":
+        bench_reduce_blocks(args.config, config_overrides(args), steps=args.steps, rounds=args.rounds,
+                            out=args.out, rank_tokens=args.rank_tokens, buckets=args.buckets)
+    elif args.method == "runs":
         if args.rank_tokens != RANK_TOKENS:
-            raise ConfigError("bench distributed: --rank-tokens applies to --method blocks only")
+            raise ConfigError("bench distributed: --rank-tokens applies to --method blocks or reduce only")
         bench_scaling(args.config, config_overrides(args), steps=args.steps, out=args.out)
     else:
         bench_scaling_blocks(args.config, config_overrides(args), steps=args.steps, rounds=args.rounds,

@@ -31,7 +31,8 @@ _ALL = (
                                     "input producer"),
     Benchmark("balance", balance, "how evenly the cost model splits a global batch over simulated (and 2 real) "
                                   "ranks"),
-    Benchmark("distributed", distributed, "data-parallel scaling efficiency: 2 processes vs 1, same per-rank work"),
+    Benchmark("distributed", distributed, "data-parallel scaling efficiency: 2 processes vs 1, same per-rank "
+                                          "work (--method reduce: flat vs MindSpore gradient sum)"),
     Benchmark("sparse", sparse, "embedding traffic of the sharded table layouts, modelled and measured; "
                                 "staleness runs"),
     Benchmark("serve", serve, "HTTP load test of `mindgr serve` (open-loop arrivals on loopback): throughput, "

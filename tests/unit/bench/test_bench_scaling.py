@@ -42,4 +42,33 @@ def test_bad_bench_arguments_fail_before_any_rank_starts():
 def test_rank_tokens_is_refused_with_the_runs_method(capsys):
     from mindgr.cli import main
     assert main(["bench", "distributed", "--method", "runs", "--rank-tokens", "4096"]) != 0
-    assert "--rank-tokens applies to --method blocks only" in capsys.readouterr().err
+    assert "--rank-tokens applies to --method blocks or reduce only" in capsys.readouterr().err
+
+
+def test_reduce_method_rates_per_round():
+    from mindgr.bench.distributed import reduce_round_rates
+
+    def blk(rnd, side, rank, wall, apply_s):
+        return {"round": rnd, "side": side, "rank": rank, "tokens": 4000, "steps": 10, "wall_s": wall,
+                "apply_s": apply_s}
+    blocks = [blk(0, "own", 0, 2.0, 0.2), blk(0, "own", 1, 2.5, 0.4), blk(0, "ms1", 0, 1.6, 0.1),
+              blk(0, "ms1", 1, 2.0, 0.3), blk(1, "own", 0, 4.0, 0.2), blk(1, "own", 1, 4.0, 0.2),
+              blk(2, "own", 0, 1.0, 0.1)]                       # rounds 1 and 2 lack a side: left out
+    blocks += [blk(1, "ms1", 0, 4.0, 0.2)]
+    per = reduce_round_rates(blocks, ["own", "ms1"])
+    assert per["round"] == [0]
+    assert np.isclose(per["tokens_per_s"]["own"][0], 4000 / 2.5)    # the slower rank's wall
+    assert np.isclose(per["tokens_per_s"]["ms1"][0], 4000 / 2.0)
+    assert np.isclose(per["apply_ms"]["own"][0], 30.0) and np.isclose(per["step_ms"]["ms1"][0], 200.0)
+
+
+def test_bad_bucket_lists_fail_before_any_rank_starts(capsys):
+    import pytest
+    from mindgr.bench.distributed import bench_reduce_blocks
+    from mindgr.cli import main
+    from mindgr.config import ConfigError
+    for buckets in ("", "1,x", "-1", "1,1"):
+        with pytest.raises(ConfigError):
+            bench_reduce_blocks(buckets=buckets)
+    assert main(["bench", "distributed", "--buckets", "2"]) != 0
+    assert "--buckets applies to --method reduce only" in capsys.readouterr().err
