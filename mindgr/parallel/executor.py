@@ -147,7 +147,9 @@ class DataParallelExecutor(Executor):
     def __init__(self, cfg, task):
         super().__init__(cfg, task)
         self.ctx = init_distributed(cfg.parallel.threads, cfg.parallel.bind_cores)  # msrun's scheduler stops here
-        if cfg.parallel.grad_reduce == "mindspore":      # before build() creates any parameter or graph
+        from mindgr.parallel.dp import reduce_mode
+        self.grad_reduce = reduce_mode(cfg.parallel)
+        if self.grad_reduce == "mindspore":              # before build() creates any parameter or graph
             use_data_parallel_mode(self.ctx.world)
         self.fault = _fault_plan()
         self.watchdog = Watchdog(cfg.parallel.timeout, self.ctx.rank)
@@ -182,7 +184,7 @@ class DataParallelExecutor(Executor):
         """The step whose `local(*inputs)` the calibration times (a sharded table replaces it)."""
         from mindgr.parallel.dp import DataParallelStep
         p = self.cfg.parallel
-        return DataParallelStep(self.model.loss_net, self.model.optimizer, p.grad_reduce, p.grad_buckets)
+        return DataParallelStep(self.model.loss_net, self.model.optimizer, self.grad_reduce, p.grad_buckets)
 
     def build(self, run: RunContext):
         from mindgr.parallel.plan import RankPlanner

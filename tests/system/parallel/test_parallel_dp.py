@@ -30,7 +30,8 @@ def _losses(run_dir):
 
 def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, tiny_overrides):
     """parallel.grad_reduce=mindspore: MindSpore's DATA_PARALLEL mode and its gradient reducer (2 fusion
-    buckets) give the 1-process losses for 20 steps, and both replicas hold the same weights."""
+    buckets) give the 1-process losses for 20 steps, and both replicas hold the same weights. (The test
+    below covers the flat sum, parallel.grad_reduce=own.)"""
     from mindgr.parallel.launch import run_job
     from mindgr.train.trainer import Trainer
     base = [o for o in tiny_overrides if not o.startswith("run.out_dir")] + [
@@ -63,7 +64,8 @@ def test_two_processes_train_like_one(tmp_path, tiny_overrides):
     Trainer(one, quiet=True).fit()
 
     cmd = [sys.executable, "-m", "mindgr", "train", "--nproc", "2", *base, f"run.out_dir={tmp_path / 'two'}",
-           "parallel.threads=1", "parallel.node_timeout=30", "parallel.timeout=120"] + (  # no failure expected
+           "parallel.threads=1", "parallel.node_timeout=30", "parallel.timeout=120",  # no failure expected
+           "parallel.grad_reduce=own"] + (
                ["parallel.bind_cores=true"] if len(os.sched_getaffinity(0)) >= 2 else [])
     code, out, err, timed_out = run_job(cmd, TIMEOUT, cwd=REPO)
     assert not timed_out and code == 0, out[-3000:] + err[-3000:]

@@ -29,7 +29,7 @@ def test_defaults_and_overrides(tmp_path):
     ("model.num_heads=3", ["model.dqk", "not divisible"]),
     ("data.kind=movielens-1m", ["data.path", "needs a source path"]),
     ("data.timestamps=r.dat", ["data.timestamps", "'r.dat'", "only for data.kind movielens-1m", "synthetic"]),
-    ("parallel.grad_reduce=nccl", ["parallel.grad_reduce", "'nccl'", "own, mindspore"]),
+    ("parallel.grad_reduce=nccl", ["parallel.grad_reduce", "'nccl'", "auto, own, mindspore"]),
     ("parallel.grad_buckets=-1", ["parallel.grad_buckets", ">= 0"]),
 ])
 def test_bad_values_name_key_value_and_allowed(override, words):
@@ -42,10 +42,13 @@ def test_bad_values_name_key_value_and_allowed(override, words):
 
 
 def test_sharded_table_keeps_the_flat_gradient_sum():
-    assert load_config(None, ["parallel.grad_reduce=mindspore"]).parallel.grad_reduce == "mindspore"
+    from mindgr.parallel.dp import reduce_mode
+    assert reduce_mode(load_config(None, []).parallel) == "mindspore"
+    assert reduce_mode(load_config(None, ["parallel.grad_reduce=own"]).parallel) == "own"
+    assert reduce_mode(load_config(None, ["parallel.sparse=flat"]).parallel) == "own"
     with pytest.raises(ConfigError) as e:
         load_config(None, ["parallel.sparse=flat", "parallel.grad_reduce=mindspore"])
-    assert "\n" not in str(e.value) and "parallel.grad_reduce=own" in str(e.value)
+    assert "\n" not in str(e.value) and "parallel.grad_reduce=auto or own" in str(e.value)
 
 
 def test_bad_files(tmp_path):
