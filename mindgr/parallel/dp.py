@@ -18,7 +18,8 @@ Two ways to sum (parallel.grad_reduce; auto = mindspore, except beside the shard
   mindspore  MindSpore's DATA_PARALLEL reducer, nn.DistributedGradReducer, whose per-parameter AllReduces
              MindSpore's graph compiler fuses by their `fusion` attribute into parallel.grad_buckets
              buckets (the auto-parallel context's all_reduce_fusion_config); the loss rides in the last
-             bucket. Same sums (exact: summation of the same two addends per element).
+             bucket. The same sums: bit-identical with 2 ranks (one float32 addition per element), equal up
+             to summation order with more.
 """
 import numpy as np
 

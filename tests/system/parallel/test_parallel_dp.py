@@ -33,7 +33,7 @@ def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, tiny_overrides):
     buckets) give the 1-process losses for 20 steps, and both replicas hold the same weights. (The test
     below covers the flat sum, parallel.grad_reduce=own.)"""
     from mindgr.parallel.launch import run_job
-    from mindgr.train.trainer import Trainer
+    from mindgr.train.trainer import Trainer, evaluate_run
     base = [o for o in tiny_overrides if not o.startswith("run.out_dir")] + [
         "run.log_every=1", "eval.every_epochs=0", "train.epochs=50", "train.max_steps=20", "model.dropout=0.2",
         "run.ckpt_every=20"]
@@ -52,6 +52,10 @@ def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, tiny_overrides):
         assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])
     states = [json.loads(p.read_text()) for p in sorted((run2 / "checkpoints" / "ranks").glob("*.json"))]
     assert len(states) == 2 and len({s["param_crc32"] for s in states}) == 1, states
+    # the evaluation graphs compiled under DATA_PARALLEL: split and gathered == one process, same weights
+    gathered = json.loads((run2 / "eval.json").read_text())
+    single = evaluate_run(run2, "test", "latest")
+    assert all(single[k] == v for k, v in gathered["test"].items()), (single, gathered["test"])
 
 
 def test_two_processes_train_like_one(tmp_path, tiny_overrides):
