@@ -337,6 +337,16 @@ def measure_capacity(url: str, bodies: list, shapes, probe_ms: float, budget_s: 
     return {"t_ms": t_ms, "samples_ms": samples, "bursts_per_shape": reps, "rps": rps, "at_shape": at}
 
 
+def side_parts(side: str, backbone: str):
+    """(backbone, --decode mode) of a side: "BACKBONE:DECODE" (e.g. "linear:engine"), a --decode mode alone
+    (the grid's backbone), or an overlap side (the engine)."""
+    from mindgr.serve.generative import DECODES
+    if ":" in side:
+        b, d = side.split(":", 1)
+        return b, d
+    return backbone, side if side in DECODES else "engine"
+
+
 def _ok(row, bound_ms):
     return row["p99_ms"] is not None and row["p99_ms"] <= bound_ms and row["failed"] == 0 and row["status_503"] == 0
 
@@ -350,7 +360,9 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                    backbone: str = "hstu") -> dict:
     """Per (prompt, beam) cell: one server per side (`--decode engine` / `--decode naive`, or overlap on /
     off when sides = ("overlap-on", "overlap-off"), or two of mindgr serve's --decode choices, e.g. ("engine",
-    "per_beam"): OneLA vs the per-beam recurrent state with backbone "linear"), both up at once on the same random-weight model;
+    "per_beam"): OneLA vs the per-beam recurrent state with backbone "linear"; or two backbones, each side
+    "BACKBONE:DECODE", e.g. ("linear:engine", "hstu:engine"): the same shape and prompts, each decoder with its
+    own engine), both up at once on the same random-weight model (of each side's backbone);
     an unloaded probe (sequential requests) of each; then open-loop rates at multiples of each side's
     1 / probe latency, the two sides alternating rate by rate in one window (host noise hits both alike).
     The p99 bound of a cell is p99_bound_ms if given, else bound_factor x the slower side's probe p50
@@ -366,7 +378,6 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
     from mindgr.config import ConfigError
     if duration <= 0 or max_requests < 1 or min_requests < 1 or not multiples or min(multiples) <= 0:
         raise ConfigError("bench serve --gr: --duration > 0, --max-requests >= 1 and positive rate multiples")
-    from mindgr.serve.generative import DECODES
     import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stopped: still stop the servers (finally)
     cells = []
@@ -382,10 +393,11 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
             t_start = time.perf_counter()
             try:
                 for side in sides:                    # start both, then wait for both (compiles overlap)
-                    decode = side if side in DECODES else "engine"
+                    side_backbone, decode = side_parts(side, backbone)
                     ov = {"overlap-on": "on", "overlap-off": "off"}.get(side, overlap)
                     ports[side] = free_port()
-                    args = ["--random-gr", spec, "--beam", beam, "--decode", decode, "--overlap", ov,
+                    side_spec = spec.replace(f"backbone={backbone}", f"backbone={side_backbone}")
+                    args = ["--random-gr", side_spec, "--beam", beam, "--decode", decode, "--overlap", ov,
                             "--batch-shapes", cell_shapes, "--queue-size", 64, "--max-wait-ms", 2] + \
                         (["--threads", threads] if threads else [])
                     servers[side] = launch_server(ports[side], args, memory_budget=budget)
@@ -476,7 +488,8 @@ def bench_serve_gr(beams=(16, 64, 256), prompts=(50, 200, 1000), items: int = 12
                   f"p99 bound {bound:.0f} ms, req/s within it {json.dumps(best)}, {a}/{b} {rtxt} (ladders); "
                   f"{a} within bound / {b} capacity {lbtxt}; load average after {cell['loadavg_after']}", flush=True)
     result = {"model": {"items": items, "dim": dim, "blocks": blocks, "heads": heads,
-                        "levels": "256 x 256 x 256 + de-dup 32", "weights": "random"},
+                        "levels": "256 x 256 x 256 + de-dup 32", "weights": "random",
+                        "backbone": {s: side_parts(s, backbone)[0] for s in sides}},
               "sides": list(sides), "k": k, "multiples": list(multiples), "duration_s": duration,
               "max_requests": max_requests, "min_requests": min_requests, "bound_factor": bound_factor,
               "cells": cells, "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg(),
@@ -605,16 +618,21 @@ def add_arguments(parser):
                     help="engine with overlap on vs off, instead of engine vs naive")
     gr.add_argument("--gr-backbone", default="hstu", choices=["hstu", "linear"], help="the decoder's blocks")
     gr.add_argument("--gr-sides", default="engine,naive",
-                    help="the two --decode modes compared (engine, per_beam, replay, naive), e.g. engine,per_beam")
+                    help="the two --decode modes compared (engine, per_beam, replay, naive), e.g. engine,per_beam; "
+                         "a side BACKBONE:DECODE has its own backbone, e.g. linear:engine,hstu:engine")
     parser.add_argument("--out", help="also write the figures as JSON to this path")
 
 
 def _sides(text: str) -> tuple:
     from mindgr.config import ConfigError
     from mindgr.serve.generative import DECODES
+    from mindgr.models.generative import BACKBONES
     sides = tuple(x.strip() for x in text.split(",") if x.strip())
-    if len(sides) != 2 or len(set(sides)) != 2 or not set(sides) <= set(DECODES):
-        raise ConfigError(f"bench serve --gr-sides {text!r}: two different of {', '.join(DECODES)}")
+    ok = all(s in DECODES or (":" in s and s.split(":", 1)[0] in BACKBONES and s.split(":", 1)[1] in DECODES)
+             for s in sides)
+    if len(sides) != 2 or len(set(sides)) != 2 or not ok:
+        raise ConfigError(f"bench serve --gr-sides {text!r}: two different of {', '.join(DECODES)}, each "
+                          f"optionally BACKBONE:DECODE with BACKBONE one of {', '.join(BACKBONES)}")
     return sides
 
 
