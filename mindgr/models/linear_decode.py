@@ -20,6 +20,11 @@ Three layouts of that state, same lists (tests/system/models/test_onela.py):
   k_j v_j^T (materialised per beam), then o = q^T S.
 The level enters as data (the decay powers and the record slot's one-hot), so one step graph per shape
 serves every level; one prefill graph per (users, P_cap), the HSTU state's prompt layout (prompt_batch).
+
+OneLA's cells also come stacked (`stacked=True`: the prompt states one tensor [blocks, U, H, dqk, dv], the
+records [blocks, S, U, Bm, H, d], the same arithmetic block by block): plain tensor inputs and outputs,
+what `mindgr export` writes as MindIR (mindgr.serve.export) and what RecordState runs from an export
+(`graphs=`).
 """
 from __future__ import annotations
 
@@ -63,12 +68,20 @@ def decay_weights(decays: np.ndarray, level: int, steps: int):
     return (g ** level).astype(np.float32), rec.astype(np.float32)
 
 
-class LinearPrefillCell(nn.Cell):
-    """Prompt batch -> (level-0 logits [U, sum K], the prompt states, one [U, H, dqk, dv] per block)."""
+def decays_of(decoder) -> np.ndarray:
+    """The decoder's per-head decays [blocks, H] float32: its blocks', or those an export recorded."""
+    if getattr(decoder, "decays", None) is not None:
+        return np.asarray(decoder.decays, np.float32)
+    return np.stack([np.asarray(blk.decay, np.float32) for blk in decoder.blocks])
 
-    def __init__(self, decoder, num_users: int, p_cap: int):
+
+class LinearPrefillCell(nn.Cell):
+    """Prompt batch -> (level-0 logits [U, sum K], the prompt states, one [U, H, dqk, dv] per block; stacked:
+    one tensor [blocks, U, H, dqk, dv])."""
+
+    def __init__(self, decoder, num_users: int, p_cap: int, stacked: bool = False):
         super().__init__()
-        self.dec, self.u, self.p = decoder, num_users, p_cap
+        self.dec, self.u, self.p, self.stacked = decoder, num_users, p_cap, stacked
 
     def construct(self, slots, merged, offsets, last):
         dec = self.dec
@@ -77,7 +90,10 @@ class LinearPrefillCell(nn.Cell):
         for i in range(dec.num_blocks):
             x, s = dec.blocks[i].prompt_forward(x, offsets, self.u, self.p)
             states = states + (s,)
-        return dec.logits(ops.gather(layer_norm(x), last, 0)), states
+        logits = dec.logits(ops.gather(layer_norm(x), last, 0))
+        if self.stacked:
+            return logits, ops.stack(states)
+        return logits, states
 
 
 class ExpandStateCell(nn.Cell):
@@ -105,11 +121,13 @@ def _write(records, onehot, new):
 class RecordStepCell(nn.Cell):
     """One decoded token per (user, beam) over the prompt states and the ancestry records -> (logits
     [U*Bm, sum K], record K, record V per block). replay=False: OneLA (the prompt part as one GEMM per user
-    over its beams, the ancestry part as weighted dot products); replay=True: each beam's state rebuilt."""
+    over its beams, the ancestry part as weighted dot products); replay=True: each beam's state rebuilt.
+    stacked: sp, kr, vr (in and out) one tensor each, blocks first, instead of a tuple per block."""
 
-    def __init__(self, decoder, num_users: int, beam: int, steps: int, replay: bool):
+    def __init__(self, decoder, num_users: int, beam: int, steps: int, replay: bool, stacked: bool = False):
         super().__init__()
         self.dec, self.u, self.b, self.s, self.replay = decoder, num_users, beam, steps, replay
+        self.stacked = stacked
 
     def construct(self, slots, sp, kr, vr, onehot, anc, pw, rw):
         dec, u, b, s = self.dec, self.u, self.b, self.s
@@ -143,6 +161,8 @@ class RecordStepCell(nn.Cell):
             x = blk.finish(x, uu, o)
             new_k = new_k + (kri,)
             new_v = new_v + (vri,)
+        if self.stacked:
+            return dec.logits(layer_norm(x)), ops.stack(new_k), ops.stack(new_v)
         return dec.logits(layer_norm(x)), new_k, new_v
 
 
@@ -175,13 +195,18 @@ class PerBeamStateStepCell(nn.Cell):
 class _LinearState(DecodeState):
     """What the three layouts share: the prefill graph and its prompt layout, the step's code tokens."""
 
-    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, runner=None):
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, runner=None, stacked: bool = False,
+                 prefill=None):
+        """prefill: a callable with LinearPrefillCell's inputs and outputs (stacked or not) run instead of a
+        cell built on the decoder (an exported graph)."""
         self.dec, self.u, self.b, self.p = decoder, num_users, beam, p_cap
         self.run = runner or _inline
         self.steps = max(decoder.num_levels - 1, 1)
-        self.decays = np.stack([np.asarray(blk.decay, np.float32) for blk in decoder.blocks])   # [blocks, H]
-        self.prefill_net = LinearPrefillCell(decoder, num_users, p_cap)
-        self.prefill_net.set_train(False)
+        self.decays = decays_of(decoder)                                    # [blocks, H]
+        self.prefill_net = prefill
+        if prefill is None:
+            self.prefill_net = LinearPrefillCell(decoder, num_users, p_cap, stacked)
+            self.prefill_net.set_train(False)
         self.timings = {"prefill": 0.0, "step": 0.0}
 
     def prefill(self, prompts):
@@ -198,29 +223,39 @@ class _LinearState(DecodeState):
 
     def state_bytes_per_block_beam(self) -> int:
         """Bytes of one head-set's full recurrent state: H * dqk * dv * 4 (one beam, one block)."""
-        blk = self.dec.blocks[0]
-        return blk.h * blk.dqk * blk.dv * 4
+        return self.dec.num_heads * self.dec.dqk * self.dec.dv * 4
 
 
 class RecordState(_LinearState):
     """OneLA (replay=False) or the replay baseline (replay=True): prompt states kept once per user, each
-    beam's decoded tokens in append-only records found by ancestry index."""
+    beam's decoded tokens in append-only records found by ancestry index. stacked: the cells' stacked form
+    (the export's); graphs: (prefill, step) callables with the stacked cells' inputs and outputs, run
+    instead of cells built on the decoder (the exported MindIR graphs a server loads)."""
 
-    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, runner=None, replay: bool = False):
-        super().__init__(decoder, num_users, beam, p_cap, runner)
-        self.replay = replay
-        self.step_net = RecordStepCell(decoder, num_users, beam, self.steps, replay)
-        self.step_net.set_train(False)
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, runner=None, replay: bool = False,
+                 stacked: bool = False, graphs=None):
+        stacked = stacked or graphs is not None
+        super().__init__(decoder, num_users, beam, p_cap, runner, stacked, graphs[0] if graphs else None)
+        self.replay, self.stacked = replay, stacked
+        if graphs is not None:
+            self.step_net = graphs[1]
+        else:
+            self.step_net = RecordStepCell(decoder, num_users, beam, self.steps, replay, stacked)
+            self.step_net.set_train(False)
 
     def share_graphs(self, other: "RecordState"):
         self.prefill_net, self.step_net = other.prefill_net, other.step_net
 
     def _keep(self, states):
         self.sp = states
-        blk = self.dec.blocks[0]
-        shape = (self.steps, self.u, self.b, blk.h)
-        self.kr = tuple(Tensor(np.zeros(shape + (b.dqk,), np.float32)) for b in self.dec.blocks)
-        self.vr = tuple(Tensor(np.zeros(shape + (b.dv,), np.float32)) for b in self.dec.blocks)
+        dec = self.dec
+        shape = (self.steps, self.u, self.b, dec.num_heads)
+        if self.stacked:
+            self.kr = Tensor(np.zeros((dec.num_blocks,) + shape + (dec.dqk,), np.float32))
+            self.vr = Tensor(np.zeros((dec.num_blocks,) + shape + (dec.dv,), np.float32))
+        else:
+            self.kr = tuple(Tensor(np.zeros(shape + (dec.dqk,), np.float32)) for _ in range(dec.num_blocks))
+            self.vr = tuple(Tensor(np.zeros(shape + (dec.dv,), np.float32)) for _ in range(dec.num_blocks))
 
     def step(self, level, codes, parents):
         """Level `level` >= 1: append codes [U, Bm] (chosen at level-1) as record slot level-1."""
@@ -232,17 +267,22 @@ class RecordState(_LinearState):
         return logits.reshape(self.u, self.b, -1)
 
     def _step_graph(self, slots, onehot, anc, pw, rw):
-        # tuples of tensors enter as mutable: a plain tuple input is a graph constant (a compile per call)
-        logits, self.kr, self.vr = self.step_net(Tensor(slots), mutable(self.sp), mutable(self.kr),
-                                                 mutable(self.vr), Tensor(onehot), Tensor(anc), Tensor(pw),
-                                                 Tensor(rw))
+        if self.stacked:
+            args = (Tensor(slots), self.sp, self.kr, self.vr, Tensor(onehot), Tensor(anc), Tensor(pw), Tensor(rw))
+            self.last_step_inputs = args        # the inputs of the exported step graph (mindgr.serve.export)
+        else:
+            # tuples of tensors enter as mutable: a plain tuple input is a graph constant (a compile per call)
+            args = (Tensor(slots), mutable(self.sp), mutable(self.kr), mutable(self.vr), Tensor(onehot),
+                    Tensor(anc), Tensor(pw), Tensor(rw))
+        logits, self.kr, self.vr = self.step_net(*args)
         return logits.asnumpy()
 
     def nbytes(self) -> dict:
         """Held bytes: the prompt states (one per user and block) and the per-beam records; replay also
         materialises every beam's state for one block at a time during a step ("rebuilt", transient)."""
-        out = {"prompt": int(sum(s.nbytes for s in self.sp)),
-               "beams": int(sum(k.nbytes for k in self.kr) + sum(v.nbytes for v in self.vr))}
+        parts = lambda x: (x,) if isinstance(x, Tensor) else x      # noqa: E731 (stacked: one tensor)
+        out = {"prompt": int(sum(s.nbytes for s in parts(self.sp))),
+               "beams": int(sum(k.nbytes for k in parts(self.kr)) + sum(v.nbytes for v in parts(self.vr)))}
         if self.replay:
             out["rebuilt"] = self.u * self.b * self.state_bytes_per_block_beam()
         return out
@@ -281,12 +321,13 @@ class PerBeamState(_LinearState):
         return {"prompt": 0, "beams": int(sum(s.nbytes for s in self.states))}
 
 
-def linear_decode_state(decoder, num_users: int, beam: int, p_cap: int, runner=None, layout: str = "onela"):
+def linear_decode_state(decoder, num_users: int, beam: int, p_cap: int, runner=None, layout: str = "onela",
+                        stacked: bool = False):
     """The decoding state of a linear-backbone GR decoder for `layout` (LAYOUTS, or the engine's generic
-    names "shared" / "per_beam"); a one-line error for another."""
+    names "shared" / "per_beam"); a one-line error for another. stacked: OneLA's exported form."""
     name = ALIASES.get(layout, layout)
     if name == "onela":
-        return RecordState(decoder, num_users, beam, p_cap, runner)
+        return RecordState(decoder, num_users, beam, p_cap, runner, stacked=stacked)
     if name == "replay":
         return RecordState(decoder, num_users, beam, p_cap, runner, replay=True)
     if name == "per_beam_state":

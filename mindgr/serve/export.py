@@ -19,12 +19,17 @@ kernels, the kernel library their custom ops call (`ops`). mindgr.serve.exported
 
 Generative runs (export_generative / export_generative_run; load_generative_export): per user-batch shape U
   prefill-u{U}.mindir      the GR decoder's PrefillCell (mindgr.models.kv_cache: prompt batch -> level-0
-                           logits, prompt K, V)
+                           logits, prompt K, V); a linear-attention decoder (model.backbone linear): OneLA's
+                           stacked LinearPrefillCell (mindgr.models.linear_decode: -> level-0 logits, the
+                           prompt states S_p [blocks, U, H, dqk, dv])
   step-u{U}-b{beam}.mindir its DecodeStepCell (one token per beam -> logits, updated record K, V; the
-                           one-hot record update and the ancestry gather are in the graph)
+                           one-hot record update and the ancestry gather are in the graph); linear: OneLA's
+                           stacked RecordStepCell (S_p, the per-beam records, the ancestry index, the decay
+                           weights -> logits, updated records)
   codes.npy, trie.npz      the code table [V+1, Lt] and the trie's keys / masks per level
-  item_raw_ids.npy, manifest.json (kind "generative": decoder config, beam, prompt tokens, every graph's
-                           input shapes and dtypes, the run's data fingerprint)
+  item_raw_ids.npy, manifest.json (kind "generative": decoder config with its backbone (and, linear, the
+                           per-head decays the host turns into decay weights), beam, prompt tokens, every
+                           graph's input shapes and dtypes, the run's data fingerprint)
 """
 from __future__ import annotations
 
@@ -150,15 +155,16 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
     from mindspore import Tensor
     from mindgr.generate.engine import DecodingEngine
     from mindgr.serve.generative import GenerativeRecommender
-    if getattr(bundle.decoder, "backbone", "hstu") != "hstu":
-        raise ExportError(f"export: the {bundle.decoder.backbone} backbone's decoding graphs are not exported "
-                          "(MindIR covers the HSTU decoder); serve the run directory (mindgr serve --run)")
+    backbone = getattr(bundle.decoder, "backbone", "hstu")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rec = GenerativeRecommender(bundle, beam=beam, decode="engine", shapes=shapes)
     dec, p_cap = bundle.decoder, rec.p_cap
     graphs = {}
     for users in rec.shapes:
+        if backbone == "linear":
+            graphs[str(users)] = _export_linear(out, dec, rec.codes, users, beam, p_cap)
+            continue
         eng: DecodingEngine = rec.engines[0][users]
         be = eng.state                    # the decoder's KV-cache state (mindgr.models.kv_cache)
         # the inputs the engine really builds for a prefill and a step (their values do not matter)
@@ -189,15 +195,19 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
                                                         **{f"masks{l}": trie.masks[l] for l in range(trie.num_levels)}),
                  tmp_suffix=".tmp.npz")
     cfg = bundle.cfg.to_dict() if hasattr(bundle.cfg, "to_dict") else None
+    spec = {"level_sizes": [int(s) for s in bundle.level_sizes], "dim": dec.dim, "blocks": dec.num_blocks,
+            "heads": dec.num_heads, "dqk": dec.dqk, "dv": dec.dv, "max_len": dec.max_len,
+            "token_merger": dec.token_merger, "group": dec.group, "pad_id": dec.pad_id,
+            "trie_softmax": dec.trie_softmax, "backbone": backbone,
+            "level_offsets": [int(x) for x in dec.level_offsets]}
+    if backbone == "linear":     # float32 values, exact through JSON: the host's decay weights come from them
+        from mindgr.models.linear_decode import decays_of
+        spec["decays"] = [[float(g) for g in row] for row in decays_of(dec)]
     manifest = {
         "format_version": GR_FORMAT_VERSION, "kind": "generative",
         "run": str(bundle.run_dir) if bundle.run_dir is not None else None, "checkpoint": str(bundle.checkpoint),
         "step": getattr(bundle, "step", None), "config": cfg,
-        "decoder": {"level_sizes": [int(s) for s in bundle.level_sizes], "dim": dec.dim, "blocks": dec.num_blocks,
-                    "heads": dec.num_heads, "dqk": dec.dqk, "dv": dec.dv, "max_len": dec.max_len,
-                    "token_merger": dec.token_merger, "group": dec.group, "pad_id": dec.pad_id,
-                    "trie_softmax": dec.trie_softmax, "backbone": getattr(dec, "backbone", "hstu"),
-                    "level_offsets": [int(x) for x in dec.level_offsets]},
+        "decoder": spec,
         "beam": beam, "prompt_tokens": p_cap, "max_history": int(bundle.max_history),
         "decode_steps": int(dec.num_levels - 1),
         "graphs": graphs,
@@ -217,6 +227,29 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
     files = [g[p]["file"] for g in graphs.values() for p in ("prefill", "step")] + \
         ["codes.npy", "item_raw_ids.npy", "trie.npz"]
     return _write_manifest(out, manifest, files)
+
+
+def _export_linear(out: Path, dec, codes, users: int, beam: int, p_cap: int) -> dict:
+    """OneLA's stacked prefill and step cells (mindgr.models.linear_decode) of one user-batch shape as MindIR,
+    traced with the inputs the state really builds; returns their manifest entry."""
+    from mindspore import Tensor
+    from mindgr.models.linear_decode import RecordState
+    be = RecordState(dec, users, beam, p_cap, stacked=True)
+    be.run = calls = _Recorder()
+    be.prefill(dec.prompts([np.ones(1, np.int64)] * users, codes, p_cap))    # values do not matter
+    pre_args = [Tensor(a) for a in calls.calls[0]]
+    be.step(1, np.zeros((users, beam), np.int64), [np.zeros((users, beam), np.int64)])
+    step_args = be.last_step_inputs
+    pre_name, step_name = f"prefill-u{users}", f"step-u{users}-b{beam}"
+    _save_mindir(out, pre_name, be.prefill_net, *pre_args)
+    _save_mindir(out, step_name, be.step_net, *step_args)
+    return {"prefill": {"file": pre_name + ".mindir", "inputs": [[str(a.dtype), list(a.shape)] for a in pre_args],
+                        "outputs": ["logits float32 [U, sum K]", "prompt states float32 [blocks, U, H, dqk, dv]"]},
+            "step": {"file": step_name + ".mindir", "inputs": [[str(a.dtype), list(a.shape)] for a in step_args],
+                     "input_names": ["slots", "prompt states", "record K", "record V", "record one-hot",
+                                     "ancestry index", "prompt decay weights", "record decay weights"],
+                     "outputs": ["logits float32 [U * beam, sum K]", "record K float32 [blocks, S, U, beam, H, dqk]",
+                                 "record V float32 [blocks, S, U, beam, H, dv]"]}}
 
 
 def export_generative_run(run_dir, out_dir=None, which: str = "best", beam: int = 16, shapes=(1, 2, 4),

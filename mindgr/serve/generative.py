@@ -60,11 +60,16 @@ class GenerativeBundle:
     step: int | None = None
 
 
+EXPORTED_BACKBONES = ("hstu", "linear")   # decoders whose fast-path graphs an export holds
+
+
 class ExportedDecoder:
     """The generation contract (mindgr.models.generation) of an exported GR decoder: its code layout from
-    the manifest, its decoding state the KV-cache state (mindgr.models.kv_cache) running the exported
-    prefill and decode-step graphs of each user-batch shape. It has no weights and no plain forward, so only
-    the engine's fast path runs on it (not the per-beam, replay or naive baselines)."""
+    the manifest, its decoding state running the exported prefill and decode-step graphs of each user-batch
+    shape: the KV-cache state (mindgr.models.kv_cache) for an HSTU decoder, OneLA's record state
+    (mindgr.models.linear_decode, its decays from the manifest) for a linear-attention one. It has no
+    weights and no plain forward, so only the engine's fast path runs on it (not the per-beam, replay or
+    naive baselines)."""
 
     def __init__(self, spec: dict, graphs: dict, prompt_tokens: int):
         self.level_sizes = [int(s) for s in spec["level_sizes"]]
@@ -74,6 +79,8 @@ class ExportedDecoder:
         self.dqk, self.dv, self.max_len = int(spec["dqk"]), int(spec["dv"]), int(spec["max_len"])
         self.token_merger, self.group, self.pad_id = spec["token_merger"], int(spec["group"]), int(spec["pad_id"])
         self.trie_softmax = bool(spec.get("trie_softmax", False))
+        self.backbone = spec.get("backbone", "hstu")
+        self.decays = np.asarray(spec["decays"], np.float32) if self.backbone == "linear" else None
         self.graphs, self.prompt_tokens = graphs, int(prompt_tokens)    # users -> (prefill, step) GraphCells
 
     def prompts(self, histories, codes, max_prompt_tokens: int):
@@ -81,11 +88,15 @@ class ExportedDecoder:
         return prompts_of(self, histories, codes, max_prompt_tokens)
 
     def decode_state(self, num_users: int, beam: int, max_prompt_tokens: int, runner=None, layout: str = "shared"):
-        from mindgr.models.kv_cache import KVCacheState
-        if layout != "shared" or num_users not in self.graphs or max_prompt_tokens != self.prompt_tokens:
+        shared = ("shared", "onela") if self.backbone == "linear" else ("shared",)
+        if layout not in shared or num_users not in self.graphs or max_prompt_tokens != self.prompt_tokens:
             raise ValueError(f"the export has the shared-cache graphs of {sorted(self.graphs)} users at "
                              f"{self.prompt_tokens} prompt tokens, not {layout} for {num_users} users at "
                              f"{max_prompt_tokens}")
+        if self.backbone == "linear":
+            from mindgr.models.linear_decode import RecordState
+            return RecordState(self, num_users, beam, max_prompt_tokens, runner=runner, graphs=self.graphs[num_users])
+        from mindgr.models.kv_cache import KVCacheState
         return KVCacheState(self, num_users, beam, max_prompt_tokens, runner=runner, graphs=self.graphs[num_users])
 
 
@@ -100,8 +111,12 @@ def bundle_from_export(export_dir, manifest: dict, shapes=None, beam: int | None
         raise ExportError(f"export {d}: its decode-step graphs are for beam {manifest['beam']}, not {beam}; serve "
                           f"with --beam {manifest['beam']} or export again with --beam {beam}")
     backbone = manifest["decoder"].get("backbone", "hstu")
-    if backbone != "hstu":           # its graphs are a KV-cache state's (mindgr.models.kv_cache)
-        raise ExportError(f"export {d}: a {backbone} decoder; serving from an export runs hstu decoders only")
+    if backbone not in EXPORTED_BACKBONES:
+        raise ExportError(f"export {d}: a {backbone} decoder; this version serves exports of "
+                          f"{', '.join(EXPORTED_BACKBONES)} decoders (export the run again)")
+    if backbone == "linear" and "decays" not in manifest["decoder"]:
+        raise ExportError(f"export {d}: a linear decoder without its decays in the manifest; "
+                          "export the run again")
     manifest, graphs, codes, trie_arrays, raw_ids = load_generative_export(d, manifest, users=shapes)
     spec = manifest["decoder"]
     trie = PrefixTrie(codes, spec["level_sizes"])

@@ -5,9 +5,8 @@ records it ("kind"). SERVING_MODELS maps that name to a ServingKind: `export` wr
 (mindgr.serve.export) and `load` builds the serving model from an export directory alone, reading
 nothing of the run, its data or the training code. `mindgr serve --run` and `mindgr recommend --run`
 export first (into the run's serving cache, mindgr.serve.cache) and then load that export, so both ways
-in share one loading path; what an export cannot serve (`needs_run`: the GR baselines, a linear-attention
-decoder, whose graphs are not exported yet) is served from the loaded run (`load_run`). A task with a new
-kind of answer adds one entry here.
+in share one loading path; what an export cannot serve (`needs_run`: the GR baselines, whose graphs are not
+exported) is served from the loaded run (`load_run`). A task with a new kind of answer adds one entry here.
 """
 from __future__ import annotations
 
@@ -39,10 +38,9 @@ def _check_generative(options: ServerOptions):
 
 
 def _generative_needs_run(run_dir, options: ServerOptions) -> bool:
-    """The baselines (per_beam, replay, naive) need the model itself, and only the HSTU decoder's decoding
-    graphs are exported (mindgr.serve.export): those runs are served from the loaded run."""
-    from mindgr.train.rundir import run_config
-    return options.decode != "engine" or run_config(Path(run_dir)).model.backbone != "hstu"
+    """The baselines (per_beam, replay, naive) need the model itself: the export holds the graphs of the
+    engine's fast path only (HSTU's KV cache, a linear decoder's OneLA; mindgr.serve.export)."""
+    return options.decode != "engine"
 
 
 def _load_generative_run(run_dir, options: ServerOptions):

@@ -69,3 +69,54 @@ def test_a_tampered_or_missing_export_file_is_refused_naming_it(tmp_path):
     del m["sha256"]
     (tmp_path / "manifest.json").write_text(json.dumps(m))
     load_generative_export(tmp_path)
+
+
+def test_linear_gr_export_round_trip_is_bit_identical(tmp_path):
+    """A linear-attention decoder's export: OneLA's stacked prefill (-> the prompt states S_p) and decode
+    step (S_p, the per-beam records, the ancestry index -> logits, records) as MindIR; the loaded step graph's
+    outputs bit-identical to the in-process stacked cell's, the manifest recording the backbone and decays,
+    and the engine on the loaded graphs (through bundle_from_export) giving the in-process engine's lists."""
+    from mindgr.models.linear_decode import RecordState, decays_of
+    bundle = fx.random_bundle(num_items=60, prompt_tokens=12, dim=8, blocks=2, heads=2, level_sizes=(4, 4, 4, 2),
+                              backbone="linear")
+    manifest = export_generative(bundle, tmp_path, beam=4, shapes=(2,))
+    assert manifest["decoder"]["backbone"] == "linear" and sorted(manifest["graphs"]) == ["2"]
+    np.testing.assert_array_equal(np.asarray(manifest["decoder"]["decays"], np.float32), decays_of(bundle.decoder))
+    served = gr.bundle_from_export(tmp_path, manifest)          # the graphs loaded (mindspore.load), the trie
+    assert served.decoder.backbone == "linear"
+    np.testing.assert_array_equal(served.codes, bundle.codes)
+
+    dec, p_cap = bundle.decoder, manifest["prompt_tokens"]
+    rng = np.random.default_rng(0)
+    hists = [rng.integers(1, 60, size=n) for n in (5, 2)]
+    want = gr.GenerativeRecommender(bundle, beam=4, shapes=(2,)).engines[0][2]    # the tuple cells (in-process)
+    want_items, want_scores = want.search(hists, 4)
+    stacked = RecordState(dec, 2, 4, p_cap, stacked=True)         # the exported form, in-process
+    prompts = dec.prompts(hists, bundle.codes, p_cap)
+    level0 = stacked.prefill(prompts)
+    prefill, step = served.decoder.graphs[2]
+    loaded = RecordState(served.decoder, 2, 4, p_cap, graphs=(prefill, step))
+    np.testing.assert_array_equal(loaded.prefill(prompts), level0)
+    np.testing.assert_array_equal(loaded.sp.asnumpy(), stacked.sp.asnumpy())
+    parents = [np.zeros((2, 4), np.int64), rng.integers(0, 4, size=(2, 4)), rng.integers(0, 4, size=(2, 4))]
+    for level in (1, 2, 3):
+        codes_in = rng.integers(0, 4, size=(2, 4))
+        a = stacked.step(level, codes_in, parents[:level])
+        b = loaded.step(level, codes_in, parents[:level])
+        np.testing.assert_array_equal(a, b)                                     # bit-identical on the CPU
+        np.testing.assert_array_equal(loaded.kr.asnumpy(), stacked.kr.asnumpy())
+        np.testing.assert_array_equal(loaded.vr.asnumpy(), stacked.vr.asnumpy())
+    step_inputs = stacked.last_step_inputs
+    for x, y in zip(step(*step_inputs), stacked.step_net(*step_inputs)):
+        np.testing.assert_array_equal(x.asnumpy(), y.asnumpy())
+
+    eng = gr.GenerativeRecommender(served, beam=4, shapes=(2,)).engines[0][2]    # the loaded graphs again
+    items, scores = eng.search(hists, 4)
+    np.testing.assert_array_equal(items, want_items)
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-6, atol=1e-6)
+    eng.state = stacked                                      # the same engine on the in-process stacked cells
+    got_items, got_scores = eng.search(hists, 4)
+    np.testing.assert_array_equal(got_items, items)
+    np.testing.assert_array_equal(got_scores, scores)
+    with pytest.raises(ValueError, match="shared-cache graphs"):
+        served.decoder.decode_state(2, 4, p_cap, layout="per_beam")
