@@ -1,6 +1,9 @@
 """A tiny linear-attention GR run end to end: trained by `mindgr train` (model.backbone linear), evaluated,
-answered by `mindgr recommend` and by `mindgr serve` over real HTTP with OneLA decoding (the lists of the
-decoding engine and of the plain recompute search), and a one-line refusal from `mindgr export`."""
+exported (`mindgr export`: OneLA's prefill and step graphs as MindIR), answered by `mindgr recommend` and by
+`mindgr serve` over real HTTP from the run (through its serving cache) and from the export directory alone,
+every way giving the in-process OneLA engine's lists (which the plain recompute search also gives)."""
+import json
+
 import httpx
 import numpy as np
 import pytest
@@ -77,8 +80,36 @@ def test_recommend_serve_and_export(linear_run, tmp_path, capsys):
     finally:
         stop_server(proc)
 
+    export = tmp_path / "export"
     capsys.readouterr()
-    assert main(["export", "--run", str(run_dir), "--out", str(tmp_path / "export"), "--beam", "6"]) != 0
+    assert main(["export", "--run", str(run_dir), "--out", str(export), "--beam", "6", "--batch-shapes", "1,2"]) == 0
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert manifest["kind"] == "generative" and manifest["decoder"]["backbone"] == "linear"
+    assert sorted(manifest["graphs"]) == ["1", "2"] and manifest["beam"] == 6
+    capsys.readouterr()
+    assert main(["recommend", "--export", str(export), "--user-history", " ".join(str(raw[i]) for i in hist),
+                 "--k", "5", "--include-history"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()[1:]
+    assert [int(line.split("\t")[1]) for line in lines] == want
+
+    port = free_port()
+    proc = start_server(None, port, ["--export", export, "--threads", 1], cwd=REPO)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        health = httpx.get(f"{url}/health").json()
+        assert health["model"] == "generative" and health["export"] == str(export)
+        r = httpx.post(f"{url}/recommend", json={"history": [int(raw[i]) for i in hist], "k": 5,
+                                                 "exclude_history": False}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["items"] == want
+        r = httpx.post(f"{url}/recommend", json={"history": [int(raw[1])], "k": 7}, timeout=60)
+        assert r.status_code == 422 and "more than the beam width 6" in r.json()["error"]
+        by_status = httpx.get(f"{url}/metrics").json()["requests"]["by_status"]
+        assert by_status["422"] == 1 and by_status["200"] >= 1          # counted as from a run
+    finally:
+        stop_server(proc)
+    # the baselines need the model itself: refused from an export in one line
+    capsys.readouterr()
+    assert main(["serve", "--export", str(export), "--decode", "per_beam"]) != 0
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mindgr: error:")]
-    assert len(err) == 1 and "linear backbone's decoding graphs are not exported" in err[0]
-    assert not (tmp_path / "export").exists()
+    assert len(err) == 1 and "export holds the graphs of the decoding engine's fast path only" in err[0]

@@ -1,5 +1,5 @@
 """`mindgr bench serve --gr`: the capacity bound (per-shape batch times from two /metrics snapshots) and the
-servers' memory guard."""
+servers' memory guard; the --gr-sides (a decode mode, or BACKBONE:DECODE)."""
 from mindgr.bench.serve import _shape_ms, capacity_bound
 
 
@@ -38,3 +38,16 @@ def test_a_server_over_its_memory_budget_is_killed_and_flagged():
     guard_memory(small, 2 << 30, every_s=0.05)
     assert small.wait(20) == 0 and small.memory_exceeded is None
     assert resident_bytes(small.pid) is None                   # gone
+
+
+def test_gr_sides_name_a_decode_mode_or_a_backbone_and_mode():
+    import pytest
+    from mindgr.bench.serve import _sides, side_parts
+    from mindgr.config import ConfigError
+    assert _sides("linear:engine, hstu:engine") == ("linear:engine", "hstu:engine")
+    assert side_parts("linear:engine", "hstu") == ("linear", "engine")
+    assert side_parts("per_beam", "linear") == ("linear", "per_beam")
+    assert side_parts("overlap-on", "hstu") == ("hstu", "engine")
+    for bad in ("engine", "engine,engine", "gru:engine,hstu:engine", "linear:fast,hstu:engine"):
+        with pytest.raises(ConfigError, match="--gr-sides"):
+            _sides(bad)
