@@ -260,6 +260,11 @@ class ParallelConfig:
     sparse_update: str = field(default="lazy", metadata=_rng(choices=["lazy", "dense"]))  # rows Adam touches
     intra_gbps: float = field(default=600.0, metadata=_rng(lo=0.0, lo_open=True))  # GB/s inside a node
     inter_gbps: float = field(default=25.0, metadata=_rng(lo=0.0, lo_open=True))   # GB/s between nodes
+    # A modelled inter-node link for process groups on one machine (mindgr.parallel.sparse.link): every
+    # cross-node exchange of the hierarchical layout also takes link_latency_ms per cross-node message plus
+    # its bytes over link_gbps (GB/s per node, shared by the node's ranks). 0 and 0 = off (a real link).
+    link_latency_ms: float = field(default=0.0, metadata=_rng(lo=0.0, hi=10000.0))  # per cross-node message
+    link_gbps: float = field(default=0.0, metadata=_rng(lo=0.0))  # GB/s leaving a node; 0 = no bandwidth term
     # frequency layout: rows replicated per node group; -1 = chosen by the byte model from the id statistics
     hot_rows: int = field(default=-1, metadata=_rng(lo=-1))
     # a row is replicated when that costs at most this much more inter-node bytes than fetching it
@@ -481,6 +486,9 @@ def _validate_cross(cfg: Config):
             # the frequency layout's cut and the byte model count a uniform pool
             raise ConfigError(f"config: parallel.sparse = {p.sparse} with loss.negatives = shared_pool needs "
                               f"loss.sampling = uniform (not {cfg.loss.sampling})")
+    if (p.link_latency_ms or p.link_gbps) and p.sparse != "hierarchical":
+        raise ConfigError(f"config: parallel.link_latency_ms / link_gbps model the cross-node exchange of "
+                          f"parallel.sparse = hierarchical, not {p.sparse}; set them to 0")
     if not cfg.eval.ks or min(cfg.eval.ks) < 1:
         raise ConfigError(f"config: eval.ks = {cfg.eval.ks!r}: expected a non-empty list of integers >= 1")
     if cfg.eval.beam and cfg.eval.beam < max(cfg.eval.ks):

@@ -20,6 +20,7 @@ convergence result quoted in docs/sparse.md.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -69,22 +70,41 @@ def exchange_hot(slots: np.ndarray, grads: np.ndarray, hot_slots: int, group, me
 
 
 class BoundedStaleness:
-    """Schedules the cross-node exchange of each step's gradient and its application at step t + tau."""
+    """Schedules the cross-node exchange of each step's gradient and its application at step t + tau.
 
-    def __init__(self, tau: int, exchange, apply):
+    `link` (mindgr.parallel.sparse.link.MeasuredExchange, or None: no modelled link) gives each exchange
+    a link time; the gradient arrives that long after its collectives are done (a serial link: after the
+    previous exchange's arrival too) and is applied no earlier. `clock` / `sleep` are injectable so tests
+    need not time anything."""
+
+    def __init__(self, tau: int, exchange, apply, link=None, clock=time.perf_counter, sleep=time.sleep):
         self.tau = tau
         self.exchange = exchange                   # (slots, grads) -> (slots, grads) summed over nodes
         self.apply = apply                         # (slots, grads) -> None: the row optimizer
-        self.ready = deque()                       # (origin step, slots, grads), exchanged, not applied
+        self.link, self.clock, self.sleep = link, clock, sleep
+        self.ready = deque()                       # (origin step, slots, grads, arrival), exchanged, not applied
         self._pending = None                       # (step, slots, grads) submitted, not exchanged yet
         self._thread = None
         self._result = None
         self.max_staleness = 0
+        self._link_free = 0.0                      # when the modelled link is free again (clock)
+        self.link_delay_s = 0.0                    # modelled link time injected, since take_link()
+        self.link_wait_s = 0.0                     # time the caller blocked on arrivals, since take_link()
+
+    def _exchange(self, step: int, slots: np.ndarray, grads: np.ndarray) -> tuple:
+        """(step, summed slots, summed grads, arrival time) of one exchange."""
+        if self.link is None:
+            return (step,) + self.exchange(slots, grads) + (0.0,)
+        (s, g), seconds = self.link(self.exchange, slots, grads)
+        arrival = max(self.clock(), self._link_free) + seconds
+        self._link_free = arrival
+        self.link_delay_s += seconds
+        return step, s, g, arrival
 
     def submit(self, step: int, slots: np.ndarray, grads: np.ndarray):
         """Node-summed gradient of `step`: exchanged now (tau = 0) or queued for the background."""
         if self.tau == 0:
-            self.ready.append((step,) + self.exchange(slots, grads))
+            self.ready.append(self._exchange(step, slots, grads))
         else:
             self._pending = (step, slots, grads)
 
@@ -96,7 +116,7 @@ class BoundedStaleness:
 
         def run():
             try:
-                self._result = (pending[0],) + self.exchange(pending[1], pending[2])
+                self._result = self._exchange(*pending)
             except BaseException as e:             # re-raised in the main thread by join()
                 self._result = e
 
@@ -115,20 +135,31 @@ class BoundedStaleness:
         self.ready.append(result)
 
     def apply_due(self, step: int, flush: bool = False):
-        """At the end of `step`: apply every exchanged gradient whose origin + tau == step (all if flush)."""
+        """At the end of `step`: apply every exchanged gradient whose origin + tau == step (all if flush),
+        each once it has arrived over the modelled link."""
         while self.ready and (flush or self.ready[0][0] + self.tau <= step):
-            origin, slots, grads = self.ready.popleft()
+            origin, slots, grads, arrival = self.ready.popleft()
             lag = step - origin
             if lag > self.tau:
                 raise StalenessError(f"embedding gradient of step {origin} applied at step {step}: staleness "
                                      f"{lag} > parallel.staleness = {self.tau}")
+            wait = arrival - self.clock()
+            if wait > 0:                           # time.sleep releases the GIL: other threads run on
+                self.sleep(wait)
+                self.link_wait_s += wait
             self.max_staleness = max(self.max_staleness, lag)
             self.apply(slots, grads)
+
+    def take_link(self) -> tuple[float, float]:
+        """(link time injected, time blocked on it) since the last call."""
+        out = (self.link_delay_s, self.link_wait_s)
+        self.link_delay_s = self.link_wait_s = 0.0
+        return out
 
     def flush(self, step: int):
         """Exchange and apply everything outstanding now (before a checkpoint, an evaluation, the end)."""
         self.join()
         pending, self._pending = self._pending, None
         if pending is not None:
-            self.ready.append((pending[0],) + self.exchange(pending[1], pending[2]))
+            self.ready.append(self._exchange(*pending))
         self.apply_due(step, flush=True)

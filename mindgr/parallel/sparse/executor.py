@@ -10,7 +10,8 @@ Per step s, on every rank (docs/sparse.md):
   compute       RowsGrads: loss, gradient of the rows, dense gradients (no communication)
   dense         dense gradients summed over all ranks and applied (synchronous, as data parallel)
   route back    row gradients to their owners, summed per node (ShardedTable.push)
-  cross-node    (staleness 0) the exchange now; the row optimizer applies step s - tau's sum
+  cross-node    (staleness 0) the exchange now; the row optimizer applies step s - tau's sum once it has
+                arrived over the modelled link, if one is on (parallel.link_*, mindgr.parallel.sparse.link)
 Evaluations and checkpoints first flush the outstanding exchange.
 """
 from __future__ import annotations
@@ -149,6 +150,7 @@ class ShardedTableExecutor(DataParallelExecutor):
 
     def build_model(self):
         from mindgr.parallel.sparse.exchange import BoundedStaleness, exchange_hot, exchange_replicas
+        from mindgr.parallel.sparse.link import LinkModel, MeasuredExchange
         from mindgr.parallel.sparse.topology import Groups
         from mindgr.parallel.sparse.traffic import Bandwidth, Traffic
         p, world, layout = self.cfg.parallel, self.ctx.world, self.layout
@@ -167,13 +169,19 @@ class ShardedTableExecutor(DataParallelExecutor):
         exchange = exchange_replicas
         if layout.kind == "frequency":
             exchange = (lambda s, g, *a: exchange_hot(s, g, model.table.hot_slots, *a))
+        self.link = LinkModel(p.link_latency_ms, p.link_gbps, self.topo.local_ranks)
         self.stale = BoundedStaleness(layout.staleness,
                                       lambda s, g: exchange(s, g, inter[0], inter[1], self.traffic),
-                                      model.row_opt.apply)
+                                      model.row_opt.apply,
+                                      link=MeasuredExchange(self.link, self.traffic) if self.link.on else None)
+        if self.link.on:
+            self.run.log.info(f"sparse: modelled inter-node link on: {p.link_latency_ms:g} ms per cross-node "
+                              f"message, {p.link_gbps:g} GB/s per node shared by {self.topo.local_ranks} ranks")
         if layout.cut:
             self.run.log.info(f"sparse: frequency layout, {layout.cut['hot_rows']} hot rows "
                               f"({layout.cut['rule']}; ~{layout.cut['hot_share_of_rank_ids']:.1%} of a rank's ids)")
-        self.sparse_win = {"intra": [], "inter": [], "lookup_s": [], "exchange_wait_s": [], "unique": []}
+        self.sparse_win = {"intra": [], "inter": [], "lookup_s": [], "exchange_wait_s": [], "unique": [],
+                           "link_delay_s": [], "link_wait_s": []}
         self.run.log.info(f"sparse: {p.sparse} item table, {self.topo.nodes} node groups x {self.topo.local_ranks} "
                           f"local ranks, {layout.shards} shards of ~{len(model.table.rows)} rows x "
                           f"{model.table.dim}, staleness {self.stale.tau}, U_cap {model.u_cap}, row update "
@@ -202,6 +210,7 @@ class ShardedTableExecutor(DataParallelExecutor):
         inputs, info = prepared
         m, uniq = self.model, info["unique"]
         self.before_step(step)
+        self.stale.take_link()                            # a flush's link time (evaluation) is not this step's
         t0 = time.perf_counter()
         rows = np.empty((m.u_cap, m.table.dim), np.float32)
         rows[len(uniq):] = 0.0
@@ -220,6 +229,7 @@ class ShardedTableExecutor(DataParallelExecutor):
         self.stale.apply_due(step)
         t2 = time.perf_counter()
         intra, inter = self.traffic.end_step()
+        link_delay, link_wait = self.stale.take_link()
         self.record_step(step, info["share"], t1 - t_lookup, c1 - c0, t2 - t1)
         sw = self.sparse_win
         sw["intra"].append(intra)
@@ -227,6 +237,8 @@ class ShardedTableExecutor(DataParallelExecutor):
         sw["lookup_s"].append(t_lookup - t0)
         sw["exchange_wait_s"].append(t_join - t1)
         sw["unique"].append(len(uniq))
+        sw["link_delay_s"].append(link_delay)
+        sw["link_wait_s"].append(link_wait)
         return loss, t2 - t0, info
 
     def window_extra(self):
@@ -234,8 +246,8 @@ class ShardedTableExecutor(DataParallelExecutor):
         sw = self.sparse_win
         if not sw["intra"]:
             return extra, text
-        mine = np.array([np.mean(sw["intra"]), np.mean(sw["inter"])], np.float64)
-        every = comm.all_gather(mine[None, :])                       # [rank, (intra, inter)] bytes/step
+        mine = np.array([np.mean(sw[k]) for k in ("intra", "inter", "link_delay_s", "link_wait_s")], np.float64)
+        every = comm.all_gather(mine[None, :])                       # [rank, (intra, inter, delay, wait)]
         node = self.topo.node_of(np.arange(self.ctx.world))
         per_node = np.array([every[node == n].sum(0) for n in range(self.topo.nodes)])
         extra.update({"sparse_intra_bytes": float(every[:, 0].sum()), "sparse_inter_bytes": float(every[:, 1].sum()),
@@ -243,10 +255,16 @@ class ShardedTableExecutor(DataParallelExecutor):
                       "sparse_lookup_s": float(np.mean(sw["lookup_s"])),
                       "sparse_exchange_wait_s": float(np.mean(sw["exchange_wait_s"])),
                       "sparse_unique": float(np.mean(sw["unique"])), "staleness_max": self.stale.max_staleness})
+        if self.link.on:             # per step, the slowest rank's: the others wait for it at the next collective
+            extra.update({"sparse_link_delay_s": float(every[:, 2].max()),
+                          "sparse_link_wait_s": float(every[:, 3].max())})
         for v in sw.values():
             v.clear()
-        return extra, text + (f" emb {extra['sparse_intra_bytes'] / 1e6:.2f}/{extra['sparse_inter_bytes'] / 1e6:.2f}"
-                              " MB intra/inter")
+        text += f" emb {extra['sparse_intra_bytes'] / 1e6:.2f}/{extra['sparse_inter_bytes'] / 1e6:.2f} MB intra/inter"
+        if self.link.on:
+            text += (f" link {extra['sparse_link_delay_s'] * 1e3:.1f}/{extra['sparse_link_wait_s'] * 1e3:.1f}"
+                     " ms delay/wait")
+        return extra, text
 
     # ---- evaluation ------------------------------------------------------------------------------
     def evaluate(self, split: str, step: int) -> dict:
@@ -342,6 +360,9 @@ class ShardedTableExecutor(DataParallelExecutor):
         meta = super().meta()
         meta["parallel"]["table"] = {"layout": self.cfg.parallel.sparse, "shards": self.layout.shards,
                                      "rows": self.model.num_rows, "staleness": self.stale.tau}
+        if self.link.on:
+            meta["parallel"]["table"]["link"] = {"latency_ms": self.link.latency_ms, "gbps": self.link.gbps,
+                                                 "local_ranks": self.link.local_ranks}
         if self.layout.cut:
             meta["parallel"]["table"]["hot"] = self.layout.cut
         return meta

@@ -44,6 +44,7 @@ class Traffic:
     total_inter: int = 0
     steps: int = 0
     by_phase: dict = field(default_factory=dict)
+    step_inter_messages: int = 0               # cross-node destinations of every send (the link model's)
 
     def send(self, dest_world_ranks, nbytes, phase: str):
         """Count messages of nbytes[k] bytes to world rank dest_world_ranks[k]."""
@@ -55,6 +56,7 @@ class Traffic:
         intra = int(nbytes[other & ~cross].sum())
         self.step_intra += intra
         self.step_inter += inter
+        self.step_inter_messages += int((other & cross).sum())
         a, b = self.by_phase.get(phase, (0, 0))
         self.by_phase[phase] = (a + intra, b + inter)
 
@@ -63,7 +65,7 @@ class Traffic:
         self.total_intra += self.step_intra
         self.total_inter += self.step_inter
         self.steps += 1
-        self.step_intra = self.step_inter = 0
+        self.step_intra = self.step_inter = self.step_inter_messages = 0
         return out
 
 
