@@ -144,7 +144,11 @@ def _read_run(run: Path) -> dict:
     import yaml
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     mean = (lambda k: float(np.mean([r[k] for r in windows])) if windows else float("nan"))
-    return {"run": str(run), "staleness": cfg["parallel"]["staleness"], "steps": ev["step"],
+    par = cfg["parallel"]
+    link = (lambda k: mean(k) if windows and k in windows[0] else 0.0)     # logged only with the link on
+    return {"run": str(run), "staleness": par["staleness"], "seed": cfg["run"]["seed"], "steps": ev["step"],
+            "link_latency_ms": par.get("link_latency_ms", 0.0), "link_gbps": par.get("link_gbps", 0.0),
+            "link_delay_ms": link("sparse_link_delay_s") * 1e3, "link_wait_ms": link("sparse_link_wait_s") * 1e3,
             "step_time_ms": mean("step_time_s") * 1e3, "compute_ms": float(np.mean([np.mean(r["rank_step_s"])
                                                                                      for r in windows])) * 1e3,
             "lookup_ms": mean("sparse_lookup_s") * 1e3, "exchange_wait_ms": mean("sparse_exchange_wait_s") * 1e3,
@@ -154,9 +158,41 @@ def _read_run(run: Path) -> dict:
             "valid_hr@10": ev["valid"].get("hr@10")}
 
 
+def _train_rounds(config, overrides, taus: list[int], seeds: list[int], out_dir: Path) -> list[Path]:
+    """One round per seed, every tau in it, the order of the taus reversed every other round (so drifting
+    load on a shared host does not favour one tau); runs seed{S}/tau{T} under out_dir."""
+    dirs = []
+    for i, seed in enumerate(seeds):
+        order = taus if i % 2 == 0 else taus[::-1]
+        for tau in order:
+            print(f"round {i + 1}: training tau={tau} seed={seed} on 4 processes (2 x 2) ...", flush=True)
+            dirs.append(_train_with_config(config, [*overrides, f"run.seed={seed}"], tau, out_dir / f"seed{seed}",
+                                           f"tau{tau}"))
+    return dirs
+
+
+def summarize(measured: list[dict]) -> dict:
+    """Per tau over its runs (seeds): step time median and range, exchange and link waits, the metrics;
+    step time relative to tau = 0 (ratio of medians)."""
+    out = {}
+    for tau in sorted({m["staleness"] for m in measured}):
+        ms = [m for m in measured if m["staleness"] == tau]
+        st = [m["step_time_ms"] for m in ms]
+        out[tau] = {"runs": len(ms), "step_ms_median": float(np.median(st)), "step_ms_min": float(min(st)),
+                    "step_ms_max": float(max(st)),
+                    **{f"{k}_median": float(np.median([m[k] for m in ms]))
+                       for k in ("compute_ms", "exchange_wait_ms", "link_delay_ms", "link_wait_ms")},
+                    "test_hr@10_mean": float(np.mean([m["test_hr@10"] for m in ms])),
+                    "test_ndcg@10_mean": float(np.mean([m["test_ndcg@10"] for m in ms]))}
+    if 0 in out:
+        for tau, v in out.items():
+            v["step_time_vs_tau0"] = v["step_ms_median"] / out[0]["step_ms_median"]
+    return out
+
+
 def bench_sparse(config, overrides, topologies: str = "2x2,8x8,64x8", steps: int = 5, runs: str = "",
-                 train: bool = False, out_dir: str = "runs/bench-sparse", taus: str = "0,1,2", out=None,
-                 measured_world: int = 4) -> dict:
+                 train: bool = False, out_dir: str = "runs/bench-sparse", taus: str = "0,1,2", seeds: str = "",
+                 out=None, measured_world: int = 4) -> dict:
     from mindgr.bench.distributed_common import machine_load
     cfg = load_config(config, overrides)
     topo = [tuple(int(x) for x in t.split("x")) for t in topologies.split(",") if t]
@@ -191,21 +227,39 @@ def bench_sparse(config, overrides, topologies: str = "2x2,8x8,64x8", steps: int
               f"{ratios[t]['dp_over_frequency_inter']:.2f}x")
     measured = []
     run_dirs = [Path(p.split("=", 1)[-1]) for p in runs.split(",") if p]
-    if train:
+    if train and seeds:
+        run_dirs += _train_rounds(config, overrides, [int(t) for t in taus.split(",")],
+                                  [int(s) for s in seeds.split(",")], Path(out_dir))
+    elif train:
         for tau in taus.split(","):
             print(f"training tau={tau} on 4 processes (2 x 2) ...", flush=True)
             run_dirs.append(_train_with_config(config, overrides, int(tau), Path(out_dir), f"tau{tau}"))
     for run in run_dirs:
         measured.append(_read_run(run))
     if measured:
-        print("measured, 4 processes (2 node groups x 2 local ranks), per step:")
-        print(f"{'tau':>4} {'steps':>6} {'step ms':>8} {'compute':>8} {'lookup':>7} {'wait':>7} {'intra MB':>9} "
-              f"{'inter MB':>9} {'max lag':>7} {'HR@10':>7} {'NDCG@10':>8}")
+        links = {(m["link_latency_ms"], m["link_gbps"]) for m in measured}
+        print("measured, 4 processes (2 node groups x 2 local ranks), per step; modelled link "
+              + ", ".join(f"{lat:g} ms per cross-node message + bytes / {gb:g} GB/s per node" if lat or gb else "off"
+                          for lat, gb in sorted(links)))
+        print(f"{'tau':>4} {'seed':>4} {'steps':>6} {'step ms':>8} {'compute':>8} {'lookup':>7} {'wait':>7} "
+              f"{'link':>6} {'l.wait':>6} {'intra MB':>9} {'inter MB':>9} {'max lag':>7} {'HR@10':>7} {'NDCG@10':>8}")
         for m in measured:
-            print(f"{m['staleness']:>4} {m['steps']:>6} {m['step_time_ms']:8.1f} {m['compute_ms']:8.1f} "
-                  f"{m['lookup_ms']:7.1f} {m['exchange_wait_ms']:7.1f} {m['intra_MB']:9.3f} {m['inter_MB']:9.3f} "
+            print(f"{m['staleness']:>4} {m['seed']:>4} {m['steps']:>6} {m['step_time_ms']:8.1f} {m['compute_ms']:8.1f} "
+                  f"{m['lookup_ms']:7.1f} {m['exchange_wait_ms']:7.1f} {m['link_delay_ms']:6.1f} "
+                  f"{m['link_wait_ms']:6.1f} {m['intra_MB']:9.3f} {m['inter_MB']:9.3f} "
                   f"{m['staleness_max']!s:>7} {m['test_hr@10']:7.4f} {m['test_ndcg@10']:8.4f}")
         base = [m for m in measured if m["staleness"] == 0]
+        if len({m["seed"] for m in measured}) > 1:        # several seeds: per-tau summary, no per-run ratios
+            summary = summarize(measured)
+            print("per tau over seeds: step ms median [min, max], medians of compute / exchange wait / link "
+                  "delay / link wait, mean test HR@10 / NDCG@10")
+            for tau, v in summary.items():
+                print(f"tau={tau}: {v['step_ms_median']:.1f} [{v['step_ms_min']:.1f}, {v['step_ms_max']:.1f}] ms"
+                      f" ({v.get('step_time_vs_tau0', float('nan')):.3f}x tau 0); compute {v['compute_ms_median']:.1f}"
+                      f", wait {v['exchange_wait_ms_median']:.1f}, link {v['link_delay_ms_median']:.1f}"
+                      f" / {v['link_wait_ms_median']:.1f} ms; HR@10 {v['test_hr@10_mean']:.4f}, NDCG@10 "
+                      f"{v['test_ndcg@10_mean']:.4f} ({v['runs']} runs)")
+            base = []
         for m in measured:
             if base and m["staleness"]:
                 rel = (m["test_hr@10"] - base[0]["test_hr@10"]) / base[0]["test_hr@10"]
@@ -216,6 +270,8 @@ def bench_sparse(config, overrides, topologies: str = "2x2,8x8,64x8", steps: int
     result = {"modelled": modelled, "ratios": ratios, "measured": measured, "machine": machine_load(),
               "negatives": cfg.loss.negatives, "pool_size": cfg.loss.pool_size if cfg.loss.negatives == "shared_pool"
               else 0, "measured_world": measured_world}
+    if len({m["seed"] for m in measured}) > 1:
+        result["by_tau"] = summarize(measured)
     return write_result(result, out)
 
 
@@ -242,6 +298,8 @@ def add_arguments(parser):
     parser.add_argument("--runs", default="", help="measured run directories to report (comma separated)")
     parser.add_argument("--train", action="store_true", help="train the staleness runs on 4 processes first")
     parser.add_argument("--taus", default="0,1,2", help="--train: staleness values")
+    parser.add_argument("--seeds", default="", help="--train: run.seed values, one round of every tau each, the "
+                                                     "taus' order reversed every other round (e.g. 0,1,2)")
     parser.add_argument("--out-dir", default="runs/bench-sparse", help="--train: where the runs go")
     add_out_argument(parser)
 
@@ -249,6 +307,6 @@ def add_arguments(parser):
 def run(args) -> int:
     load_bench_config(args)
     bench_sparse(args.config, config_overrides(args), topologies=args.topologies, steps=args.model_steps,
-                 runs=args.runs, train=args.train, out_dir=args.out_dir, taus=args.taus, out=args.out,
-                 measured_world=args.measured_world)
+                 runs=args.runs, train=args.train, out_dir=args.out_dir, taus=args.taus, seeds=args.seeds,
+                 out=args.out, measured_world=args.measured_world)
     return 0
