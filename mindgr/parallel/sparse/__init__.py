@@ -9,6 +9,7 @@
                   HotColdTable: the frequency layout's table, cold rows through a gateway per node
     row_adam      AdamWeightDecay applied row by row on an owner's shard (lazy or every row)
     exchange      the cross-node gradient exchange, synchronous or one step behind (bounded staleness)
+    link          a modelled inter-node link: the time a cluster's link would add to each cross-node exchange
     traffic       bytes per step inside / across nodes, the two-bandwidth cost model, the hot-row cut
     step          the compiled step that takes the gathered rows as an input and returns their gradient
     executor      ShardedTableExecutor: the data-parallel executor with the item table sharded

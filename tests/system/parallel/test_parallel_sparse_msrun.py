@@ -9,7 +9,9 @@
 - the frequency layout on 4 ranks (2 x 2) trains the losses of flat sharding, and its checkpoint resumes
   as flat;
 - shared-pool negatives (loss.negatives=shared_pool) on 2 ranks, hierarchical and frequency layouts at
-  tau = 0: the single-process shared-pool losses.
+  tau = 0: the single-process shared-pool losses;
+- the modelled inter-node link on 2 ranks at tau = 1: the losses of the run without it, and every step
+  reports the link time of its exchange's bytes (no timing is asserted).
 """
 import json
 import sys
@@ -139,3 +141,26 @@ def test_shared_pool_equals_one_process(tmp_path, tiny_overrides, layout):
         assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])
     windows = [r for r in _rows(tmp_path / "sharded" / "tiny" / "metrics.jsonl") if "loss" in r]
     assert all(r["sparse_inter_bytes"] > 0 and r["staleness_max"] == 0 for r in windows[1:])
+
+
+def test_modelled_link_trains_the_same_and_reports_its_delay(tmp_path, tiny_overrides):
+    common = _base(tiny_overrides, 8) + ["parallel.sparse=hierarchical", "parallel.nodes=2", "parallel.staleness=1"]
+    latency_ms, gbps = 1.0, 0.001
+    _train(2, common + [f"run.out_dir={tmp_path / 'off'}"])
+    _train(2, common + [f"run.out_dir={tmp_path / 'on'}", f"parallel.link_latency_ms={latency_ms}",
+                        f"parallel.link_gbps={gbps}"])
+    off, on = _losses(tmp_path / "off" / "tiny"), _losses(tmp_path / "on" / "tiny")
+    assert sorted(on) == sorted(off) == list(range(1, 9))         # the link only delays the updates:
+    assert all(abs(on[k] - off[k]) <= 1e-6 * abs(off[k]) for k in on), (on, off)   # the same losses
+    windows = [r for r in _rows(tmp_path / "on" / "tiny" / "metrics.jsonl") if "loss" in r]
+    assert windows[0]["sparse_link_delay_s"] == 0.0               # step 1: nothing exchanged yet (tau = 1)
+    for r in windows[1:]:
+        # each rank sent 2 cross-node messages (reduce, gather) and its share of the step's inter bytes
+        # (summed over the 2 ranks); the slowest rank's delay is logged, its link is not shared (1 x 1 node)
+        least = 2 * latency_ms / 1e3 + r["sparse_inter_bytes"] / 2 / (gbps * 1e9)
+        most = 2 * latency_ms / 1e3 + r["sparse_inter_bytes"] / (gbps * 1e9)
+        assert r["sparse_inter_bytes"] > 0 and least * (1 - 1e-9) <= r["sparse_link_delay_s"] <= most * (1 + 1e-9), r
+        assert 0.0 <= r["sparse_link_wait_s"] <= r["sparse_link_delay_s"] * (1 + 1e-9), r
+    assert not any("sparse_link_delay_s" in r for r in _rows(tmp_path / "off" / "tiny" / "metrics.jsonl"))
+    meta = json.loads((tmp_path / "on" / "tiny" / "checkpoints" / "ckpt-step00000008.json").read_text())
+    assert meta["parallel"]["table"]["link"] == {"latency_ms": latency_ms, "gbps": gbps, "local_ranks": 1}
