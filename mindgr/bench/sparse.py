@@ -187,6 +187,13 @@ def summarize(measured: list[dict]) -> dict:
     if 0 in out:
         for tau, v in out.items():
             v["step_time_vs_tau0"] = v["step_ms_median"] / out[0]["step_ms_median"]
+            # paired: each run against the tau 0 run of its round (its directory), trained just before or after
+            base = {Path(m["run"]).parent: m["step_time_ms"] for m in measured if m["staleness"] == 0}
+            ratios = [m["step_time_ms"] / base[Path(m["run"]).parent] for m in measured
+                      if m["staleness"] == tau and Path(m["run"]).parent in base]
+            if ratios:
+                v.update({"paired_ratio_median": float(np.median(ratios)), "paired_ratio_min": float(min(ratios)),
+                          "paired_ratio_max": float(max(ratios)), "paired_rounds": len(ratios)})
     return out
 
 
@@ -259,6 +266,9 @@ def bench_sparse(config, overrides, topologies: str = "2x2,8x8,64x8", steps: int
                       f", wait {v['exchange_wait_ms_median']:.1f}, link {v['link_delay_ms_median']:.1f}"
                       f" / {v['link_wait_ms_median']:.1f} ms; HR@10 {v['test_hr@10_mean']:.4f}, NDCG@10 "
                       f"{v['test_ndcg@10_mean']:.4f} ({v['runs']} runs)")
+                if tau and "paired_rounds" in v:
+                    print(f"       step time / tau 0's in the same round: median {v['paired_ratio_median']:.3f}x "
+                          f"[{v['paired_ratio_min']:.3f}, {v['paired_ratio_max']:.3f}] over {v['paired_rounds']} rounds")
             base = []
         for m in measured:
             if base and m["staleness"]:
