@@ -144,7 +144,8 @@ def test_shared_pool_equals_one_process(tmp_path, tiny_overrides, layout):
 
 
 def test_modelled_link_trains_the_same_and_reports_its_delay(tmp_path, tiny_overrides):
-    common = _base(tiny_overrides, 8) + ["parallel.sparse=hierarchical", "parallel.nodes=2", "parallel.staleness=1"]
+    common = _base(tiny_overrides, 8) + ["parallel.sparse=hierarchical", "parallel.nodes=2", "parallel.staleness=1",
+                                         "run.ckpt_every=8"]    # no flush (checkpoint) between steps 1 and 8
     latency_ms, gbps = 1.0, 0.001
     _train(2, common + [f"run.out_dir={tmp_path / 'off'}"])
     _train(2, common + [f"run.out_dir={tmp_path / 'on'}", f"parallel.link_latency_ms={latency_ms}",
