@@ -2,6 +2,7 @@
 and a helper that runs real multi-process training jobs and reads back what they logged."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -25,6 +26,18 @@ BENCH_OVERRIDES = [
     "model.dim=64", "model.num_blocks=2", "model.num_heads=2", "loss.num_negatives=32",
     "train.epochs=1000", "eval.every_epochs=0", "parallel.threads=1", f"parallel.capacity_slack={SLACK}",
 ]
+
+
+def block_parser(prog: str, what: str) -> argparse.ArgumentParser:
+    """The arguments every alternating-blocks rank program takes; `what` names the things a block runs."""
+    ap = argparse.ArgumentParser(prog=prog)
+    ap.add_argument("--config", help="YAML config under the benchmark overrides (as `mindgr train --config`)")
+    ap.add_argument("--out", required=True, help="rank 0 writes the block timings (JSON) here")
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=10, help="training steps per block")
+    ap.add_argument("--warmup", type=int, default=4, help=f"untimed steps per {what} first (compile)")
+    ap.add_argument("--rank-tokens", type=int, default=RANK_TOKENS, help="tokens per rank before the headroom")
+    return ap
 
 
 def rank_rows(rank_tokens: int) -> int:

@@ -18,13 +18,12 @@ barrier; the weights of each side keep training.
 """
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
 import numpy as np
 
-from mindgr.bench.distributed_common import RANK_TOKENS
+from mindgr.bench.distributed_common import block_parser
 from mindgr.paths import write_json_atomic
 
 # The benchmark model's cost model (benchmarks/results/distributed.md, calibrated probe): every side uses it,
@@ -37,13 +36,7 @@ def side_names(buckets: list[int]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mindgr.bench.reduce_blocks")
-    ap.add_argument("--config", help="YAML config under the benchmark overrides")
-    ap.add_argument("--out", required=True, help="rank 0 writes the block timings (JSON) here")
-    ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--steps", type=int, default=10, help="training steps per block")
-    ap.add_argument("--warmup", type=int, default=4, help="untimed steps per side first (compile)")
-    ap.add_argument("--rank-tokens", type=int, default=RANK_TOKENS, help="tokens per rank before the headroom")
+    ap = block_parser("python -m mindgr.bench.reduce_blocks", "side")
     ap.add_argument("--buckets", default="1,2,4,0", help="fusion bucket counts of the mindspore sides (0 = unfused)")
     ap.add_argument("overrides", nargs="*", help="SECTION.KEY=VALUE, applied to every side")
     args = ap.parse_args(argv)

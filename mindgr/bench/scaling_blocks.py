@@ -20,13 +20,12 @@ the per-round ratios show what is left of the noise. tokens/s = real tokens / wa
 """
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
 import numpy as np
 
-from mindgr.bench.distributed_common import RANK_TOKENS
+from mindgr.bench.distributed_common import RANK_TOKENS, block_parser
 from mindgr.paths import write_json_atomic
 
 VARIANTS = ("two", "local", "pair", "alone")
@@ -59,13 +58,7 @@ def _configs(config: str | None, overrides: list[str], run_dir: str, tokens: int
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mindgr.bench.scaling_blocks")
-    ap.add_argument("--config", help="YAML config under the benchmark overrides (as `mindgr train --config`)")
-    ap.add_argument("--out", required=True, help="rank 0 writes the block timings (JSON) here")
-    ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--steps", type=int, default=10, help="training steps per block")
-    ap.add_argument("--warmup", type=int, default=4, help="untimed steps per trainer first (compile)")
-    ap.add_argument("--rank-tokens", type=int, default=RANK_TOKENS, help="tokens per rank before the headroom")
+    ap = block_parser("python -m mindgr.bench.scaling_blocks", "trainer")
     ap.add_argument("overrides", nargs="*", help="SECTION.KEY=VALUE, applied to both trainers")
     args = ap.parse_args(argv)
 
