@@ -57,6 +57,28 @@ def _tokens_per_s(run_dir: Path, warmup: int) -> dict:
             "fill": float(np.mean([r["fill"] for r in rows]))}
 
 
+
+def _run_blocks(method: str, module: str, rounds: int, steps: int, rank_tokens: int, extra: list[str],
+                config, overrides, timeout: float):
+    """One 2-rank msrun job of an alternating-blocks rank program -> (its JSON, the load before it); its
+    folder is kept (with the ranks' logs) only when it fails."""
+    import sys
+    work = Path(temp_dir(f"mindgr-bench-{method}-"))
+    result_path = work / f"{method}.json"
+    cmd = [sys.executable, "-m", "mindgr.parallel.launch", "--nproc", "2", "--threads", "1", "--log-dir",
+           str(work / "msrun"), "--", "-m", module, "--out", str(result_path),
+           "--rounds", str(rounds), "--steps", str(steps), "--rank-tokens", str(rank_tokens), *extra,
+           *(["--config", config] if config else []), *overrides]
+    load_before = machine_load()
+    code, _out, err, timed_out = run_job(cmd, timeout)
+    if timed_out or code != 0 or not result_path.is_file():
+        raise RuntimeError(f"bench distributed ({method}) failed (exit {code}, timed out {timed_out}); logs in "
+                           f"{work / 'msrun'}:\n{err[-3000:]}")
+    raw = json.loads(result_path.read_text())
+    shutil.rmtree(work, ignore_errors=True)
+    return raw, load_before
+
+
 def bench_scaling(config=None, overrides=(), steps: int = 30, out: str | None = None, warmup: int = 5) -> dict:
     from mindgr.parallel.plan import rank_capacities
     t, b = rank_capacities(2 * RANK_TOKENS, 2 * RANK_ROWS, 2, SLACK)
@@ -137,25 +159,14 @@ def efficiencies(sums: dict, idx) -> dict:
 
 def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int = 12, out: str | None = None,
                          timeout: float = 3600, samples: int = 2000, rank_tokens: int = RANK_TOKENS) -> dict:
-    import sys
     from mindgr.config import ConfigError, load_config
     if rounds < 1 or steps < 1:
         raise ConfigError(f"bench distributed: --rounds ({rounds}) and --steps ({steps}) must be >= 1")
     if rank_tokens < N:
         raise ConfigError(f"bench distributed: --rank-tokens ({rank_tokens}) must hold the longest sequence ({N})")
     load_config(config, BENCH_OVERRIDES + list(overrides))     # a bad override: one line here, not in 2 ranks
-    work = Path(temp_dir("mindgr-bench-blocks-"))
-    result_path = work / "blocks.json"
-    cmd = [sys.executable, "-m", "mindgr.parallel.launch", "--nproc", "2", "--threads", "1", "--log-dir",
-           str(work / "msrun"), "--", "-m", "mindgr.bench.scaling_blocks", "--out", str(result_path),
-           "--rounds", str(rounds), "--steps", str(steps), "--rank-tokens", str(rank_tokens),
-           *(["--config", config] if config else []), *overrides]
-    load_before = machine_load()
-    code, _out, err, timed_out = run_job(cmd, timeout)
-    if timed_out or code != 0 or not result_path.is_file():
-        raise RuntimeError(f"bench distributed (blocks) failed (exit {code}, timed out {timed_out}); logs in "
-                           f"{work / 'msrun'}:\n{err[-3000:]}")
-    raw = json.loads(result_path.read_text())
+    raw, load_before = _run_blocks("blocks", "mindgr.bench.scaling_blocks", rounds, steps, rank_tokens, [],
+                                   config, overrides, timeout)
     blocks = raw["blocks"]
     sums = round_sums(blocks)
     n = len(sums["round"])
@@ -185,7 +196,6 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
               "interval95": interval, "step_ms_in_graph": step_ms, "per_rank_step_ms": cost_ms,
               "two_step_split_ms": split, "per_round": per_round, "blocks": blocks,
               "load_before": load_before, "load_after": machine_load()}
-    shutil.rmtree(work, ignore_errors=True)
     print(f"bench distributed (blocks): {len(per_round)} rounds x {steps} steps per block, per rank "
           f"{raw['rank_tokens']} tokens x {raw['rank_rows']} rows, one thread per process, "
           + (f"pinned to cores {raw['cores']}" if all(raw["cores"]) else "not pinned to cores"))
@@ -228,7 +238,6 @@ def bench_reduce_blocks(config=None, overrides=(), steps: int = 10, rounds: int 
                         buckets: str = "1,2,4,0") -> dict:
     """The hand-written flat gradient sum vs MindSpore's DATA_PARALLEL reducer, alternated in one 2-rank job
     (mindgr.bench.reduce_blocks)."""
-    import sys
     from mindgr.bench.reduce_blocks import side_names
     from mindgr.config import ConfigError, load_config
     if rounds < 1 or steps < 1:
@@ -240,18 +249,8 @@ def bench_reduce_blocks(config=None, overrides=(), steps: int = 10, rounds: int 
     if not counts or min(counts) < 0 or len(set(counts)) != len(counts):
         raise ConfigError(f"bench distributed: --buckets {buckets!r}: expected distinct integers >= 0, e.g. 1,2,4,0")
     load_config(config, BENCH_OVERRIDES + list(overrides))
-    work = Path(temp_dir("mindgr-bench-reduce-"))
-    result_path = work / "reduce.json"
-    cmd = [sys.executable, "-m", "mindgr.parallel.launch", "--nproc", "2", "--threads", "1", "--log-dir",
-           str(work / "msrun"), "--", "-m", "mindgr.bench.reduce_blocks", "--out", str(result_path),
-           "--rounds", str(rounds), "--steps", str(steps), "--rank-tokens", str(rank_tokens),
-           "--buckets", ",".join(map(str, counts)), *(["--config", config] if config else []), *overrides]
-    load_before = machine_load()
-    code, _out, err, timed_out = run_job(cmd, timeout)
-    if timed_out or code != 0 or not result_path.is_file():
-        raise RuntimeError(f"bench distributed (reduce) failed (exit {code}, timed out {timed_out}); logs in "
-                           f"{work / 'msrun'}:\n{err[-3000:]}")
-    raw = json.loads(result_path.read_text())
+    raw, load_before = _run_blocks("reduce", "mindgr.bench.reduce_blocks", rounds, steps, rank_tokens,
+                                   ["--buckets", ",".join(map(str, counts))], config, overrides, timeout)
     sides = side_names(counts)
     per = reduce_round_rates(raw["blocks"], sides)
     n = len(per["round"])
@@ -280,7 +279,6 @@ def bench_reduce_blocks(config=None, overrides=(), steps: int = 10, rounds: int 
               "summary": summary, "per_round": {k: {s: v.tolist() for s, v in per[k].items()}
                                                 for k in ("tokens_per_s", "apply_ms", "step_ms")},
               "blocks": raw["blocks"], "load_before": load_before, "load_after": machine_load()}
-    shutil.rmtree(work, ignore_errors=True)
     print(f"bench distributed (reduce): {n} rounds x {steps} steps per block, 2 ranks, per rank "
           f"{raw['rank_tokens']} tokens; own = one flat AllReduce, msK = MindSpore DATA_PARALLEL reducer with K "
           f"fusion buckets (ms0: one AllReduce per parameter)")

@@ -18,7 +18,6 @@ barrier; the weights of each side keep training.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np

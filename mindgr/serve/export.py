@@ -152,7 +152,6 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
     """MindIR of the prefill and decode-step graphs of each user-batch shape (beam fixed), the code table,
     the trie arrays, the raw ids and a manifest. Returns the manifest."""
     import numpy as np
-    from mindspore import Tensor
     from mindgr.generate.engine import DecodingEngine
     from mindgr.serve.generative import GenerativeRecommender
     backbone = getattr(bundle.decoder, "backbone", "hstu")
@@ -166,16 +165,9 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
             graphs[str(users)] = _export_linear(out, dec, rec.codes, users, beam, p_cap)
             continue
         eng: DecodingEngine = rec.engines[0][users]
-        be = eng.state                    # the decoder's KV-cache state (mindgr.models.kv_cache)
-        # the inputs the engine really builds for a prefill and a step (their values do not matter)
-        be.run = rec_calls = _Recorder()
-        be.prefill(dec.prompts([np.ones(1, np.int64)] * users, eng.codes, p_cap))
-        pre_args = [Tensor(a) for a in rec_calls.calls[0]]
-        be.step(1, np.zeros((users, beam), np.int64), [np.zeros((users, beam), np.int64)])
-        step_args = be.last_step_inputs
-        pre_name, step_name = f"prefill-u{users}", f"step-u{users}-b{beam}"
-        _save_mindir(out, pre_name, be.prefill_net, *pre_args)
-        _save_mindir(out, step_name, be.step_net, *step_args)
+        # the decoder's KV-cache state (mindgr.models.kv_cache)
+        pre_name, pre_args, step_name, step_args = _save_state_graphs(out, eng.state, dec, eng.codes, users, beam,
+                                                                      p_cap)
         graphs[str(users)] = {
             "prefill": {"file": pre_name + ".mindir",
                         "inputs": [[str(a.dtype), list(a.shape)] for a in pre_args],
@@ -229,20 +221,28 @@ def export_generative(bundle, out_dir, beam: int = 16, shapes=(1, 2, 4), manifes
     return _write_manifest(out, manifest, files)
 
 
-def _export_linear(out: Path, dec, codes, users: int, beam: int, p_cap: int) -> dict:
-    """OneLA's stacked prefill and step cells (mindgr.models.linear_decode) of one user-batch shape as MindIR,
-    traced with the inputs the state really builds; returns their manifest entry."""
+def _save_state_graphs(out: Path, be, dec, codes, users: int, beam: int, p_cap: int):
+    """A decoding state's prefill and step cells as MindIR, traced with the inputs the state really builds for
+    a prefill and a level-1 step (their values do not matter) -> (prefill name, its inputs, step name, its
+    inputs)."""
     from mindspore import Tensor
-    from mindgr.models.linear_decode import RecordState
-    be = RecordState(dec, users, beam, p_cap, stacked=True)
     be.run = calls = _Recorder()
-    be.prefill(dec.prompts([np.ones(1, np.int64)] * users, codes, p_cap))    # values do not matter
+    be.prefill(dec.prompts([np.ones(1, np.int64)] * users, codes, p_cap))
     pre_args = [Tensor(a) for a in calls.calls[0]]
     be.step(1, np.zeros((users, beam), np.int64), [np.zeros((users, beam), np.int64)])
     step_args = be.last_step_inputs
     pre_name, step_name = f"prefill-u{users}", f"step-u{users}-b{beam}"
     _save_mindir(out, pre_name, be.prefill_net, *pre_args)
     _save_mindir(out, step_name, be.step_net, *step_args)
+    return pre_name, pre_args, step_name, step_args
+
+
+def _export_linear(out: Path, dec, codes, users: int, beam: int, p_cap: int) -> dict:
+    """OneLA's stacked prefill and step cells (mindgr.models.linear_decode) of one user-batch shape as MindIR,
+    traced with the inputs the state really builds; returns their manifest entry."""
+    from mindgr.models.linear_decode import RecordState
+    be = RecordState(dec, users, beam, p_cap, stacked=True)
+    pre_name, pre_args, step_name, step_args = _save_state_graphs(out, be, dec, codes, users, beam, p_cap)
     return {"prefill": {"file": pre_name + ".mindir", "inputs": [[str(a.dtype), list(a.shape)] for a in pre_args],
                         "outputs": ["logits float32 [U, sum K]", "prompt states float32 [blocks, U, H, dqk, dv]"]},
             "step": {"file": step_name + ".mindir", "inputs": [[str(a.dtype), list(a.shape)] for a in step_args],
