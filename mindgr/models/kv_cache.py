@@ -78,6 +78,12 @@ class FastStepCell(nn.Cell):
                                      self.head)
 
 
+def code_head(dec):
+    """(w_t [sum K, D], bias [sum K]) float32 host copies of a decoder's code head, read now (current weights):
+    a decoding state's head_weights."""
+    return (np.ascontiguousarray(dec.w_head.asnumpy().T, np.float32), np.asarray(dec.b_head.asnumpy(), np.float32))
+
+
 def _inline(fn, *args):
     """The default runner: a model call on the calling thread."""
     return fn(*args)
@@ -147,9 +153,7 @@ class KVCacheState(DecodeState):
         self.fast_prefill, self.fast_step = other.fast_prefill, other.fast_step
 
     def head_weights(self):
-        """(w_t [sum K, D], bias [sum K]) float32 host copies of the code head, read now (current weights)."""
-        return (np.ascontiguousarray(self.dec.w_head.asnumpy().T, np.float32),
-                np.asarray(self.dec.b_head.asnumpy(), np.float32))
+        return code_head(self.dec)
 
     def prefill(self, prompts):
         return run_prefill(self, self._prefill_graph, prompts)

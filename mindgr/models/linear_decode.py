@@ -34,7 +34,7 @@ import mindspore as ms
 from mindspore import Tensor, mutable, nn, ops
 
 from mindgr.models.generation import DecodeState
-from mindgr.models.kv_cache import _inline, run_prefill
+from mindgr.models.kv_cache import _inline, code_head, run_prefill
 from mindgr.models.layers import layer_norm
 from mindgr.models.ntp import code_tokens
 
@@ -118,16 +118,27 @@ def _write(records, onehot, new):
     return records * (1.0 - oh) + oh * new[None]
 
 
+def _head(dec, x, head: str):
+    """The step's output from the last block's x: the code logits (head "logits") or the final normalised
+    hidden vectors (head "hidden": the engine applies the head to the allowed codes only)."""
+    hidden = layer_norm(x)
+    if head == "hidden":
+        return hidden
+    return dec.logits(hidden)
+
+
 class RecordStepCell(nn.Cell):
     """One decoded token per (user, beam) over the prompt states and the ancestry records -> (logits
     [U*Bm, sum K], record K, record V per block). replay=False: OneLA (the prompt part as one GEMM per user
     over its beams, the ancestry part as weighted dot products); replay=True: each beam's state rebuilt.
-    stacked: sp, kr, vr (in and out) one tensor each, blocks first, instead of a tuple per block."""
+    stacked: sp, kr, vr (in and out) one tensor each, blocks first, instead of a tuple per block.
+    head: "logits", or "hidden" (the normalised hidden vectors [U*Bm, D] instead: no code head in the graph)."""
 
-    def __init__(self, decoder, num_users: int, beam: int, steps: int, replay: bool, stacked: bool = False):
+    def __init__(self, decoder, num_users: int, beam: int, steps: int, replay: bool, stacked: bool = False,
+                 head: str = "logits"):
         super().__init__()
         self.dec, self.u, self.b, self.s, self.replay = decoder, num_users, beam, steps, replay
-        self.stacked = stacked
+        self.stacked, self.head = stacked, head
 
     def construct(self, slots, sp, kr, vr, onehot, anc, pw, rw):
         dec, u, b, s = self.dec, self.u, self.b, self.s
@@ -162,17 +173,17 @@ class RecordStepCell(nn.Cell):
             new_k = new_k + (kri,)
             new_v = new_v + (vri,)
         if self.stacked:
-            return dec.logits(layer_norm(x)), ops.stack(new_k), ops.stack(new_v)
-        return dec.logits(layer_norm(x)), new_k, new_v
+            return _head(dec, x, self.head), ops.stack(new_k), ops.stack(new_v)
+        return _head(dec, x, self.head), new_k, new_v
 
 
 class PerBeamStateStepCell(nn.Cell):
     """One decoded token per beam over full per-beam states -> (logits [U*Bm, sum K], the states gathered by
-    parent and updated S = gamma S + k v^T, one [U*Bm, H, dqk, dv] per block)."""
+    parent and updated S = gamma S + k v^T, one [U*Bm, H, dqk, dv] per block). head: as RecordStepCell's."""
 
-    def __init__(self, decoder):
+    def __init__(self, decoder, head: str = "logits"):
         super().__init__()
-        self.dec = decoder
+        self.dec, self.head = decoder, head
         self.gammas = Tensor(np.stack([np.asarray(blk.decay, np.float32) for blk in decoder.blocks]))  # [blocks, H]
 
     def construct(self, slots, states, parent):
@@ -189,11 +200,15 @@ class PerBeamStateStepCell(nn.Cell):
             o = ops.matmul(q.reshape(n, blk.h, 1, blk.dqk), st).reshape(n, blk.h * blk.dv)
             x = blk.finish(x, uu, o)
             out = out + (st,)
-        return dec.logits(layer_norm(x)), out
+        return _head(dec, x, self.head), out
 
 
 class _LinearState(DecodeState):
-    """What the three layouts share: the prefill graph and its prompt layout, the step's code tokens."""
+    """What the three layouts share: the prefill graph and its prompt layout, the step's code tokens, and the
+    engine's fast scoring (mindgr.generate.children): a step cell without the code head (`hidden_net`,
+    built when the state runs cells on the decoder, not loaded graphs)."""
+
+    hidden_net = None
 
     def __init__(self, decoder, num_users: int, beam: int, p_cap: int, runner=None, stacked: bool = False,
                  prefill=None):
@@ -209,8 +224,27 @@ class _LinearState(DecodeState):
             self.prefill_net.set_train(False)
         self.timings = {"prefill": 0.0, "step": 0.0}
 
+    @property
+    def gives_hidden(self) -> bool:
+        """Whether prefill_records / step_hidden / head_weights are available (not with exported graphs)."""
+        return self.hidden_net is not None
+
+    def head_weights(self):
+        return code_head(self.dec)
+
     def prefill(self, prompts):
         return run_prefill(self, self._prefill_graph, prompts)
+
+    def prefill_records(self, prompts):
+        """The prefill itself: its level-0 logits are what the engine scores level 0 from."""
+        return self.prefill(prompts)
+
+    def step_hidden(self, level, codes, parents):
+        """As step, the step cell without the code head -> the final normalised hidden vectors [U, Bm, D]."""
+        return self._step(level, codes, parents, self.hidden_net)
+
+    def step(self, level, codes, parents):
+        return self._step(level, codes, parents, self.step_net)
 
     def _prefill_graph(self, slots, merged, offsets, last):
         logits, states = self.prefill_net(Tensor(slots), Tensor(merged), Tensor(offsets), Tensor(last))
@@ -241,10 +275,12 @@ class RecordState(_LinearState):
             self.step_net = graphs[1]
         else:
             self.step_net = RecordStepCell(decoder, num_users, beam, self.steps, replay, stacked)
-            self.step_net.set_train(False)
+            self.hidden_net = RecordStepCell(decoder, num_users, beam, self.steps, replay, stacked, head="hidden")
+            for net in (self.step_net, self.hidden_net):    # each compiles on its first call
+                net.set_train(False)
 
     def share_graphs(self, other: "RecordState"):
-        self.prefill_net, self.step_net = other.prefill_net, other.step_net
+        self.prefill_net, self.step_net, self.hidden_net = other.prefill_net, other.step_net, other.hidden_net
 
     def _keep(self, states):
         self.sp = states
@@ -257,16 +293,16 @@ class RecordState(_LinearState):
             self.kr = tuple(Tensor(np.zeros(shape + (dec.dqk,), np.float32)) for _ in range(dec.num_blocks))
             self.vr = tuple(Tensor(np.zeros(shape + (dec.dv,), np.float32)) for _ in range(dec.num_blocks))
 
-    def step(self, level, codes, parents):
+    def _step(self, level, codes, parents, net):
         """Level `level` >= 1: append codes [U, Bm] (chosen at level-1) as record slot level-1."""
         slots = self._tokens(level, codes)
         anc = ancestry_index(parents, level, self.u, self.b, self.steps).reshape(-1).astype(np.int32)
         onehot = (np.arange(self.steps) == level - 1).astype(np.float32)
         pw, rw = decay_weights(self.decays, level, self.steps)
-        logits = self.timed("step", self._step_graph, slots, onehot, anc, pw, rw)
-        return logits.reshape(self.u, self.b, -1)
+        out = self.timed("step", self._step_graph, net, slots, onehot, anc, pw, rw)
+        return out.reshape(self.u, self.b, -1)
 
-    def _step_graph(self, slots, onehot, anc, pw, rw):
+    def _step_graph(self, net, slots, onehot, anc, pw, rw):
         if self.stacked:
             args = (Tensor(slots), self.sp, self.kr, self.vr, Tensor(onehot), Tensor(anc), Tensor(pw), Tensor(rw))
             self.last_step_inputs = args        # the inputs of the exported step graph (mindgr.serve.export)
@@ -274,8 +310,8 @@ class RecordState(_LinearState):
             # tuples of tensors enter as mutable: a plain tuple input is a graph constant (a compile per call)
             args = (Tensor(slots), mutable(self.sp), mutable(self.kr), mutable(self.vr), Tensor(onehot),
                     Tensor(anc), Tensor(pw), Tensor(rw))
-        logits, self.kr, self.vr = self.step_net(*args)
-        return logits.asnumpy()
+        out, self.kr, self.vr = net(*args)
+        return out.asnumpy()
 
     def nbytes(self) -> dict:
         """Held bytes: the prompt states (one per user and block) and the per-beam records; replay also
@@ -295,27 +331,29 @@ class PerBeamState(_LinearState):
         super().__init__(decoder, num_users, beam, p_cap, runner)
         self.expand_net = ExpandStateCell(beam)
         self.step_net = PerBeamStateStepCell(decoder)
-        for net in (self.expand_net, self.step_net):
+        self.hidden_net = PerBeamStateStepCell(decoder, head="hidden")
+        for net in (self.expand_net, self.step_net, self.hidden_net):
             net.set_train(False)
 
     def share_graphs(self, other: "PerBeamState"):
-        self.prefill_net, self.expand_net, self.step_net = other.prefill_net, other.expand_net, other.step_net
+        self.prefill_net, self.expand_net = other.prefill_net, other.expand_net
+        self.step_net, self.hidden_net = other.step_net, other.hidden_net
 
     def _keep(self, states):
         self.states = self.expand_net(mutable(states))
 
-    def step(self, level, codes, parents):
+    def _step(self, level, codes, parents, net):
         """Level `level` >= 1: gather the states by parents[level-1] (level 1: every beam holds the prompt's
         copy), then absorb codes [U, Bm]."""
         slots = self._tokens(level, codes)
         t = level - 1
         parent = np.arange(self.u)[:, None] * self.b + (parents[t] if t > 0 else np.arange(self.b)[None, :])
-        logits = self.timed("step", self._step_graph, slots, parent.reshape(-1).astype(np.int32))
-        return logits.reshape(self.u, self.b, -1)
+        out = self.timed("step", self._step_graph, net, slots, parent.reshape(-1).astype(np.int32))
+        return out.reshape(self.u, self.b, -1)
 
-    def _step_graph(self, slots, parent):
-        logits, self.states = self.step_net(Tensor(slots), mutable(self.states), Tensor(parent))
-        return logits.asnumpy()
+    def _step_graph(self, net, slots, parent):
+        out, self.states = net(Tensor(slots), mutable(self.states), Tensor(parent))
+        return out.asnumpy()
 
     def nbytes(self) -> dict:
         return {"prompt": 0, "beams": int(sum(s.nbytes for s in self.states))}

@@ -20,11 +20,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 LAYOUTS = ("onela", "per_beam_state", "replay")
 
 
-def linear_case(seed, sizes, num_items, users, merger="none", dim=8, blocks=2, heads=2, d=4):
+def linear_case(seed, sizes, num_items, users, merger="none", dim=8, blocks=2, heads=2, d=4, trie_softmax=False):
     rng = np.random.default_rng(seed)
     codes = random_codes(rng, num_items, sizes)
     dec = GRDecoder(sizes, dim, blocks, heads, d, d, max_len=24, token_merger=merger, seed=seed,
-                    num_items=num_items, backbone="linear")
+                    num_items=num_items, backbone="linear", trie_softmax=trie_softmax)
     for p in dec.trainable_params():
         p.set_data(Tensor((rng.standard_normal(p.shape) * 0.3).astype(np.float32)))
     hist = [rng.integers(1, num_items + 1, int(rng.integers(1, 5))) for _ in range(users)]
@@ -47,6 +47,56 @@ def test_three_layouts_equal_recompute(seed, merger, beam):
         np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=2e-5, err_msg=cache)
         # a second request on the same graphs and states gives its own answer
         np.testing.assert_array_equal(eng.search(hist[::-1], k)[0], want_items[::-1], err_msg=cache)
+
+
+@pytest.mark.parametrize("seed,merger,trie_softmax,beam", [(10, "item", True, 6), (11, "none", False, 9),
+                                                           (12, "pairs", False, 40)])
+def test_children_scoring_equals_full_scoring_on_every_layout(seed, merger, trie_softmax, beam):
+    """The engine's default scoring on the linear states (their step cells without the code head, the head
+    on the host for the trie's allowed codes only) returns the lists and scores of the whole-level scoring
+    and of the plain recompute search, for OneLA, replay and the per-beam states: with and without the trie
+    softmax, fewer users than the capacity, a beam wider than the first level (dead beams)."""
+    sizes = [5, 3, 3, 2] if seed % 2 else [4, 4, 3]
+    codes, dec, hist = linear_case(seed, sizes, 40, users=3, merger=merger, trie_softmax=trie_softmax)
+    trie = PrefixTrie(codes, sizes)
+    k = 4
+    want_items, want_scores = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache="recompute").search(hist, k)
+    assert (want_items > 0).all()
+    for cache in ("shared", "per_beam", "replay"):
+        children = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache=cache)
+        full = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache=cache, head="full")
+        assert children.state.gives_hidden, cache
+        items, scores = children.search(hist, k)
+        assert children.state.timings["step"] > 0 and children.timings["model"] > 0   # the hidden path ran
+        f_items, f_scores = full.search(hist, k)
+        for other_items, other_scores in ((want_items, want_scores), (f_items, f_scores)):
+            np.testing.assert_array_equal(items, other_items, err_msg=cache)
+            np.testing.assert_allclose(scores, other_scores, rtol=1e-5, atol=2e-5, err_msg=cache)
+        if beam > trie.masks[0][0].sum():          # more beams than first codes: the dead slots agree too
+            np.testing.assert_array_equal(children.search(hist, beam)[0], full.search(hist, beam)[0], err_msg=cache)
+        np.testing.assert_array_equal(children.search(hist[::-1], k)[0], items[::-1], err_msg=cache)
+
+
+def test_hidden_step_is_the_logits_step_before_its_head():
+    """Each layout's step_hidden, with the decoder's head applied, equals its step's logits (same records:
+    two states fed the same codes and parents)."""
+    sizes = [4, 3, 3, 2]
+    codes, dec, hist = linear_case(13, sizes, 40, users=2)
+    rng = np.random.default_rng(14)
+    u, beam, p_cap = 2, 3, 10
+    prompts = dec.prompts(hist, codes, p_cap)
+    for name in LAYOUTS:
+        plain, fast = dec.decode_state(u, beam, p_cap, layout=name), dec.decode_state(u, beam, p_cap, layout=name)
+        np.testing.assert_allclose(fast.prefill_records(prompts), plain.prefill(prompts), rtol=1e-6, atol=1e-6)
+        w_t, bias = fast.head_weights()
+        parents = [np.zeros((u, beam), np.int64)]
+        for level in range(1, len(sizes)):
+            step_codes = rng.integers(0, sizes[level - 1], (u, beam))
+            hidden = fast.step_hidden(level, step_codes, parents)
+            assert hidden.shape == (u, beam, dec.dim), name
+            np.testing.assert_allclose(hidden @ w_t.T + bias, plain.step(level, step_codes, parents),
+                                       rtol=1e-5, atol=1e-5, err_msg=f"{name} level {level}")
+            parents.append(rng.integers(0, beam, (u, beam)))
 
 
 def test_ancestry_index_follows_reorders():
