@@ -96,6 +96,7 @@ def test_linear_gr_export_round_trip_is_bit_identical(tmp_path):
     level0 = stacked.prefill(prompts)
     prefill, step = served.decoder.graphs[2]
     loaded = RecordState(served.decoder, 2, 4, p_cap, graphs=(prefill, step))
+    assert stacked.gives_hidden and not loaded.gives_hidden    # loaded graphs: the engine scores from logits
     np.testing.assert_array_equal(loaded.prefill(prompts), level0)
     np.testing.assert_array_equal(loaded.sp.asnumpy(), stacked.sp.asnumpy())
     parents = [np.zeros((2, 4), np.int64), rng.integers(0, 4, size=(2, 4)), rng.integers(0, 4, size=(2, 4))]
