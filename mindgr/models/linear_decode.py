@@ -20,6 +20,8 @@ Three layouts of that state, same lists (tests/system/models/test_onela.py):
   k_j v_j^T (materialised per beam), then o = q^T S.
 The level enters as data (the decay powers and the record slot's one-hot), so one step graph per shape
 serves every level; one prefill graph per (users, P_cap), the HSTU state's prompt layout (prompt_batch).
+Each layout's step cell also comes without the code head (head="hidden": the final normalised hidden
+vectors), what the engine's children scoring runs (mindgr.generate.children; `gives_hidden`).
 
 OneLA's cells also come stacked (`stacked=True`: the prompt states one tensor [blocks, U, H, dqk, dv], the
 records [blocks, S, U, Bm, H, d], the same arithmetic block by block): plain tensor inputs and outputs,
