@@ -28,28 +28,35 @@ def _losses(run_dir):
     return {r["step"]: r["loss"] for r in _rows(run_dir) if "loss" in r}
 
 
-def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, tiny_overrides):
-    """parallel.grad_reduce=mindspore: MindSpore's DATA_PARALLEL mode and its gradient reducer (2 fusion
-    buckets) give the 1-process losses for 20 steps, and both replicas hold the same weights. (The test
-    below covers the flat sum, parallel.grad_reduce=own.)"""
+def _one_and_two(tmp_path, tiny_overrides, ckpt_every: int, two_extra: list[str]):
+    """The same 20 steps trained by one process and by 2 msrun ranks (`two_extra` on the ranks only);
+    the losses must agree to 1e-5 relative -> the 2-rank run's dir."""
     from mindgr.parallel.launch import run_job
-    from mindgr.train.trainer import Trainer, evaluate_run
+    from mindgr.train.trainer import Trainer
     base = [o for o in tiny_overrides if not o.startswith("run.out_dir")] + [
         "run.log_every=1", "eval.every_epochs=0", "train.epochs=50", "train.max_steps=20", "model.dropout=0.2",
-        "run.ckpt_every=20"]
-    one = load_config(None, base + [f"run.out_dir={tmp_path / 'one'}"])
-    Trainer(one, quiet=True).fit()
+        f"run.ckpt_every={ckpt_every}"]
+    Trainer(load_config(None, base + [f"run.out_dir={tmp_path / 'one'}"]), quiet=True).fit()
     cmd = [sys.executable, "-m", "mindgr", "train", "--nproc", "2", *base, f"run.out_dir={tmp_path / 'two'}",
-           "parallel.threads=1", "parallel.node_timeout=30", "parallel.timeout=120",
-           "parallel.grad_reduce=mindspore", "parallel.grad_buckets=2"]
+           "parallel.threads=1", "parallel.node_timeout=30", "parallel.timeout=120", *two_extra]
     code, out, err, timed_out = run_job(cmd, TIMEOUT, cwd=REPO)
     assert not timed_out and code == 0, out[-3000:] + err[-3000:]
     run1, run2 = tmp_path / "one" / "tiny", tmp_path / "two" / "tiny"
-    assert "MindSpore DATA_PARALLEL, 2 fusion bucket(s)" in (run2 / "msrun" / "worker_0.log").read_text()
     a, b = _losses(run1), _losses(run2)
     assert sorted(a) == sorted(b) == list(range(1, 21))
     for step in a:
         assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])
+    return run2
+
+
+def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, tiny_overrides):
+    """parallel.grad_reduce=mindspore: MindSpore's DATA_PARALLEL mode and its gradient reducer (2 fusion
+    buckets) give the 1-process losses for 20 steps, and both replicas hold the same weights. (The test
+    below covers the flat sum, parallel.grad_reduce=own.)"""
+    from mindgr.train.trainer import evaluate_run
+    run2 = _one_and_two(tmp_path, tiny_overrides, 20, ["parallel.grad_reduce=mindspore",
+                                                         "parallel.grad_buckets=2"])
+    assert "MindSpore DATA_PARALLEL, 2 fusion bucket(s)" in (run2 / "msrun" / "worker_0.log").read_text()
     states = [json.loads(p.read_text()) for p in sorted((run2 / "checkpoints" / "ranks").glob("*.json"))]
     assert len(states) == 2 and len({s["param_crc32"] for s in states}) == 1, states
     # the evaluation graphs compiled under DATA_PARALLEL: split and gathered == one process, same weights
@@ -59,26 +66,9 @@ def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, tiny_overrides):
 
 
 def test_two_processes_train_like_one(tmp_path, tiny_overrides):
-    from mindgr.parallel.launch import run_job
-    from mindgr.train.trainer import Trainer, evaluate_run
-    base = [o for o in tiny_overrides if not o.startswith("run.out_dir")] + [
-        "run.log_every=1", "eval.every_epochs=0", "train.epochs=50", "train.max_steps=20", "model.dropout=0.2",
-        "run.ckpt_every=10"]
-    one = load_config(None, base + [f"run.out_dir={tmp_path / 'one'}"])
-    Trainer(one, quiet=True).fit()
-
-    cmd = [sys.executable, "-m", "mindgr", "train", "--nproc", "2", *base, f"run.out_dir={tmp_path / 'two'}",
-           "parallel.threads=1", "parallel.node_timeout=30", "parallel.timeout=120",  # no failure expected
-           "parallel.grad_reduce=own"] + (
-               ["parallel.bind_cores=true"] if len(os.sched_getaffinity(0)) >= 2 else [])
-    code, out, err, timed_out = run_job(cmd, TIMEOUT, cwd=REPO)
-    assert not timed_out and code == 0, out[-3000:] + err[-3000:]
-    run1, run2 = tmp_path / "one" / "tiny", tmp_path / "two" / "tiny"
-
-    a, b = _losses(run1), _losses(run2)
-    assert sorted(a) == sorted(b) == list(range(1, 21))
-    for step in a:
-        assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])
+    from mindgr.train.trainer import evaluate_run
+    bind = ["parallel.bind_cores=true"] if len(os.sched_getaffinity(0)) >= 2 else []
+    run2 = _one_and_two(tmp_path, tiny_overrides, 10, ["parallel.grad_reduce=own", *bind])
 
     # Rank 0 logged the balance of every step; both ranks left their shard state at each checkpoint.
     windows = [r for r in _rows(run2) if "loss" in r]
