@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from mindgr.bench import add_config_arguments, add_out_argument, config_overrides, write_result
-from mindgr.bench.distributed_common import (BENCH_OVERRIDES, N, RANK_ROWS, RANK_TOKENS, SLACK, machine_load,
-                                             read_jsonl, run_training, temp_dir)
+from mindgr.bench.distributed_common import (BENCH_OVERRIDES, N, RANK_ROWS, RANK_TOKENS, SLACK, bench_overrides,
+                                             machine_load, read_jsonl, run_training, temp_dir)
 from mindgr.bench.scaling_blocks import VARIANTS
 from mindgr.parallel.launch import run_job
 
@@ -162,9 +162,10 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
     from mindgr.config import ConfigError, load_config
     if rounds < 1 or steps < 1:
         raise ConfigError(f"bench distributed: --rounds ({rounds}) and --steps ({steps}) must be >= 1")
-    if rank_tokens < N:
+    common = bench_overrides(config, overrides)
+    if rank_tokens < N and common == BENCH_OVERRIDES:
         raise ConfigError(f"bench distributed: --rank-tokens ({rank_tokens}) must hold the longest sequence ({N})")
-    load_config(config, BENCH_OVERRIDES + list(overrides))     # a bad override: one line here, not in 2 ranks
+    load_config(config, common + list(overrides))     # a bad override: one line here, not in 2 ranks
     raw, load_before = _run_blocks("blocks", "mindgr.bench.scaling_blocks", rounds, steps, rank_tokens, [],
                                    config, overrides, timeout)
     blocks = raw["blocks"]

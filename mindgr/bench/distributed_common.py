@@ -18,14 +18,26 @@ RANK_ROWS = 128
 TOKENS_PER_ROW = RANK_TOKENS // RANK_ROWS   # row capacity per token capacity (64: median length 256 / 4)
 SLACK = 0.01
 
+# How a benchmark run trains: no evaluation in the way, one compute thread per process.
+RUN_OVERRIDES = ["train.epochs=1000", "eval.every_epochs=0", "parallel.threads=1", f"parallel.capacity_slack={SLACK}"]
 # A KuaiRand-like synthetic run: log-normal lengths (median 256 = 0.25 N, sigma 0.8, as the synthetic
 # reader draws them), HSTU with N = 1024 on the C++ CPU kernels. Any --config / override replaces these.
 BENCH_OVERRIDES = [
     "data.kind=synthetic", f"data.max_len={N}", "data.synthetic.num_users=2400", "data.synthetic.num_items=2000",
     f"data.synthetic.median_len={N // 4}", f"data.synthetic.max_len={N}", "data.synthetic.min_len=5",
     "model.dim=64", "model.num_blocks=2", "model.num_heads=2", "loss.num_negatives=32",
-    "train.epochs=1000", "eval.every_epochs=0", "parallel.threads=1", f"parallel.capacity_slack={SLACK}",
-]
+] + RUN_OVERRIDES
+
+
+def bench_overrides(config: str | None, overrides=()) -> list[str]:
+    """The benchmark's own overrides for a config: the KuaiRand-like data and model for a retrieval config;
+    for a semantic-ID (generative) config only RUN_OVERRIDES, since its rows copy the prompt once per target
+    (tokens grow with the square of the history) and its own data and model are the point."""
+    from mindgr.config import load_config
+    from mindgr.train.tasks import task_class
+    if config and task_class(load_config(config, list(overrides))).semantic_ids:
+        return list(RUN_OVERRIDES)
+    return list(BENCH_OVERRIDES)
 
 
 def block_parser(prog: str, what: str) -> argparse.ArgumentParser:

@@ -43,14 +43,24 @@ def run_dp_block(trainer, steps: int) -> dict:
     return rec
 
 
+def synthetic_codes_override(cfg, run_dir: str) -> list[str]:
+    """A semantic-ID task's config without codes trains on a seeded synthetic table of its shape
+    (mindgr.bench.train.synthetic_codes), written once per process: [`ids.codes=PATH`], else []."""
+    from mindgr.bench.train import _gr_synthetic_codes
+    folder = Path(run_dir) / f"codes-{os.getpid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return [f"ids.codes={cfg.ids.codes}"] if _gr_synthetic_codes(cfg, str(folder)) else []
+
+
 def _configs(config: str | None, overrides: list[str], run_dir: str, tokens: int = RANK_TOKENS):
-    from mindgr.bench.distributed_common import BENCH_OVERRIDES, SLACK, rank_rows
+    from mindgr.bench.distributed_common import SLACK, bench_overrides, rank_rows
     from mindgr.config import load_config
     from mindgr.parallel.plan import rank_capacities
     t, b = rank_capacities(2 * tokens, 2 * rank_rows(tokens), 2, SLACK)
     quiet = ["eval.every_epochs=0", f"run.log_every={10 ** 9}", f"run.ckpt_every={10 ** 9}", "train.epochs=100000",
              f"run.out_dir={run_dir}"]
-    common = BENCH_OVERRIDES + list(overrides) + quiet
+    common = bench_overrides(config, overrides) + list(overrides) + quiet
+    common += synthetic_codes_override(load_config(config, common), run_dir)
     two = load_config(config, common + [f"data.token_capacity={2 * tokens}",
                                         f"data.row_capacity={2 * rank_rows(tokens)}", "run.name=two"])
     one = [f"data.token_capacity={t}", f"data.row_capacity={b}"]
@@ -71,16 +81,16 @@ def main(argv=None) -> int:
     if ctx.world != 2:
         raise SystemExit(f"scaling_blocks: needs exactly 2 ranks, got {ctx.world}")
     from mindgr.parallel.executor import DataParallelExecutor
-    from mindgr.train.task import RetrievalTask
+    from mindgr.train.local import LocalExecutor
     from mindgr.train.loop import TrainLoop
-    from mindgr.train.trainer import Trainer
+    from mindgr.train.tasks import resolve_task
 
     one_cfg = load_config(args.config, common + one_capacity + [f"run.name=one-rank{ctx.rank}",
                                                                 f"run.seed={ctx.rank + 1}"])
     t, b = one_cfg.data.token_capacity, one_cfg.data.row_capacity
-    dp = TrainLoop(two_cfg, DataParallelExecutor(two_cfg, RetrievalTask(two_cfg)), quiet=True)
+    dp = TrainLoop(two_cfg, DataParallelExecutor(two_cfg, resolve_task(two_cfg)), quiet=True)
     watchdog = dp.executor.watchdog
-    one = Trainer(one_cfg, quiet=True)
+    one = TrainLoop(one_cfg, LocalExecutor(one_cfg, resolve_task(one_cfg)), quiet=True)
     watchdog.timeout = max(watchdog.timeout, 60.0 * args.steps)   # the peer may be busy for a block
     run_dp_block(dp, args.warmup)
     run_dp_block(one, args.warmup)

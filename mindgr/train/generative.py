@@ -186,6 +186,7 @@ class GRExamples:
         self.lengths = train.tokens
         self.token_capacity, self.row_capacity = train.token_capacity, train.row_capacity
         self._weights = np.full(len(train.tokens), np.nan)
+        self._head_codes = np.full(len(train.tokens), -1, np.int64)
 
     def __getitem__(self, indices):
         """The loss weights of examples `indices` (RankPlanner's `weights`)."""
@@ -194,6 +195,15 @@ class GRExamples:
         for i in np.unique(todo):
             self._weights[i] = float(sum(np.float64(r["weight"].sum()) for r in self.train.rows(int(i))))
         return self._weights[indices]
+
+    def head_codes(self, indices) -> int:
+        """Codes the trie head scores for examples `indices` (each loss entry's allowed codes), as a batch of
+        them counts in its info: the global batch's FLOPs on a rank that packs only its share."""
+        indices = np.asarray(indices, np.int64)
+        codes = self.train.entry_codes
+        for i in np.unique(indices[self._head_codes[indices] < 0]):
+            self._head_codes[i] = sum(int(codes[r["group"][r["weight"] > 0]].sum()) for r in self.train.rows(int(i)))
+        return int(self._head_codes[indices].sum())
 
 
 class GenerativeTask(Task):
@@ -224,9 +234,6 @@ class GenerativeTask(Task):
                                   "data.gr_layout = rows with more processes")
             if c.model.item_id_dropout > 0:
                 raise ConfigError("config: model.item_id_dropout trains in one process (parallel.nproc = 1) so far")
-            if c.model.trie_softmax:
-                raise ConfigError("config: model.trie_softmax (the trie head's entry layout) trains in one process "
-                                  "(parallel.nproc = 1) so far")
         if c.model.item_id_dropout > 0 and c.model.token_merger != "item_id":
             raise ConfigError(f"config: model.item_id_dropout = {c.model.item_id_dropout} needs "
                               f"model.token_merger = item_id (it is {c.model.token_merger})")
@@ -316,7 +323,10 @@ class GenerativeTask(Task):
         drop = self.sampler.masks.rows(epoch, b, share.token_src, shape.rank_tokens)
         arrays = tuple(batch[k] for k in self.train.keys) + (drop, np.float32(share.scale))
         lengths = np.array([n for i in indices for n in self.train.row_counts[int(i)]], np.int64)
-        return ArrayInputs(arrays), {"tokens": share.global_tokens, "lengths": lengths}
+        info = {"tokens": share.global_tokens, "lengths": lengths}
+        if self.train.entry_codes is not None:
+            info["head_codes"] = self._examples.head_codes(indices)
+        return ArrayInputs(arrays), info
 
     def flops(self, info: dict) -> float:
         from mindgr.models import model_spec

@@ -134,8 +134,9 @@ class GRTrainData:
         n = int(lengths.sum())
         info = {"tokens": n, "fill": n / t_cap, "lengths": lengths,
                 "targets": int((batch["weight"] > 0).sum())}
-        if self.entry_codes is not None:
-            entries = head_entries(batch, self.codes.shape[1], self.level_offsets, self.entry_capacity)
+        if self.entry_codes is not None:       # a rank's batch: entries at its own token capacity
+            e_cap = entry_capacity(t_cap, self.codes.shape[1]) if token_capacity else self.entry_capacity
+            entries = head_entries(batch, self.codes.shape[1], self.level_offsets, e_cap)
             batch = dict(batch, **entries)
             info["head_codes"] = int(self.entry_codes[entries["group"]][entries["weight"] > 0].sum())
         return batch, info

@@ -81,3 +81,35 @@ def test_progress_printer_is_throttled_and_silent_at_the_end():
     report(500, 1000, 50.0)        # within 30 s of the last line
     report(1000, 1000, 100.0)      # the end: the caller prints its own summary
     assert lines == ["decode test: 400/1000 users (40%), 10 users/s, about 1.0 min left"]
+
+
+def test_trie_head_batches_of_a_rank():
+    """With the trie head, a rank's batch (its share of the global batch's examples at its own token capacity)
+    carries entries at that capacity, the same loss entries as the global batch's split, and the head-code
+    count a rank reports for the whole global batch (GRExamples.head_codes) equals the global batch's."""
+    from mindgr.ids.trie import PrefixTrie
+    from mindgr.models.trie_head import entry_capacity
+    from mindgr.train.generative import GRExamples, entry_codes
+    from mindgr.train.gr_data import GRTrainData, training_windows
+    rng = np.random.default_rng(4)
+    sizes = [6, 6, 3]
+    codes = random_codes(rng, 60, sizes)
+    trie = PrefixTrie(codes, sizes)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    histories = [rng.integers(1, 61, int(rng.integers(2, 9))) for _ in range(24)]
+    windows = training_windows([h[:-1] for h in histories], [h[-1:] for h in histories])  # one example each
+    train = GRTrainData(windows, codes, offsets, int(offsets[-1]), "ntp", "item", 8, 0, 0, None,
+                        trie.item_nodes(), entry_codes(trie))
+    examples = GRExamples(train)
+    indices = np.asarray(train.plan.batches(0)[0], np.int64)          # the first planned global batch
+    whole, info = train.batch(indices)
+    halves = [indices[: len(indices) // 2], indices[len(indices) // 2:]]
+    rank_cap = int(max(train.tokens[h].sum() for h in halves))           # the larger share's real tokens
+    assert rank_cap < train.token_capacity
+    got_codes = 0
+    for half in halves:
+        part, part_info = train.batch(half, rank_cap, train.row_capacity)
+        assert part["pos"].shape[0] == entry_capacity(rank_cap, len(sizes) + 1) * (len(sizes) + 1)
+        got_codes += part_info["head_codes"]
+    assert got_codes == info["head_codes"] == examples.head_codes(indices) > 0
+    assert whole["weight"].sum() == pytest.approx(sum(examples[indices]))
