@@ -72,3 +72,21 @@ def test_bad_bucket_lists_fail_before_any_rank_starts(capsys):
             bench_reduce_blocks(buckets=buckets)
     assert main(["bench", "distributed", "--buckets", "2"]) != 0
     assert "--buckets applies to --method reduce only" in capsys.readouterr().err
+
+
+def test_generative_configs_keep_their_own_data_and_model(tmp_path):
+    """A retrieval config gets the KuaiRand-like benchmark data and model; a generative one only the run
+    settings (its rows copy the prompt per target), and a config without codes gets a synthetic table."""
+    from mindgr.bench.distributed_common import BENCH_OVERRIDES, RUN_OVERRIDES, bench_overrides
+    from mindgr.bench.scaling_blocks import synthetic_codes_override
+    from mindgr.config import load_config
+    from conftest import REPO
+    assert bench_overrides(None) == BENCH_OVERRIDES
+    assert bench_overrides(str(REPO / "configs" / "smoke.yaml")) == BENCH_OVERRIDES
+    gr = str(REPO / "configs" / "gr-smoke.yaml")
+    assert bench_overrides(gr) == RUN_OVERRIDES
+    cfg = load_config(gr, ["ids.from_run=", "data.synthetic.num_users=60"])
+    (override,) = synthetic_codes_override(cfg, str(tmp_path))
+    assert override.startswith("ids.codes=") and (tmp_path / override.split("=", 1)[1]).is_file()
+    given = load_config(gr, ["ids.from_run=", override])
+    assert synthetic_codes_override(given, str(tmp_path)) == []                     # codes given: none drawn
