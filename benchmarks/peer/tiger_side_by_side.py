@@ -11,15 +11,17 @@ Run from the repository root with MindGR's Python; the peer runs in its own Pyth
    two, as data.holdout 2) as its training rows, and the last data.max_len items before the test item as
    its decode prompts (grid_side.py writes GRID's TFRecords and id table from them).
 2. Rounds (order rotated each round), one thread per side:
-   - peer training: GRID's own `src.train experiment=tiger_train_flat` on CPU for --train-steps steps
-     (overrides only: CPU, no validation or test, history of data.max_len items, no gradient accumulation);
+   - peer training: GRID's training (grid_train.py: its pipeline_launcher and trainer.fit, as its
+     `src.train` does) with `experiment=tiger_train_flat` for --train-steps steps (overrides only: CPU,
+     no validation or test, a history of data.max_len items, no gradient accumulation);
    - MindGR training: `mindgr bench train --config configs/beauty/gr.yaml ids.codes=TABLE`;
    - peer decode: GRID's own `src.inference experiment=tiger_inference_flat` of --decode-users prompts at
      top_k_for_generation = --beam, from the checkpoint its first training run left;
    - MindGR decode: `mindgr bench decode --shape beauty --beams BEAM` (the engine's default scoring,
      random weights and histories of Beauty's shape).
-3. Figures: training target items/s (one (prompt, next item) pair = one item on both sides) and tokens/s
-   (each side's own tokens), decode users/s; ratios MindGR / peer per round, median [min, max], with each
+3. Figures: training target items/s (one (prompt, next item) pair = one item on both sides), tokens/s
+   (each side's own tokens) and model GFLOP per item (MindGR: its bench's count; the peer: torch's
+   FlopCounterMode over its untimed first step), decode users/s; ratios MindGR / peer per round, median [min, max], with each
    side's parameter count, the CPU model and the load average; JSON with --out.
 """
 from __future__ import annotations
