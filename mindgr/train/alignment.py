@@ -164,6 +164,7 @@ class AlignmentTask(GenerativeTask):
     None = the scorer of align.reward_run."""
 
     name = "alignment"
+    eval_apart = False                   # its step is AlignStep, and its rollouts decode between steps
 
     def __init__(self, cfg: Config, reward=None):
         super().__init__(cfg)

@@ -220,6 +220,11 @@ class GenerativeTask(Task):
     semantic_ids = True
 
     _restored: Path | None = None    # the checkpoint the decoder's weights are exactly (None once a step ran)
+    eval_apart = True                # the decoding graphs (~1 GB at Beauty's shape) never sit beside the step's
+
+    def release_eval(self):
+        from mindgr.train.gr_eval import drop_engines
+        drop_engines()
 
     def check_config(self, executor: str):
         from mindgr.models.objectives import check_objective_arch

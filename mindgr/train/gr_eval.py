@@ -47,14 +47,8 @@ def history_buckets(max_history: int) -> list:
 
 def peak_rss_mb() -> float:
     """This process's resident high-water mark (VmHWM; 0 where /proc is missing): training and decoding so far."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return 0.0
+    from mindgr.train.memory import process_peak_mb
+    return process_peak_mb()
 
 
 USER_METRIC_PREFIX = "metric_"   # a ranks file's extra per-user metrics (page recall), -1 = not evaluated
@@ -106,6 +100,12 @@ def _engine(decoder, trie, codes, beam, p_cap, n_users, engine_options):
             _ENGINES.popitem(last=False)
     engine.timings = {k: 0.0 for k in engine.timings}
     return engine
+
+
+def drop_engines():
+    """Forget the kept engines: their compiled graphs and buffers are freed once nothing else holds them."""
+    if _ENGINES is not None:
+        _ENGINES.clear()
 
 
 def progress_printer(label: str, every_s: float = 30.0, emit=None):

@@ -73,6 +73,29 @@ class LocalExecutor(Executor):
         """Host work for batch `b` of `epoch` (in the input thread): (step inputs, what is trained)."""
         return self.task.inputs(epoch, b, indices)
 
+    def evaluate(self, split: str, step: int) -> dict:
+        """The task's evaluation; with task.eval_apart, after every compiled graph is freed (the training
+        step's compiles again at the next step) and, during training, with its own graphs freed after it."""
+        from mindgr.train.memory import release_memory
+        if not self.task.eval_apart:
+            return super().evaluate(split, step)
+        release_memory(graphs=True)
+        try:
+            return super().evaluate(split, step)
+        finally:
+            if not self.training_over:
+                self.task.release_eval()
+                release_memory(graphs=True)
+
+    training_over = False
+
+    def training_done(self):
+        """The final evaluation follows: the training step's graph is not needed again."""
+        self.training_over = True
+        if self.task.eval_apart:
+            from mindgr.train.memory import release_memory
+            release_memory(graphs=True)
+
     def execute(self, prepared, step: int):
         """One optimizer step on prepared inputs: (loss, seconds inside the compiled step, info)."""
         inputs, info = prepared

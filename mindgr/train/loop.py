@@ -27,6 +27,7 @@ from mindgr.runtime import setup_mindspore
 from mindgr.train.checkpoint import (CheckpointError, CheckpointManager, load_checkpoint, nonfinite_reason,
                                      read_sidecar)
 from mindgr.train.logger import MetricsLog, format_metrics
+from mindgr.train.memory import MemoryPhases
 from mindgr.train.rundir import check_resume_config, read_run_config
 from mindgr.train.runlock import RunLock
 from mindgr.train import schedule
@@ -144,6 +145,8 @@ class TrainLoop:
         self.lock = RunLock(self.run_dir)
         self.writer = executor.writer
         self.host_cpu_s = 0.0                  # CPU seconds of the input thread's batch preparation
+        self.memory = MemoryPhases()           # peak resident memory per phase (eval.json "memory")
+        self.memory.enter("setup")
         try:
             if self.writer and self.run_dir.is_dir():
                 self.lock.acquire()                          # first: a second writer learns who holds the run
@@ -332,6 +335,7 @@ class TrainLoop:
 
     def _fit(self) -> dict:
         peak = self.measure_peak()
+        self.memory.enter("train")
         self.log.info(f"training: {self.total_steps()} steps, a line every {self.cfg.run.log_every}; the first "
                       "step compiles the graph (seconds to a minute)")
         self.started = {"time": time.perf_counter(), "step": self.step, "tokens": 0, "total": self.total_steps()}
@@ -489,7 +493,12 @@ class TrainLoop:
         if not self.executor.can_evaluate(split):
             return {"count": 0}
         t0 = time.perf_counter()
-        metrics = self.executor.evaluate(split, self.step)
+        phase = self.memory.current
+        self.memory.enter(split)
+        try:
+            metrics = self.executor.evaluate(split, self.step)
+        finally:
+            self.memory.enter(phase)
         eval_ranks = self.executor.eval_ranks
         rec = {"eval": split, "step": self.step, "epoch": self.epoch, "seconds": time.perf_counter() - t0,
                "ranks": eval_ranks, **metrics}
@@ -501,6 +510,7 @@ class TrainLoop:
     def finish(self) -> dict:
         """Test (and validation) metrics of the best validation checkpoint, or of the last weights."""
         self.executor.settle("final evaluation", self.step)
+        self.memory.enter("final")
         try:
             result = {"run": str(self.run_dir), "step": self.step, "epoch": self.epoch, "history": self.history}
             best = self.ckpts.best()
@@ -529,6 +539,8 @@ class TrainLoop:
             for name, metrics in self.executor.baselines().items():
                 result[name] = metrics
                 self.log.info(f"{name.replace('_', ' baseline, ')}: {format_metrics(metrics)}")
+            self.memory.enter(None)
+            result["memory"] = self.memory.summary()
             started = self.started
             if started:
                 wall = time.perf_counter() - started["time"]
@@ -575,6 +587,10 @@ class TrainLoop:
         if test.get("count") and pop:
             lines.append(f"  test {hr} {test[hr]:.4f} vs popularity {pop[hr]:.4f}, {key} {test[key]:.4f} vs "
                          f"{pop[key]:.4f} ({test['count']} users)")
+        mem = result.get("memory")
+        if mem:
+            parts = ", ".join(f"{k} {v['peak_mb']:,.0f}" for k, v in mem["phases"].items())
+            lines.append(f"  peak resident memory {mem['peak_rss_mb']:,.0f} MB (by phase: {parts})")
         if "wall_s" in result:
             lines.append(f"  wall time {_clock(result['wall_s'])} this attempt, {result['tokens_per_s']:.0f} "
                          "tokens/s overall (evaluation included)")

@@ -93,6 +93,15 @@ class Task(abc.ABC):
     def flops(self, info: dict) -> float:
         """Model FLOPs (forward + backward) of a step, from its info."""
 
+    # Whether evaluation during training runs apart from the training step in memory: every compiled graph
+    # is freed before each evaluation (the step compiles again at the next step) and the evaluation's own
+    # after it, so that the two never hold memory at once (the local executor; GR's decoding graphs are
+    # as large as its training step's).
+    eval_apart = False
+
+    def release_eval(self):
+        """Drop what an evaluation kept for the next one (its compiled graphs are freed after this)."""
+
     def train_step(self, model, inputs) -> float:
         """One training step of the local executor on prepared inputs -> its loss: the model's compiled train
         step (a task whose step is more than one update, e.g. rollouts then several updates, overrides it)."""

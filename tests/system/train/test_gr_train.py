@@ -131,6 +131,32 @@ def test_resume_is_bit_identical(gr_setup):
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+def test_evaluating_apart_from_the_step_changes_nothing(gr_setup, monkeypatch):
+    """A GR run frees its compiled graphs before every validation (the training step compiles again at the
+    next step) and the decoding graphs after it (eval_apart, for peak memory): it trains the losses and
+    weights, and decodes the ranks, of a run that keeps both; eval.json records each phase's peak memory."""
+    from mindgr.train.checkpoint import load_checkpoint
+    from mindgr.train.generative import GenerativeTask, GenerativeTrainer
+    assert GenerativeTask.eval_apart          # the fixture's run evaluated apart
+    out, codes = gr_setup["out"], gr_setup["codes"]
+    released = []
+    monkeypatch.setattr(GenerativeTask, "eval_apart", False)
+    monkeypatch.setattr(GenerativeTask, "release_eval", lambda self: released.append(self))
+    GenerativeTrainer(load_config(None, gr_overrides(out, "together", codes)), quiet=True).fit()
+    assert not released
+    apart, together = _losses(gr_setup["run"]), _losses(out / "together")
+    assert len(apart) > 5 and apart == together
+    a, _ = load_checkpoint(out / "gr" / "checkpoints" / "best.safetensors")
+    b, _ = load_checkpoint(out / "together" / "checkpoints" / "best.safetensors")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    for name in ("test-best.npz", "test-best-unfiltered.npz"):
+        with np.load(out / "gr" / "ranks" / name) as x, np.load(out / "together" / "ranks" / name) as y:
+            assert np.array_equal(x["ranks"], y["ranks"])
+    memory = gr_setup["result"]["memory"]
+    assert {"setup", "train", "valid", "final", "test"} <= set(memory["phases"])
+    assert memory["peak_rss_mb"] >= max(p["peak_mb"] for p in memory["phases"].values()) > 0
+
+
 def test_compare_with_an_hstu_run(gr_setup, capsys):
     from mindgr.cli import main
     from mindgr.train.trainer import Trainer
