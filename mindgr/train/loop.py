@@ -489,11 +489,13 @@ class TrainLoop:
         if not self.cfg.run.ckpt_every:
             self.save()
 
-    def evaluate(self, split: str) -> dict:
+    def evaluate(self, split: str, resume_phase: bool = True) -> dict:
+        """The executor's evaluation of `split`, logged; its memory is the phase `split`, after which the
+        phase before it goes on (resume_phase) or none does (the final test)."""
         if not self.executor.can_evaluate(split):
             return {"count": 0}
         t0 = time.perf_counter()
-        phase = self.memory.current
+        phase = self.memory.current if resume_phase else None
         self.memory.enter(split)
         try:
             metrics = self.executor.evaluate(split, self.step)
@@ -535,7 +537,7 @@ class TrainLoop:
                 result["checkpoint"] = {"name": "last", "step": self.step}
             self.executor.training_done()
             result["valid"] = valid if valid is not None else self.evaluate("valid")
-            result["test"] = self.evaluate("test")
+            result["test"] = self.evaluate("test", resume_phase=False)
             for name, metrics in self.executor.baselines().items():
                 result[name] = metrics
                 self.log.info(f"{name.replace('_', ' baseline, ')}: {format_metrics(metrics)}")

@@ -84,18 +84,22 @@ class MemoryPhases:
         self.current = None
         self.phases: dict[str, dict] = {}
         self.per_phase = False          # whether the mark could be reset (else peaks are cumulative)
+        self._start = 0.0
 
     def enter(self, name: str | None):
         if self.current is not None:
             peak, end = _status_mb("VmHWM"), rss_mb()
-            rec = self.phases.setdefault(self.current, {"peak_mb": 0.0, "end_rss_mb": 0.0})
-            rec["peak_mb"] = round(max(rec["peak_mb"], peak), 1)
+            rec = self.phases.setdefault(self.current, {"peak_mb": 0.0, "start_rss_mb": 0.0, "end_rss_mb": 0.0})
+            if peak >= rec["peak_mb"]:
+                rec["peak_mb"], rec["start_rss_mb"] = round(peak, 1), round(self._start, 1)
             rec["end_rss_mb"] = round(end, 1)
         self.current = name
         if name is not None:
             self.per_phase = reset_peak()
+            self._start = rss_mb()
 
     def summary(self) -> dict:
-        """{"peak_rss_mb": the process's peak, "phases": {name: {"peak_mb", "end_rss_mb"}}, "per_phase"}."""
+        """{"peak_rss_mb": the process's peak, "phases": {name: {"peak_mb", "start_rss_mb" (resident when the
+        phase began, at its highest peak), "end_rss_mb" (when it last ended)}}, "per_phase"}."""
         return {"peak_rss_mb": round(process_peak_mb(), 1), "phases": {k: dict(v) for k, v in self.phases.items()},
                 "per_phase": self.per_phase}
