@@ -454,7 +454,12 @@ def load_generative_run(run_dir, which: str = "best", allow_data_change: bool = 
     trie = PrefixTrie(table.codes, table.level_sizes)
     model = GRModel(cfg, trie, table.codes.shape[0] - 1)
     tensors, meta = load_checkpoint(path)
-    restore_parameters(model.train_step, tensors, str(path))
+    # Decoding reads the loss cell's weights (the decoder's) only. The optimizer's moments are named after the
+    # cell the optimizer was built over, which runs saved before the trie head's entry layout name otherwise
+    # (adam_m.decoder.* against adam_m.head.decoder.*): they are not needed here (--resume restores them).
+    prefix = "loss_net."
+    restore_parameters(model.train_step.loss_net, {k[len(prefix):]: v for k, v in tensors.items()
+                                                   if k.startswith(prefix)}, str(path))
     model.decoder.set_train(False)
     return LoadedGenerativeRun(cfg, run_dir, model.decoder, table.codes, table.level_sizes, trie, table.raw_ids,
                                cfg.data.max_len,
