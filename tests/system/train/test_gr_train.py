@@ -157,6 +157,26 @@ def test_evaluating_apart_from_the_step_changes_nothing(gr_setup, monkeypatch):
     assert memory["peak_rss_mb"] >= max(p["peak_mb"] for p in memory["phases"].values()) > 0
 
 
+def test_a_run_saved_before_the_trie_head_layout_loads_for_decoding(gr_setup, tmp_path):
+    """Runs saved before the trie head's entry layout name their optimizer moments adam_m.decoder.* (now
+    adam_m.head.decoder.*): eval, compare and serving load them by the loss cell's weights alone."""
+    import mindspore as ms
+    from mindgr.train.checkpoint import CheckpointManager, load_checkpoint
+    from mindgr.train.generative import GenerativeTrainer, load_generative_run
+    cfg = load_config(None, gr_overrides(tmp_path, "older", gr_setup["codes"], "model.trie_softmax=true",
+                                         "train.max_steps=3", "eval.every_epochs=0", "eval.max_users=8",
+                                         "eval.test_max_users=8"))
+    GenerativeTrainer(cfg, quiet=True).fit()
+    run = tmp_path / "older"
+    tensors, meta = load_checkpoint(run / "checkpoints" / "best.safetensors")
+    renamed = {k.replace("adam_m.head.", "adam_m.").replace("adam_v.head.", "adam_v."): v for k, v in tensors.items()}
+    assert renamed.keys() != tensors.keys()
+    CheckpointManager(run, 2).save_best({k: ms.Tensor(v) for k, v in renamed.items()}, meta)
+    loaded = load_generative_run(run)
+    for name, p in loaded.decoder.parameters_and_names():
+        assert np.array_equal(p.asnumpy(), tensors["loss_net.decoder." + name])
+
+
 def test_compare_with_an_hstu_run(gr_setup, capsys):
     from mindgr.cli import main
     from mindgr.train.trainer import Trainer
