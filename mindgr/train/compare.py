@@ -17,6 +17,11 @@ which differences survive at a family-wise 5% level (`holm`).
 
 Extra per-user metrics that every compared ranks file carries (a GR run with a page holdout writes its
 page recall@K) are compared the same way, over the users every run evaluated.
+
+Alignment measures (`alignment` in the result, a Holm family of its own): on data with values, hit@K split
+by the target's own value (`by_value`, mindgr.train.value_split); for generative runs, the mean score of
+the top-K lists under a judge reward model and the lists' catalogue coverage (`judge`, `coverage`,
+mindgr.train.judge).
 """
 from __future__ import annotations
 
@@ -24,53 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mindgr.train.bootstrap import holm, paired_bootstrap  # noqa: F401  (compare's API)
 from mindgr.train.metrics import per_user_metrics
-
-
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, samples: int = 5000, seed: int = 0,
-                     chunk: int = 500) -> dict:
-    """Mean of b - a over users, its 95% paired-bootstrap interval and the two-sided bootstrap p-value
-    (twice the smaller share of resampled means on either side of 0). a and b are [U] per-user values of
-    one run each, or [S, U] for S runs per side: then each sample also redraws each side's runs."""
-    a, b = np.atleast_2d(np.asarray(a, np.float64)), np.atleast_2d(np.asarray(b, np.float64))
-    if samples < 1:
-        raise ValueError(f"bootstrap samples = {samples}: need at least 1 (e.g. --samples 5000)")
-    n = a.shape[1]
-    if n == 0:
-        raise ValueError("no user was evaluated by both runs: nothing to compare")
-    rng = np.random.default_rng(seed)
-    means = []
-    for lo in range(0, samples, chunk):
-        users = rng.integers(0, n, (min(chunk, samples - lo), n))
-        if len(a) == len(b) == 1:                 # one run per side: nothing to redraw, the plain paired bootstrap
-            means.append((b[0][users] - a[0][users]).mean(1))
-            continue
-        side_means = []
-        for runs in (a, b):                       # [S, chunk] user-resampled means of each run
-            per_run = np.stack([r[users].mean(1) for r in runs])
-            picks = rng.integers(0, len(runs), (len(runs), len(users)))
-            side_means.append(np.take_along_axis(per_run, picks, 0).mean(0))
-        means.append(side_means[1] - side_means[0])
-    means = np.concatenate(means)
-    lo, hi = np.quantile(means, [0.025, 0.975])
-    p = min(1.0, 2.0 * min((means <= 0).mean(), (means >= 0).mean()))
-    out = {"a": float(a.mean()), "b": float(b.mean()), "diff": float(b.mean() - a.mean()),
-           "ci95": [float(lo), float(hi)], "p": float(p)}
-    if len(a) > 1 or len(b) > 1:
-        out.update(a_runs=[float(v) for v in a.mean(1)], b_runs=[float(v) for v in b.mean(1)])
-    return out
-
-
-def holm(pvalues: dict, alpha: float = 0.05) -> dict:
-    """Holm's step-down correction of several p-values: {name: (adjusted p, survives at alpha)}. The i-th
-    smallest p (0-based, m in all) is compared with alpha / (m - i), stopping at the first that fails;
-    the adjusted p is the running maximum of min(1, (m - i) p_(i)), so `survives` = adjusted p <= alpha."""
-    order = sorted(pvalues, key=lambda k: pvalues[k])
-    m, running, out = len(order), 0.0, {}
-    for i, name in enumerate(order):
-        running = max(running, min(1.0, (m - i) * pvalues[name]))
-        out[name] = (running, running <= alpha)
-    return out
 
 
 def _add_holm(metrics: dict) -> dict:
@@ -119,7 +79,7 @@ def format_comparison(result: dict, name_a: str, name_b: str) -> str:
     lines = [f"paired comparison over {result['users']} users ({result['samples']} bootstrap samples); "
              f"A = {name_a}, B = {name_b}",
              ]
-    w = max([9] + [len(m) for m in result["metrics"]])
+    w = max([9] + [len(m) for m in list(result["metrics"]) + list(result.get("alignment") or {})])
     lines.append(f"{'metric':{w}s} {'A':>8s} {'B':>8s} {'B - A':>9s}  {'95% interval of B - A':>22s} {'p':>6s}"
                  f" {'Holm p':>6s}  verdict (raw interval; Holm over {len(result['metrics'])} metrics)")
     for m, r in result["metrics"].items():
@@ -129,6 +89,19 @@ def format_comparison(result: dict, name_a: str, name_b: str) -> str:
             verdict += ", survives Holm" if r.get("holm") else ", not after Holm"
         lines.append(f"{m:{w}s} {r['a']:8.4f} {r['b']:8.4f} {r['diff']:+9.4f}  [{lo:+.4f}, {hi:+.4f}] "
                      f"{r['p']:6.3f} {r.get('p_holm', float('nan')):6.3f}  {verdict}")
+    extra = result.get("alignment")
+    if extra:
+        lines.append(f"alignment measures (Holm over these {len(extra)}):")
+        for m, r in extra.items():
+            lo, hi = r["ci95"]
+            verdict = "B higher" if lo > 0 else "B lower" if hi < 0 else "not distinguishable"
+            if verdict != "not distinguishable":
+                verdict += ", survives Holm" if r.get("holm") else ", not after Holm"
+            users = r.get("users")
+            users = f"  ({'/'.join(map(str, users)) if isinstance(users, list) else users} users)" if users else ""
+            a_b = f"{r['a']:8.4f} {r['b']:8.4f}" if "a" in r else f"{'':8s} {'':8s}"
+            lines.append(f"{m:{w}s} {a_b} {r['diff']:+9.4f}  [{lo:+.4f}, {hi:+.4f}] {r['p']:6.3f} "
+                         f"{r.get('p_holm', float('nan')):6.3f}  {verdict}{users}")
     if result.get("runs", [1, 1]) != [1, 1]:     # several seeds: show each run's mean beside the pooled figure
         lines.append(f"per run (A: {result['runs'][0]} runs, B: {result['runs'][1]} runs; A and B means in "
                      "the order given)")
@@ -139,12 +112,15 @@ def format_comparison(result: dict, name_a: str, name_b: str) -> str:
 
 
 def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", samples: int = 5000,
-                 filter_history: bool | None = None, max_users: int | None = None) -> dict:
+                 filter_history: bool | None = None, max_users: int | None = None, by_value=None,
+                 value_metric: str = "hr@10", judge=None, coverage: bool = False, list_k: int = 10) -> dict:
     """Evaluate every run (their per-user ranks are saved under RUN/ranks/) and compare side A with side B;
     a side is one run directory or a list of them (seeds of one setting). filter_history: None = each run's
     eval.filter_history. The metrics compared are the K every run evaluated (a generative run's list is
     only eval.beam long). max_users: generative runs decode (or reuse the ranks of) `mindgr eval --max-users`'s
-    fixed sample of users; encoder runs rank everyone, and the pairing keeps the users both sides ranked."""
+    fixed sample of users; encoder runs rank everyone, and the pairing keeps the users both sides ranked.
+    by_value: value groups (mindgr.train.value_split.parse_groups) to split `value_metric` by; judge: a
+    reward run scoring each run's top-list_k lists; coverage: the lists' catalogue coverage (also with judge)."""
     from mindgr.train.run_eval import evaluate_any_run
     from mindgr.train.tasks import resolve_run
     sides = [[runs] if isinstance(runs, (str, Path)) else list(runs) for runs in (runs_a, runs_b)]
@@ -152,6 +128,9 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
         if not runs or any(not str(run) for run in runs):
             raise ValueError(f"a side of the comparison names an empty run directory ({runs}): give DIR or "
                              "DIR1,DIR2,... without empty entries")
+    if by_value is not None:
+        from mindgr.train.value_split import parse_groups
+        by_value = parse_groups(by_value)           # a bad spec fails before any evaluation
     for run in (run for runs in sides for run in runs):
         if not resolve_run(run).ranks_users:
             raise ValueError(f"{run}: a {resolve_run(run).name} run ranks no items per user: `mindgr compare` "
@@ -180,8 +159,76 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
         if seen.any():
             out["metrics"][name] = paired_bootstrap(a[:, seen], b[:, seen], samples)
     _add_holm(out["metrics"])          # over every metric compared, the extra ones included
+    if by_value is not None or judge is not None or coverage:
+        files = [[r["ranks_file"] for r in side] for side in evaluated]
+        both = np.all([entry[0] >= 0 for side in loaded for entry in side], 0)
+        out["alignment"] = _add_holm(alignment_measures(sides, files, both, split, samples, by_value, value_metric,
+                                                        judge, coverage, list_k))
     info = [[{"run": str(run), "checkpoint": r["checkpoint"]} for run, r in zip(runs, side)]
             for runs, side in zip(sides, evaluated)]
     out.update(split=split, a=info[0][0] if len(info[0]) == 1 else info[0],
                b=info[1][0] if len(info[1]) == 1 else info[1])
+    return out
+
+
+def _ranks_array(run, path, key: str, why: str) -> tuple:
+    """(array `key` of a ranks file, whether the file is history-filtered); a one-line error without it."""
+    with np.load(path) as f:
+        if key not in f.files:
+            raise ValueError(f"{run}: its ranks file {Path(path).name} holds no {key} ({why})")
+        return f[key], bool(f["filter_history"]) if "filter_history" in f.files else True
+
+
+def alignment_measures(sides, files, both, split, samples, by_value, value_metric, judge, coverage,
+                       list_k) -> dict:
+    """The alignment family of `compare_runs`: {name: bootstrap result} over the users every run evaluated
+    (`both`): by value group (value_split), judge reward and coverage of the top-list_k lists (judge)."""
+    out = {}
+    if by_value is not None:
+        from mindgr.train.value_split import compare_by_value
+        values = [[_ranks_array(run, f, "target_values", "--by-value needs data with a value per interaction, "
+                                "e.g. ratings")[0] for run, f in zip(runs, side)] for runs, side in zip(sides, files)]
+        k = int(value_metric.split("@")[1]) if "@" in value_metric else 0
+        per_user = []
+        for side in files:
+            rows = []
+            for f in side:
+                ranks, ties, _ = load_ranks(f)
+                got = per_user_metrics(ranks[both], [k] if k else [1], ties[both])
+                if value_metric not in got:
+                    raise ValueError(f"--by-value-metric {value_metric}: one of {', '.join(got)} (K of the run)")
+                rows.append(got[value_metric])
+            per_user.append(np.stack(rows))
+        out.update(compare_by_value(per_user[0], per_user[1], values[0][0][both], by_value, value_metric, samples))
+    if judge is not None or coverage:
+        from mindgr.train.data import RunData
+        from mindgr.train.judge import coverage_bootstrap, judge_rewards, load_judge, top_lists
+        from mindgr.train.rundir import run_config
+        if list_k < 1:
+            raise ValueError(f"--list-k {list_k}: at least 1")
+        data = RunData(run_config(Path(sides[0][0])))
+        evalset = getattr(data.split, split)
+        rows = np.flatnonzero(both)
+        hist = [evalset.histories[r] for r in rows]
+        targets = np.asarray(evalset.targets)[rows]
+        tops = []
+        for runs, side in zip(sides, files):
+            tops.append([])
+            for run, f in zip(runs, side):
+                lists, filtered = _ranks_array(run, f, "lists", "the top-K lists are kept by generative runs' "
+                                               "evaluation; an older ranks file: run `mindgr eval` again")
+                if lists.shape[1] < list_k:
+                    raise ValueError(f"{run}: its lists hold {lists.shape[1]} items, fewer than --list-k {list_k}")
+                tops[-1].append(top_lists(lists[rows], targets, hist if filtered else None, list_k))
+        out[f"coverage@{list_k}"] = coverage_bootstrap(tops[0], tops[1], data.num_items, min(samples, 1000))
+        if judge is not None:
+            scorer = load_judge(judge, data.num_items, sides[0][0])
+            hv = getattr(evalset, "history_values", None)
+            if scorer.uses_values and hv is None:
+                raise ValueError(f"--judge {judge}: the judge reads the history's values and the data has none")
+            hv = [hv[r] for r in rows] if scorer.uses_values else None
+            scores = [np.stack([judge_rewards(scorer, hist, hv, t) for t in side]) for side in tops]
+            seen = np.isfinite(scores[0]).all(0) & np.isfinite(scores[1]).all(0)
+            out[f"judge reward@{list_k}"] = dict(paired_bootstrap(scores[0][:, seen], scores[1][:, seen], samples),
+                                                users=int(seen.sum()), judge=str(judge))
     return out

@@ -371,7 +371,8 @@ class GenerativeTask(Task):
             metrics, both = metrics
             if ctx.writer:
                 ranks_dir, _ = _ranks_dir(ctx.run_dir)
-                save_decode_ranks(ranks_dir, split, "best", evalset.targets, both, best, cap)
+                save_decode_ranks(ranks_dir, split, "best", evalset.targets, both, best, cap,
+                                  getattr(evalset, "target_values", None))
         d = metrics["decode"]
         capped = f" (eval.max_users = {cap} of {len(evalset.targets)})" if cap and cap < len(evalset.targets) else ""
         ctx.log.info(f"decode {split}: {d['users']} users{capped}, beam {d['beam']}, history "
@@ -473,7 +474,7 @@ def _saved_ranks(path: Path, checkpoint_sha: str, users: int, max_users: int):
     try:
         with np.load(path) as f:
             if str(f["checkpoint_sha256"]) != checkpoint_sha or int(f["max_users"]) != max_users \
-                    or len(f["ranks"]) != users:
+                    or len(f["ranks"]) != users or "lists" not in f.files:   # older files: no lists, decode again
                 return None
             return f["ranks"], f["ties"], user_metrics_of(f)
     except (KeyError, ValueError, OSError):
@@ -481,19 +482,22 @@ def _saved_ranks(path: Path, checkpoint_sha: str, users: int, max_users: int):
 
 
 def save_decode_ranks(ranks_dir: Path, split: str, which: str, targets, both: dict, ckpt_path: Path,
-                      max_users: int) -> dict:
+                      max_users: int, target_values=None) -> dict:
     """Both ranks files (history filtered and not) of one decode (generative_metrics(..., per_user=True)'s
     second value), each recording the checkpoint's sha256 and the users decoded so that a later eval of the
-    same checkpoint reuses them; returns {filter_history: path}."""
+    same checkpoint reuses them; returns {filter_history: path}. Each also holds the decoded lists (`lists`,
+    [U, min(beam, LIST_KEEP)] int32, before history filtering) and, for data with values, each target's
+    value (`target_values`): what `mindgr compare --by-value / --judge` read."""
     sha = file_sha256(ckpt_path.with_suffix(".json"))   # the sidecar names the committed weights file
     targets = np.asarray(targets, np.int64)
+    values = {} if target_values is None else {"target_values": np.asarray(target_values, np.float32)}
     paths = {}
-    for f, (_, r, t, extra) in both.items():
+    for f, (_, r, t, extra, lists) in both.items():
         per_user = {USER_METRIC_PREFIX + name: v for name, v in extra.items()}
         paths[f] = ranks_dir / ranks_file_name(split, which, f)
         atomic_write(paths[f], lambda tmp: np.savez(tmp, ranks=r, ties=t, targets=targets, checkpoint=ckpt_path.name,
                                                     checkpoint_sha256=sha, max_users=max_users, filter_history=f,
-                                                    **per_user),
+                                                    lists=lists, **values, **per_user),
                      tmp_suffix=".tmp.npz")
     return paths
 
@@ -534,7 +538,8 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
         metrics, both = generative_metrics(run.decoder, run.trie, run.codes, evalset, cfg.eval.ks, run.max_history,
                                            beam, cfg.eval.batch_size, data.num_items, filter_history,
                                            max_users, cfg.run.seed, per_user=True, progress=progress_printer(split))
-        save_decode_ranks(ranks_dir, split, which, targets, both, ckpt_path, max_users)
+        save_decode_ranks(ranks_dir, split, which, targets, both, ckpt_path, max_users,
+                          getattr(evalset, "target_values", None))
     out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
            "filter_history": filter_history, **metrics, "ranks_file": str(paths[filter_history])}
     if max_users:

@@ -10,6 +10,9 @@ ties. A generated list has no ties, so ties are 0 and the tie-aware metrics are 
 With a page holdout (EvalSet.page_items, mindgr.datasets.pages) the same lists also give page recall@K =
 |top-K ∩ page| / min(K, |page|) per user (K = 5, 10 and the beam, up to the beam), the history items not in
 the page removed when filter_history.
+The decoded lists themselves (their first LIST_KEEP items, before any history filtering) are kept per user
+for the ranks files, so that list-level measures (mindgr.train.judge: a reward model's mean score of the
+top-K, catalogue coverage) need no second decode.
 Independent of the Trainer: it takes a decoder, a trie, a code table and an EvalSet.
 """
 from __future__ import annotations
@@ -51,6 +54,7 @@ def peak_rss_mb() -> float:
     return process_peak_mb()
 
 
+LIST_KEEP = 100                  # items of each decoded list kept for the ranks files (4 bytes each)
 USER_METRIC_PREFIX = "metric_"   # a ranks file's extra per-user metrics (page recall), -1 = not evaluated
 
 
@@ -144,6 +148,7 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
     caps = history_buckets(max_history)
     bucket = np.searchsorted(np.asarray(caps), lengths)        # smallest cap >= the prompt's items
     greater = {f: np.zeros(len(rows), np.int64) for f in flags}
+    lists = np.zeros((len(rows), min(beam, LIST_KEEP)), np.int32)     # 0 = a dead slot
     pages = getattr(evalset, "page_items", None)       # page holdout: page recall of the same lists
     ks = sorted({k for k in (5, 10, beam) if k <= beam})
     recall = {f: {f"page_recall@{k}": np.zeros(len(rows)) for k in ks} for f in flags} if pages is not None else None
@@ -163,6 +168,8 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
             hist = [np.asarray(evalset.histories[r][-max_history:], np.int64) for r in chunk]
             prompt_tokens += int(lengths[idx].sum()) * per_item
             items, _ = engine.search(hist, beam)
+            kept = np.asarray(items)[:, : lists.shape[1]]
+            lists[idx, : kept.shape[1]] = kept
             for f in flags:
                 full = [evalset.histories[r] for r in chunk] if f else None
                 greater[f][idx] = beam_ranks(items, evalset.targets[chunk], full, num_items)
@@ -178,7 +185,8 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
     stats = {"users": int(len(rows)), "beam": beam, "decode_s": seconds,
              "users_per_s": len(rows) / seconds if seconds > 0 else 0.0,
              "prompt_tokens_mean": prompt_tokens / max(len(rows), 1), "prompt_caps_items": caps,
-             "prefill_s": timings["prefill"], "step_s": timings["model"], "peak_rss_mb": round(peak_rss_mb(), 1)}
+             "prefill_s": timings["prefill"], "step_s": timings["model"], "peak_rss_mb": round(peak_rss_mb(), 1),
+             "lists": lists}
     if recall is not None:
         stats["page_recall"] = recall if isinstance(filter_history, (tuple, list)) else recall[flags[0]]
     ties = {f: np.zeros(len(rows), np.int64) for f in flags}
@@ -192,13 +200,16 @@ def generative_metrics(decoder, trie, codes, evalset, ks, max_history: int, beam
                        per_user: bool = False, progress=None):
     """Ranking metrics of the decoded lists (and, with per_user, (greater, ties) per evalset user, -1 =
     not evaluated, for `mindgr compare`). With per_user, the other ranking (history filtered or not) of
-    the same lists comes too: a dict {filter_history: (metrics, greater, ties, per-user page recall)}
-    (that last one {} without a page holdout, else {"page_recall@K": [U] float, -1 = not evaluated})."""
+    the same lists comes too: a dict {filter_history: (metrics, greater, ties, per-user page recall, lists)}
+    (page recall {} without a page holdout, else {"page_recall@K": [U] float, -1 = not evaluated}; lists
+    [U, min(beam, LIST_KEEP)] int32, each user's decoded items before history filtering, 0 = none)."""
     rows = eval_users(len(evalset.targets), max_users, seed)
     flags = (True, False)
     greater, ties, stats = generative_ranks(decoder, trie, codes, evalset, rows, max_history, beam, batch_users,
                                             num_items, flags, progress=progress)
     recall = stats.pop("page_recall", None)
+    lists = np.zeros((len(evalset.targets), stats["lists"].shape[1]), np.int32)
+    lists[rows] = stats.pop("lists")
     both = {}
     for f in flags:
         m = ranking_metrics(greater[f], ks, ties[f])
@@ -211,7 +222,7 @@ def generative_metrics(decoder, trie, codes, evalset, ks, max_history: int, beam
             m[name] = float(v.mean()) if len(v) else 0.0
             extra[name] = np.full(len(evalset.targets), -1.0)
             extra[name][rows] = v
-        both[f] = (m, by_user, ties_by_user, extra)
+        both[f] = (m, by_user, ties_by_user, extra, lists)
     metrics = dict(both[bool(filter_history)][0])
     metrics["other_ranking"] = {"filter_history": not filter_history,
                                 **{k: v for k, v in both[not filter_history][0].items() if k != "decode"}}

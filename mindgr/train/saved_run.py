@@ -102,10 +102,13 @@ def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_
     evalset = getattr(run.data.split, split)
     metrics, ranks, ties = evaluate(run.model.encode_last, run.model.item_table(), run.data.eval[split], evalset,
                                     run.cfg.eval.ks, per_user=True, filter_history=filter_history)
-    # Per-user (greater, ties) pairs, for a paired comparison with another run (`mindgr compare`).
+    # Per-user (greater, ties) pairs, for a paired comparison with another run (`mindgr compare`), and each
+    # target's value for data with values (`mindgr compare --by-value`).
     ranks_path = ranks_dir / ranks_file_name(split, which, filter_history)
+    tv = getattr(evalset, "target_values", None)
+    values = {} if tv is None else {"target_values": np.asarray(tv, np.float32)}
     atomic_write(ranks_path, lambda tmp: np.savez(tmp, ranks=ranks, ties=ties, checkpoint=run.checkpoint,
-                                                  targets=np.asarray(evalset.targets, np.int64)),
+                                                  targets=np.asarray(evalset.targets, np.int64), **values),
                  tmp_suffix=".tmp.npz")
     out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
            "filter_history": filter_history, **metrics, "ranks_file": str(ranks_path)}
