@@ -96,7 +96,8 @@ def cmd_compare(args) -> int:
     from mindgr.train.compare import compare_runs, format_comparison
     runs_a, runs_b = (side.split(",") for side in (args.run_a, args.run_b))
     result = compare_runs(runs_a, runs_b, args.split, args.checkpoint, args.samples, _filter_history(args),
-                          args.max_users)
+                          args.max_users, by_value=args.by_value, value_metric=args.by_value_metric,
+                          judge=args.judge, coverage=args.coverage, list_k=args.list_k)
     print(format_comparison(result, args.run_a, args.run_b))
     write_result(result, args.out)
     return 0
@@ -447,6 +448,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-users", type=int, default=None,
                    help="generative runs: the fixed user sample of `mindgr eval --max-users` (0 = all; default: "
                         "each run's eval.test_max_users)")
+    c.add_argument("--by-value", nargs="*", metavar="NAME=LO:HI",
+                   help="data with values (ratings): the metric split by the target's own value, one group per "
+                        "word, bounds inclusive, an end may be open (bare: liked=4: disliked=:2); the first two "
+                        "groups also give the difference of their changes")
+    c.add_argument("--by-value-metric", default="hr@10", help="the per-user metric split by value (default hr@10)")
+    c.add_argument("--judge", metavar="REWARD_RUN",
+                   help="generative runs: the mean score of each user's top-K list under this reward run (not the "
+                        "one the aligned run optimised), paired over users; adds --coverage")
+    c.add_argument("--coverage", action="store_true",
+                   help="generative runs: distinct items of the top-K lists over the catalogue")
+    c.add_argument("--list-k", type=int, default=10, help="K of the lists judged and covered (default 10)")
     c.set_defaults(func=cmd_compare)
 
     d = sub.add_parser("data", help="prepare a dataset into a sequence store")
