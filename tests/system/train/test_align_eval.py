@@ -1,6 +1,6 @@
 """`mindgr compare --by-value --judge` on real runs: a tiny chain on synthetic data with values (a reward
 run as the judge, two GR runs), its figures recomputed from the ranks files, the data and the judge's own
-scorer, and its one-line errors (the pieces against references: tests/unit/train/test_align_eval.py)."""
+scorer, and its one-line errors (the pieces against references: tests/unit/train/test_align_eval_units.py)."""
 import json
 
 import numpy as np
