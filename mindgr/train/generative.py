@@ -186,24 +186,30 @@ class GRExamples:
         self.lengths = train.tokens
         self.token_capacity, self.row_capacity = train.token_capacity, train.row_capacity
         self._weights = np.full(len(train.tokens), np.nan)
-        self._head_codes = np.full(len(train.tokens), -1, np.int64)
+        self._head_codes = np.zeros(len(train.tokens), np.int64)
 
     def __getitem__(self, indices):
         """The loss weights of examples `indices` (RankPlanner's `weights`)."""
-        indices = np.asarray(indices, np.int64)
-        todo = indices[np.isnan(self._weights[indices])]
-        for i in np.unique(todo):
-            self._weights[i] = float(sum(np.float64(r["weight"].sum()) for r in self.train.rows(int(i))))
+        indices = self._known(indices)
         return self._weights[indices]
 
     def head_codes(self, indices) -> int:
         """Codes the trie head scores for examples `indices` (each loss entry's allowed codes), as a batch of
         them counts in its info: the global batch's FLOPs on a rank that packs only its share."""
+        indices = self._known(indices)
+        return int(self._head_codes[indices].sum())
+
+    def _known(self, indices) -> np.ndarray:
+        """indices as an array, after the weight and head-code count of each new example (one pass over its
+        rows; the head codes stay 0 without the trie head)."""
         indices = np.asarray(indices, np.int64)
         codes = self.train.entry_codes
-        for i in np.unique(indices[self._head_codes[indices] < 0]):
-            self._head_codes[i] = sum(int(codes[r["group"][r["weight"] > 0]].sum()) for r in self.train.rows(int(i)))
-        return int(self._head_codes[indices].sum())
+        for i in np.unique(indices[np.isnan(self._weights[indices])]):
+            rows = self.train.rows(int(i))
+            self._weights[i] = float(sum(np.float64(r["weight"].sum()) for r in rows))
+            if codes is not None:
+                self._head_codes[i] = sum(int(codes[r["group"][r["weight"] > 0]].sum()) for r in rows)
+        return indices
 
 
 class GenerativeTask(Task):
