@@ -31,38 +31,22 @@ def linear_case(seed, sizes, num_items, users, merger="none", dim=8, blocks=2, h
     return codes, dec, hist
 
 
-@pytest.mark.parametrize("seed,merger,beam", [(0, "none", 4), (1, "item", 6), (2, "pairs", 5)])
-def test_three_layouts_equal_recompute(seed, merger, beam):
-    sizes = [4, 3, 3] if seed % 2 == 0 else [3, 4, 2, 2]
-    codes, dec, hist = linear_case(seed, sizes, 30, users=3, merger=merger)
-    trie = PrefixTrie(codes, sizes)
-    k = 4
-    want_items, want_scores = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache="recompute",
-                                             selection="full_sort", masks="rebuild").search(hist, k)
-    assert (want_items > 0).all()
-    for cache in ("shared", "per_beam", "replay"):          # onela, per_beam_state, replay
-        eng = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache=cache)
-        items, scores = eng.search(hist, k)
-        np.testing.assert_array_equal(items, want_items, err_msg=cache)
-        np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=2e-5, err_msg=cache)
-        # a second request on the same graphs and states gives its own answer
-        np.testing.assert_array_equal(eng.search(hist[::-1], k)[0], want_items[::-1], err_msg=cache)
-
-
 @pytest.mark.parametrize("seed,merger,trie_softmax,beam", [(10, "item", True, 6), (11, "none", False, 9),
                                                            (12, "pairs", False, 40)])
 def test_children_scoring_equals_full_scoring_on_every_layout(seed, merger, trie_softmax, beam):
     """The engine's default scoring on the linear states (their step cells without the code head, the head
     on the host for the trie's allowed codes only) returns the lists and scores of the whole-level scoring
     and of the plain recompute search, for OneLA, replay and the per-beam states: with and without the trie
-    softmax, fewer users than the capacity, a beam wider than the first level (dead beams)."""
+    softmax, fewer users than the capacity, a beam wider than the first level (dead beams); the recompute
+    search sorts every candidate and rebuilds its masks (the plainest reference)."""
     sizes = [5, 3, 3, 2] if seed % 2 else [4, 4, 3]
     codes, dec, hist = linear_case(seed, sizes, 40, users=3, merger=merger, trie_softmax=trie_softmax)
     trie = PrefixTrie(codes, sizes)
     k = 4
-    want_items, want_scores = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache="recompute").search(hist, k)
+    want_items, want_scores = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache="recompute",
+                                             selection="full_sort", masks="rebuild").search(hist, k)
     assert (want_items > 0).all()
-    for cache in ("shared", "per_beam", "replay"):
+    for cache in ("shared", "per_beam", "replay"):          # onela, per_beam_state, replay
         children = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache=cache)
         full = DecodingEngine(dec, trie, codes, beam, 12, num_users=4, cache=cache, head="full")
         assert children.state.gives_hidden, cache
@@ -75,28 +59,6 @@ def test_children_scoring_equals_full_scoring_on_every_layout(seed, merger, trie
         if beam > trie.masks[0][0].sum():          # more beams than first codes: the dead slots agree too
             np.testing.assert_array_equal(children.search(hist, beam)[0], full.search(hist, beam)[0], err_msg=cache)
         np.testing.assert_array_equal(children.search(hist[::-1], k)[0], items[::-1], err_msg=cache)
-
-
-def test_hidden_step_is_the_logits_step_before_its_head():
-    """Each layout's step_hidden, with the decoder's head applied, equals its step's logits (same records:
-    two states fed the same codes and parents)."""
-    sizes = [4, 3, 3, 2]
-    codes, dec, hist = linear_case(13, sizes, 40, users=2)
-    rng = np.random.default_rng(14)
-    u, beam, p_cap = 2, 3, 10
-    prompts = dec.prompts(hist, codes, p_cap)
-    for name in LAYOUTS:
-        plain, fast = dec.decode_state(u, beam, p_cap, layout=name), dec.decode_state(u, beam, p_cap, layout=name)
-        np.testing.assert_allclose(fast.prefill_records(prompts), plain.prefill(prompts), rtol=1e-6, atol=1e-6)
-        w_t, bias = fast.head_weights()
-        parents = [np.zeros((u, beam), np.int64)]
-        for level in range(1, len(sizes)):
-            step_codes = rng.integers(0, sizes[level - 1], (u, beam))
-            hidden = fast.step_hidden(level, step_codes, parents)
-            assert hidden.shape == (u, beam, dec.dim), name
-            np.testing.assert_allclose(hidden @ w_t.T + bias, plain.step(level, step_codes, parents),
-                                       rtol=1e-5, atol=1e-5, err_msg=f"{name} level {level}")
-            parents.append(rng.integers(0, beam, (u, beam)))
 
 
 def test_ancestry_index_follows_reorders():
@@ -154,14 +116,20 @@ def recurrent_logits(dec, gids):
 
 def test_each_step_equals_numpy_recurrence():
     """Prefill, then steps with random codes and random parents: every layout's logits equal the numpy
-    recurrence over each beam's own sequence (its prompt, then its ancestry's codes)."""
+    recurrence over each beam's own sequence (its prompt, then its ancestry's codes), and its hidden path
+    (prefill_records, step_hidden: a second state fed the same codes and parents), with the decoder's head
+    applied, equals its logits."""
     sizes = [4, 3, 3, 2]
     codes, dec, hist = linear_case(8, sizes, 40, users=2)
     rng = np.random.default_rng(9)
     u, beam, p_cap = 2, 3, 10
     prompts = dec.prompts(hist, codes, p_cap)
     states = {name: dec.decode_state(u, beam, p_cap, layout=name) for name in LAYOUTS}
+    hidden_states = {name: dec.decode_state(u, beam, p_cap, layout=name) for name in LAYOUTS}
     level0 = {name: st.prefill(prompts) for name, st in states.items()}
+    for name, st in hidden_states.items():
+        np.testing.assert_allclose(st.prefill_records(prompts), level0[name], rtol=1e-6, atol=1e-6, err_msg=name)
+    w_t, bias = hidden_states["onela"].head_weights()
     seqs = [[list(prompts[i][0][:, 0]) for _ in range(beam)] for i in range(u)]
     for i in range(u):
         want = recurrent_logits(dec, np.asarray(seqs[i][0]))
@@ -176,6 +144,11 @@ def test_each_step_equals_numpy_recurrence():
             for b in range(beam):
                 seqs[i][b].append(int(dec.level_offsets[level - 1] + step_codes[i, b]))
         got = {name: st.step(level, step_codes, parents) for name, st in states.items()}
+        for name, st in hidden_states.items():
+            hidden = st.step_hidden(level, step_codes, parents)
+            assert hidden.shape == (u, beam, dec.dim), name
+            np.testing.assert_allclose(hidden @ w_t.T + bias, got[name], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{name} hidden, level {level}")
         for i in range(u):
             for b in range(beam):
                 want = recurrent_logits(dec, np.asarray(seqs[i][b]))
