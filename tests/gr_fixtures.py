@@ -1,7 +1,7 @@
 """Shared pieces of the generative-retrieval tests: random code tables and the backend they run on (a module
 selects GRAPH mode and that backend with `pytestmark = pytest.mark.graph_mode("auto")`, tests/conftest.py);
 the loss-and-gradient cell and the parameter redraw of the decoder checks; the tiny GR run's overrides
-(SYNTH, LEVELS, gr_overrides); GRPO's policy loss in numpy."""
+(SYNTH, LEVELS, gr_overrides) and its code table file (random_codes_file); GRPO's policy loss in numpy."""
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
@@ -56,6 +56,18 @@ def randomize(cell, rng, scale=0.3):
 SYNTH = ["data.kind=synthetic", "data.max_len=12", "data.synthetic.num_users=120", "data.synthetic.num_items=60",
          "data.synthetic.median_len=10", "data.synthetic.max_len=20", "data.synthetic.num_clusters=4"]
 LEVELS = [6, 6, 3]
+
+
+def random_codes_file(out, overrides=SYNTH, levels=LEVELS, seed=3):
+    """The store of config `overrides` and a random code table of its catalogue saved as out/codes.parquet
+    -> (store, codes [V+1, Lt], path)."""
+    from mindgr.config import load_config
+    from mindgr.ids.codes import save_codes
+    from mindgr.train.data import load_store
+    store = load_store(load_config(None, list(overrides)).data)
+    codes = random_codes(np.random.default_rng(seed), store.num_items, levels)
+    path = save_codes(out / "codes.parquet", codes, levels, store.item_raw_ids, {"note": "random"})
+    return store, codes, path
 
 
 def gr_overrides(out, name, codes, *extra):

@@ -10,20 +10,16 @@ import pytest
 
 from conftest import REPO
 from mindgr.config import load_config
-from gr_fixtures import LEVELS, SYNTH, gr_overrides, random_codes
+from gr_fixtures import gr_overrides, random_codes_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 
 
 @pytest.fixture(scope="module")
 def linear_run(tmp_path_factory):
-    from mindgr.ids.codes import save_codes
-    from mindgr.train.data import load_store
     from mindgr.train.generative import GenerativeTrainer
     out = tmp_path_factory.mktemp("gr-linear")
-    store = load_store(load_config(None, SYNTH).data)
-    codes = random_codes(np.random.default_rng(3), store.num_items, LEVELS)
-    path = save_codes(out / "codes.parquet", codes, LEVELS, store.item_raw_ids, {"note": "random"})
+    store, codes, path = random_codes_file(out)
     cfg = load_config(None, gr_overrides(out, "gr-linear", path, "model.backbone=linear"))
     result = GenerativeTrainer(cfg, quiet=True).fit()
     return {"run": out / "gr-linear", "result": result, "raw": np.asarray(store.item_raw_ids)}

@@ -6,9 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from gr_fixtures import LEVELS, SYNTH, random_codes
+from gr_fixtures import SYNTH, random_codes_file
 from gr_fixtures import gr_overrides
-from mindgr.config import load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.graph_mode("auto")]
 VALUES = [*SYNTH, "data.synthetic.values=true"]
@@ -18,12 +17,8 @@ VALUES = [*SYNTH, "data.synthetic.values=true"]
 def chain(tmp_path_factory):
     """A judge reward run and two GR runs (seeds 0 and 1, one epoch) on the same data with values."""
     from mindgr.cli import main
-    from mindgr.ids.codes import save_codes
-    from mindgr.train.data import load_store
     out = tmp_path_factory.mktemp("align-eval")
-    store = load_store(load_config(None, VALUES).data)
-    codes = random_codes(np.random.default_rng(3), store.num_items, LEVELS)
-    path = save_codes(out / "codes.parquet", codes, LEVELS, store.item_raw_ids, {"note": "random"})
+    store, codes, path = random_codes_file(out, VALUES)
     assert main(["train", f"run.out_dir={out}", "run.name=judge", *VALUES, "model.dim=16", "model.num_blocks=1",
                  "model.num_heads=2", "model.time_bias=false", "model.value_input=true", "loss.objective=rating",
                  "train.batch_size=16", "train.epochs=1", "ops.backend=cpu"]) == 0

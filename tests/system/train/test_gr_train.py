@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from gr_fixtures import LEVELS, SYNTH, gr_overrides, random_codes
+from gr_fixtures import SYNTH, gr_overrides, random_codes_file
 from mindgr.config import load_config
 
 pytestmark = pytest.mark.graph_mode("auto")
@@ -17,13 +17,9 @@ pytestmark = pytest.mark.graph_mode("auto")
 @pytest.fixture(scope="module")
 def gr_setup(tmp_path_factory):
     """A random code table of the synthetic catalogue and one trained GR run."""
-    from mindgr.ids.codes import save_codes
-    from mindgr.train.data import load_store
     from mindgr.train.generative import GenerativeTrainer
     out = tmp_path_factory.mktemp("gr")
-    store = load_store(load_config(None, SYNTH).data)
-    codes = random_codes(np.random.default_rng(3), store.num_items, LEVELS)
-    path = save_codes(out / "codes.parquet", codes, LEVELS, store.item_raw_ids, {"note": "random"})
+    store, codes, path = random_codes_file(out)
     cfg = load_config(None, gr_overrides(out, "gr", path))
     result = GenerativeTrainer(cfg, quiet=True).fit()
     return {"out": out, "codes": path, "run": out / "gr", "result": result, "num_items": store.num_items}

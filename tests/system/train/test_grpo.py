@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from gr_fixtures import LEVELS, SYNTH, np_policy_loss, random_codes
+from gr_fixtures import SYNTH, np_policy_loss, random_codes_file
 from gr_fixtures import gr_overrides as shared_gr_overrides
 from mindgr.config import ConfigError, load_config
 
@@ -34,13 +34,9 @@ def fixed_reward(histories, items):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A random code table of the synthetic catalogue and one trained GR run (the policy's start)."""
-    from mindgr.ids.codes import save_codes
-    from mindgr.train.data import load_store
     from mindgr.train.generative import GenerativeTrainer
     out = tmp_path_factory.mktemp("grpo")
-    store = load_store(load_config(None, SYNTH).data)
-    codes = random_codes(np.random.default_rng(3), store.num_items, LEVELS)
-    path = save_codes(out / "codes.parquet", codes, LEVELS, store.item_raw_ids, {"note": "random"})
+    store, codes, path = random_codes_file(out)
     GenerativeTrainer(load_config(None, gr_overrides(out, "gr", path)), quiet=True).fit()
     return {"out": out, "codes": path, "table": codes, "store": store}
 

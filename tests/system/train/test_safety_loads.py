@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from gr_fixtures import random_codes
+from gr_fixtures import random_codes_file
 from mindgr.config import load_config
 from mindgr.train.checkpoint import (CheckpointError, CheckpointManager, load_checkpoint, nonfinite_reason,
                                      read_sidecar, save_checkpoint)
@@ -142,13 +142,9 @@ LEVELS = [5, 5, 3]
 
 @pytest.fixture(scope="module")
 def gr_run(tmp_path_factory):
-    from mindgr.ids.codes import save_codes
-    from mindgr.train.data import load_store
     from mindgr.train.generative import GenerativeTrainer
     out = tmp_path_factory.mktemp("gr")
-    store = load_store(load_config(None, SYNTH).data)
-    codes = random_codes(np.random.default_rng(3), store.num_items, LEVELS)
-    path = save_codes(out / "codes.parquet", codes, LEVELS, store.item_raw_ids, {"note": "random"})
+    store, codes, path = random_codes_file(out, SYNTH, LEVELS)
     cfg = load_config(None, [f"run.out_dir={out}", "run.name=gr", *SYNTH, "model.arch=gr", "model.dim=16",
                              "model.num_blocks=1", "model.num_heads=2", "loss.objective=ntp",
                              "train.batch_size=16", "train.epochs=1", "eval.every_epochs=1", "eval.ks=[1,5]",
