@@ -104,7 +104,7 @@ class GRDecoder(nn.Cell):
     def embed(self, slots, merged):
         """Input vectors [T, D] of the tokens: a single code's embedding, or the merger's map of G slots."""
         emb = self.slot_embeddings(slots)
-        x = emb[:, 0, :]
+        x = ops.narrow(emb, 1, 0, 1).reshape(emb.shape[0], self.dim)    # slot 0 ([:, 0, :]: ~20x slower on CPU)
         if self.group > 1:
             t = slots.shape[0]
             joined = ops.matmul(emb.reshape(t, self.group * self.dim), self.w_merge) + self.b_merge

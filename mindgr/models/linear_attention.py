@@ -59,6 +59,7 @@ from mindgr.ops.backend import note_uses
 from mindgr.ops.reference import token_rows
 
 DEFAULT_CHUNK = 64
+_MM_TA = ops.BatchMatMul(transpose_a=True)
 
 
 def decay_rates(num_heads: int) -> np.ndarray:
@@ -85,7 +86,8 @@ class LinearAttentionBlock(nn.Cell):
     of HSTUBlock's, so a decoder calls either the same way (timestamps and request_times are ignored).
     The pieces a cached decoder composes (plain MindSpore ops, no backend kernels):
     project(x) -> (u [T, H*dv], q [T, H, dqk] (scaled), k [T, H, dqk], v [T, H, dv]);
-    finish(x, u, o [T, H*dv]) -> y (no dropout); prompt_forward(x, offsets, rows, row_len) -> (y, S)."""
+    finish(x, u, o [T, H*dv]) -> y (no dropout); prompt_forward(x, offsets, rows, row_len) -> (y, S);
+    prompt_last(x, offsets, rows, row_len, last) -> (y at the last tokens, S): a prefill's last block."""
 
     def __init__(self, rng, dim, num_heads, dqk, dv, prefix, chunk: int = DEFAULT_CHUNK):
         super().__init__()
@@ -103,13 +105,25 @@ class LinearAttentionBlock(nn.Cell):
 
     def construct(self, x, offsets, timestamps=None, request_times=None, drop_mask=None):
         """x [T, D] -> [T, D] (training and the plain forward; the ops backend's fused glue as HSTU's)."""
+        u, q, k, v = self._projected(x)
+        return self._output(x, u, self._attention(q, k, v, offsets), drop_mask)
+
+    def _projected(self, x):
+        """construct's u [T, H*dv], q [T, H, dqk] (scaled), k [T, H, dqk], v [T, H, dv]: the backend's glue."""
         t = x.shape[0]
         hv, hqk = self.h * self.dv, self.h * self.dqk
         u, v, q, k = silu_split(linear(layer_norm(x), self.w_uvqk), (hv, hv, hqk, hqk))
-        q = q.reshape(t, self.h, self.dqk) * self.scale
-        attn = jagged_linear_attention(q, k.reshape(t, self.h, self.dqk), v.reshape(t, self.h, self.dv),
-                                       offsets, self.log_decay, self.intra, self.tail, self.lead)
-        o = gated_layer_norm(u, attn.reshape(t, hv))
+        return (u, q.reshape(t, self.h, self.dqk) * self.scale, k.reshape(t, self.h, self.dqk),
+                v.reshape(t, self.h, self.dv))
+
+    def _attention(self, q, k, v, offsets):
+        """The jagged causal linear attention of the heads, flattened -> [T, H*dv]."""
+        attn = jagged_linear_attention(q, k, v, offsets, self.log_decay, self.intra, self.tail, self.lead)
+        return attn.reshape(q.shape[0], self.h * self.dv)
+
+    def _output(self, x, u, attn, drop_mask=None):
+        """x + Linear(Dropout(u * LN(attn)))."""
+        o = gated_layer_norm(u, attn)
         if drop_mask is not None:
             o = apply_dropout(o, drop_mask)
         return x + linear(o, self.w_out) + self.b_out
@@ -134,19 +148,44 @@ class LinearAttentionBlock(nn.Cell):
         the jagged row holding token r*row_len, the rest of its stride another row or padding, as
         mindgr.models.kv_cache.prompt_batch lays them out) -> (y [T, D], S [rows, H, dqk, dv]): each
         prompt's state after its last token (its tokens only: what follows in the stride neither adds to
-        nor decays it)."""
-        y = self.construct(x, offsets)                  # (graph mode cannot call `self`)
-        _, _, k, v = self.project(x)
+        nor decays it). One projection serves both."""
+        u, q, k, v = self._projected(x)
+        y = self._output(x, u, self._attention(q, k, v, offsets))
+        return y, self._prompt_states(k, v, offsets, rows, row_len)
+
+    def prompt_last(self, x, offsets, rows: int, row_len: int, last):
+        """prompt_forward for the LAST block of a prefill, whose outputs are read only at each prompt's last
+        token (last [rows], flat token indices) -> (y [rows, D] at those tokens, S [rows, H, dqk, dv]).
+        Every token still gives its k and v to the state (only those columns of W_uvqk are projected), but
+        no other token's attention or output is computed: the last token's output is q^T S, its state
+        including itself."""
+        t = x.shape[0]
+        hv, hqk = self.h * self.dv, self.h * self.dqk
+        w = self.w_uvqk
+        w_vk = ops.concat((ops.narrow(w, 1, hv, hv), ops.narrow(w, 1, 2 * hv + hqk, hqk)), 1)
+        v, k = silu_split(linear(layer_norm(x), w_vk), (hv, hqk))
+        s = self._prompt_states(k.reshape(t, self.h, self.dqk), v.reshape(t, self.h, self.dv), offsets, rows,
+                                row_len)
+        x_last = ops.gather(x, last, 0)
+        u, q, _, _ = self.project(x_last)
+        o = ops.matmul(q.reshape(rows, self.h, 1, self.dqk), s).reshape(rows, self.h * self.dv)
+        return self.finish(x_last, u, o), s
+
+    def _prompt_states(self, k, v, offsets, rows: int, row_len: int):
+        """S = sum_j gamma^(n-1-j) k_j v_j^T over each prompt's n tokens (prompt_forward's layout)."""
         num_rows = offsets.shape[0] - 1
-        seg = token_rows(offsets, x.shape[0]).reshape(rows, row_len)
-        mine = ops.logical_and(seg == seg[:, :1], seg < num_rows)                     # [rows, L]
+        seg = token_rows(offsets, k.shape[0]).reshape(rows, row_len)
+        mine = ops.logical_and(seg == ops.narrow(seg, 1, 0, 1), seg < num_rows)       # [rows, L]
         n = mine.astype(ms.float32).sum(1, keepdims=True)                             # [rows, 1] prompt length
         age = n - 1.0 - ops.arange(row_len).astype(ms.float32).reshape(1, row_len)    # steps to the last token
-        w = ops.exp(self.log_decay.reshape(1, self.h, 1) * ops.maximum(age, 0.0)[:, None, :])
-        w = w * mine.astype(ms.float32)[:, None, :]                                   # [rows, H, L] gamma^age
-        kr = k.reshape(rows, row_len, self.h, self.dqk).transpose(0, 2, 3, 1) * w[:, :, None, :]
-        vr = v.reshape(rows, row_len, self.h, self.dv).transpose(0, 2, 1, 3)
-        return y, ops.matmul(kr, vr)                                                  # [rows, H, dqk, dv]
+        w = ops.exp(ops.maximum(age, 0.0)[:, :, None] * self.log_decay.reshape(1, 1, self.h))
+        w = w * mine.astype(ms.float32)[:, :, None]                                   # [rows, L, H] gamma^age
+        kw = (k.reshape(rows, row_len, self.h, self.dqk) * w[..., None]).reshape(rows, row_len, -1)
+        # every head pair in one product over the tokens (no [T]-sized transposes), then the diagonal blocks
+        full = _MM_TA(kw, v.reshape(rows, row_len, self.h * self.dv))                # [rows, H*dqk, H*dv]
+        full = full.reshape(rows, self.h, self.dqk, self.h, self.dv).transpose(0, 1, 3, 2, 4)
+        diag = Tensor(np.arange(self.h) * (self.h + 1), ms.int32)
+        return ops.gather(full.reshape(rows, self.h * self.h, self.dqk, self.dv), diag, 1)   # [rows, H, dqk, dv]
 
 
 def encoder_flops(model_cfg, lengths, chunk: int = DEFAULT_CHUNK) -> float:

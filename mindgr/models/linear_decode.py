@@ -89,10 +89,13 @@ class LinearPrefillCell(nn.Cell):
         dec = self.dec
         x = dec.embed(slots, merged)
         states = ()
-        for i in range(dec.num_blocks):
+        for i in range(dec.num_blocks - 1):
             x, s = dec.blocks[i].prompt_forward(x, offsets, self.u, self.p)
             states = states + (s,)
-        logits = dec.logits(ops.gather(layer_norm(x), last, 0))
+        # the last block: every token's state, but outputs at the prompts' last tokens only
+        x_last, s = dec.blocks[dec.num_blocks - 1].prompt_last(x, offsets, self.u, self.p, last)
+        logits = dec.logits(layer_norm(x_last))
+        states = states + (s,)
         if self.stacked:
             return logits, ops.stack(states)
         return logits, states
@@ -114,10 +117,11 @@ class ExpandStateCell(nn.Cell):
 
 
 def _write(records, onehot, new):
-    """Records [S, U, Bm, H, d] with `new` [U, Bm, H, d] written at the slot where onehot [S] is 1 (a blend:
-    a scatter into a graph input is not an in-place update in graph mode)."""
-    oh = onehot.reshape(-1, 1, 1, 1, 1)
-    return records * (1.0 - oh) + oh * new[None]
+    """Records [S, U, Bm, H, d] with `new` [U, Bm, H, d] written at the slot where onehot [S] is 1 (a new
+    tensor: a scatter into a graph input is not an in-place update in graph mode; one scatter copies it,
+    where a blend with the one-hot costs three passes)."""
+    slot = ops.argmax(onehot).reshape(1, 1).astype(ms.int32)
+    return ops.tensor_scatter_update(records, slot, new[None])
 
 
 def _head(dec, x, head: str):
@@ -145,7 +149,7 @@ class RecordStepCell(nn.Cell):
     def construct(self, slots, sp, kr, vr, onehot, anc, pw, rw):
         dec, u, b, s = self.dec, self.u, self.b, self.s
         n = u * b
-        x = dec.embed(slots, ops.zeros((slots.shape[0],), ms.float32))
+        x = dec.embed_code(slots)
         new_k, new_v = (), ()
         for i in range(dec.num_blocks):
             blk = dec.blocks[i]
@@ -190,7 +194,7 @@ class PerBeamStateStepCell(nn.Cell):
 
     def construct(self, slots, states, parent):
         dec = self.dec
-        x = dec.embed(slots, ops.zeros((slots.shape[0],), ms.float32))
+        x = dec.embed_code(slots)
         n = slots.shape[0]
         out = ()
         for i in range(dec.num_blocks):

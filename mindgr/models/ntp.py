@@ -102,7 +102,6 @@ def tokens_per_prompt_item(num_levels: int, token_merger: str) -> int:
 def _row(prompt_slots, prompt_merged, target_gids, target_groups, group, pad_id, weight):
     """One training row: prompt + the target's codes 0..Lt-2; targets (and their softmax groups) on the
     last Lt positions."""
-    lt = target_gids.shape[0]
     dec_slots, dec_merged = code_tokens(target_gids[:-1], group, pad_id)
     slots = np.concatenate([prompt_slots, dec_slots])
     n = slots.shape[0]

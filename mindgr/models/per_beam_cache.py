@@ -46,7 +46,7 @@ class PerBeamStepCell(nn.Cell):
 
     def construct(self, slots, kc, vc, parent, slot, idx, mask):
         dec = self.dec
-        x = dec.embed(slots, ops.zeros((slots.shape[0],), ms.float32))
+        x = dec.embed_code(slots)
         new_k, new_v = [], []
         for i in range(dec.num_blocks):
             x, k, v = dec.blocks[i].per_beam_step(x, kc[i], vc[i], parent, slot, idx, mask)

@@ -183,7 +183,6 @@ class TreeDecoder(nn.Cell):
     def block(self, blk, x, virt_src, virt_offsets, take, drop_mask):
         """HSTUBlock's math with the attention over virtual rows: q / k / v gathered into the copied rows,
         each token's attention taken from its own virtual token."""
-        t = x.shape[0]
         h, dv, dqk = blk.h, blk.dv, blk.dqk
         hv, hqk = h * dv, h * dqk
         z = ops.silu(ops.matmul(layer_norm(x), blk.w_uvqk))

@@ -276,6 +276,15 @@ class PromptForward(nn.Cell):
         return self.block.prompt_forward(x, offsets, self.rows, self.row_len)
 
 
+class PromptLast(nn.Cell):
+    def __init__(self, block, rows, row_len):
+        super().__init__()
+        self.block, self.rows, self.row_len = block, rows, row_len
+
+    def construct(self, x, offsets, last):
+        return self.block.prompt_last(x, offsets, self.rows, self.row_len, last)
+
+
 class Parts(nn.Cell):
     """project -> the dense attention -> finish: the pieces a cached decoder composes."""
 
@@ -291,7 +300,8 @@ class Parts(nn.Cell):
 
 def test_prompt_forward_states_and_the_decoding_pieces():
     """Prompts one per row_len tokens with a filler row after each (mindgr.models.kv_cache.prompt_batch's
-    layout, a full-stride prompt included): S = each prompt's final recurrent state."""
+    layout, a full-stride prompt included): S = each prompt's final recurrent state; prompt_last gives the
+    same S and the outputs at the prompts' last tokens."""
     from mindgr.models.kv_cache import prompt_batch
     rng = np.random.default_rng(5)
     h, rows, row_len = 2, 4, 11
@@ -302,7 +312,7 @@ def test_prompt_forward_states_and_the_decoding_pieces():
         group, pad_id = 1, 0
     lengths = [3, 11, 1, 7]
     prompts = [(np.ones((n, 1), np.int32), np.zeros(n, np.float32)) for n in lengths]
-    _, _, offsets, _, got_lengths = prompt_batch(Dec, prompts, rows, row_len)
+    _, _, offsets, last, got_lengths = prompt_batch(Dec, prompts, rows, row_len)
     assert list(got_lengths) == lengths
     x = rng.standard_normal((rows * row_len, D)).astype(np.float32)
     y, s = PromptForward(block, rows, row_len)(Tensor(x), Tensor(offsets))
@@ -317,6 +327,10 @@ def test_prompt_forward_states_and_the_decoding_pieces():
                                     block.decay.astype(np.float64))
     np.testing.assert_allclose(s.asnumpy(), states[0::2], rtol=1e-4, atol=1e-5)
     assert s.shape == (rows, h, DQK, DV)
+    # a prefill's last block: the same states, the outputs at each prompt's last token only
+    y_last, s_last = PromptLast(block, rows, row_len)(Tensor(x), Tensor(offsets), Tensor(last))
+    np.testing.assert_allclose(y_last.asnumpy(), y_np[last], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(s_last.asnumpy(), states[0::2], rtol=1e-4, atol=1e-5)
 
     # project / finish with the plain attention give construct's output
     offsets2 = jagged([0, 3, 1, 9, 5], 20)
