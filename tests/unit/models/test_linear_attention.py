@@ -159,18 +159,21 @@ def test_chunked_attention_matches_recurrent_reference_and_dense_gradients(h, ch
 
 def test_cpu_kernel_matches_the_chunked_form():
     """The cpu backend's fused recurrent kernel: forward and gradients equal the chunked reference's (and
-    the recurrent numpy reference), tokens outside the rows (before offsets[0] too) inert."""
+    the recurrent numpy reference), tokens outside the rows (before offsets[0] too) inert. Value widths
+    4, 40 and 64: one vector, a count with no fixed-width path (generic loop) and 64 (4 vectors of
+    AVX-512, 8 of AVX2: the fixed-width paths), so every path of the build's ISA runs."""
     if kernel_attention() is None:
         pytest.skip("the C++ kernels do not build here")
-    for h in (1, 3):
-        rng = np.random.default_rng([21, h])
+    cases = [(h, DV, LAYOUTS) for h in (1, 3)] + [(2, dv, LAYOUTS[:2]) for dv in (40, 64)]
+    for h, dv, layouts in cases:
+        rng = np.random.default_rng([21, h, dv])
         decay = decay_rates(h).astype(np.float64)
         kernel = AttentionGrad(AttentionLoss(h, 8, "kernel"))
         chunked = AttentionGrad(AttentionLoss(h, 8))
-        for lengths, t_cap in LAYOUTS:
+        for lengths, t_cap in layouts:
             offsets = jagged(lengths, t_cap)
             q, k = (rng.standard_normal((t_cap, h, DQK)).astype(np.float32) for _ in range(2))
-            v, c = (rng.standard_normal((t_cap, h, DV)).astype(np.float32) for _ in range(2))
+            v, c = (rng.standard_normal((t_cap, h, dv)).astype(np.float32) for _ in range(2))
             args = [Tensor(a) for a in (q, k, v, offsets, c)]
             (_, o), grads = kernel(*args)
             (_, oc), grads_c = chunked(*args)
@@ -181,6 +184,8 @@ def test_cpu_kernel_matches_the_chunked_form():
                 np.testing.assert_allclose(g.asnumpy(), gc.asnumpy(), rtol=1e-4, atol=1e-4,
                                            err_msg=f"d{name} {lengths}")
     # rows starting past token 0: the tokens before them give zeros too
+    h, decay = 3, decay_rates(3).astype(np.float64)
+    kernel = AttentionGrad(AttentionLoss(h, 8, "kernel"))
     offsets = np.asarray([3, 5, 9], np.int32)
     q, k = (rng.standard_normal((12, 3, DQK)).astype(np.float32) for _ in range(2))
     v, c = (rng.standard_normal((12, 3, DV)).astype(np.float32) for _ in range(2))
