@@ -7,7 +7,9 @@ whole logit row per beam, its log-softmax on the host and a mask of the level's 
 - lists the (beam, allowed code) pairs from the trie in CSR form (ChildTable: built once per trie),
 - scores only those pairs: from the state's hidden vectors and the code head's rows of those codes when
   the state gives hidden vectors (`gives_hidden`: prefill_records, step_hidden, head_weights; the step
-  graph then runs no head at all), else from the state's logits gathered at those codes,
+  graph then runs no head at all), else from the state's logits gathered at those codes; where the pairs
+  are a sizeable share of (live beams x the level's codes), or the level softmax needs every code's logit
+  for its normaliser anyway, the hidden vectors' dense logits over the level (one GEMM) are gathered instead,
 - normalises per beam: over its children with the trie softmax (the decoder's scoring rule), else by the
   level's log-sum-exp (the head over the level's codes, still computed only for live beams),
 - keeps per user the `width` best pairs (select_ragged): a partition, then a sort of the winners only,
@@ -23,6 +25,7 @@ import numpy as np
 from mindgr.generate.beam import NEG_INF
 
 PAIR_CHUNK = 1 << 15        # pairs scored per gather (bounds the [pairs, D] temporaries to a few MB)
+DENSE_SHARE = 8             # trie softmax: the level's dense logits once pairs >= 1/8 of (rows x codes)
 
 
 class ChildTable:
@@ -83,13 +86,26 @@ def segment_log_softmax(z: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return (e - lse).astype(np.float32)
 
 
-def level_lse(rows: np.ndarray, w_level: np.ndarray, b_level: np.ndarray) -> np.ndarray:
-    """log-sum-exp [n] over a level's codes of rows [n, D] (the normaliser of a plain level softmax)."""
-    out = np.empty(rows.shape[0], np.float64)
-    step = max(1, (1 << 22) // max(w_level.shape[1], 1))
-    for lo in range(0, rows.shape[0], step):
-        out[lo:lo + step] = level_lse_logits(rows[lo:lo + step] @ w_level + b_level)
-    return out
+def level_pair_logits(hidden: np.ndarray, w_level: np.ndarray, b_level: np.ndarray, beam: np.ndarray,
+                      child: np.ndarray, counts: np.ndarray, want_lse: bool):
+    """The pairs' logits from the level's dense logits of the rows that have pairs: (z [M] float32, lse [n]
+    float64 over the level's codes of every such row, 0 elsewhere; None unless want_lse). hidden [n, D],
+    w_level [D, K], b_level [K]; pairs beam-major as ChildTable.pairs gives them (counts per row). One GEMM
+    per chunk of rows where pair_logits gathers a head row per pair: cheaper once the pairs are a sizeable
+    share of rows x K, and the plain level softmax needs the dense row for its normaliser anyway."""
+    live = np.flatnonzero(counts)
+    z = np.empty(beam.shape[0], np.float32)
+    lse = np.zeros(hidden.shape[0], np.float64) if want_lse else None
+    end = np.cumsum(counts)
+    step = max(1, (1 << 22) // max(w_level.shape[1], 1))           # bounds the [rows, K] temporary
+    for lo in range(0, live.shape[0], step):
+        rows = live[lo:lo + step]
+        dense = hidden[rows] @ w_level + b_level
+        p0, p1 = end[rows[0]] - counts[rows[0]], end[rows[-1]]
+        z[p0:p1] = dense[np.repeat(np.arange(rows.shape[0]), counts[rows]), child[p0:p1]]
+        if want_lse:
+            lse[rows] = level_lse_logits(dense)
+    return z, lse
 
 
 def select_ragged(vals: np.ndarray, owner: np.ndarray, users: int, width: int):
@@ -180,19 +196,22 @@ def children_search(state, decoder, table: ChildTable, prompts, num_users: int, 
         t2 = time.perf_counter()
         gid = offsets[level] + child
         a, b = int(offsets[level]), int(offsets[level + 1])
+        lse = None
         if hidden_path:
             w_t, bias = head
-            z = pair_logits(out, w_t, bias, beam_of, gid)
+            live_rows = int(np.count_nonzero(counts))
+            if not renorm or beam_of.shape[0] * DENSE_SHARE >= live_rows * (b - a):
+                z, lse = level_pair_logits(out, w_t[a:b].T, bias[a:b], beam_of, child, counts, not renorm)
+            else:
+                z = pair_logits(out, w_t, bias, beam_of, gid)
         else:
             z = out[beam_of, gid]
         if renorm:
             logp = segment_log_softmax(z, counts)
         else:
-            live = np.flatnonzero(counts)
-            lse = np.zeros(u * beam, np.float64)
-            if hidden_path:
-                lse[live] = level_lse(out[live], w_t[a:b].T, bias[a:b])
-            else:
+            if lse is None:
+                live = np.flatnonzero(counts)
+                lse = np.zeros(u * beam, np.float64)
                 lse[live] = level_lse_logits(out[live, a:b])
             logp = (z.astype(np.float64) - lse[beam_of]).astype(np.float32)
         t3 = time.perf_counter()

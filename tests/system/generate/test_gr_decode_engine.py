@@ -13,7 +13,7 @@ import pytest
 from mindspore import Tensor
 
 from mindgr.generate.beam import beam_search, select_full_sort
-from mindgr.generate.children import select_ragged
+from mindgr.generate.children import level_pair_logits, pair_logits, select_ragged
 from mindgr.generate.engine import DecodingEngine, select_partial
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder, RecomputeScorer
@@ -186,6 +186,32 @@ def test_ragged_selection_equals_stable_sort(seed):
         np.testing.assert_array_equal(pick[u, :n], first[u] + order)
         np.testing.assert_array_equal(score[u, :n], mine[order])
         assert (pick[u, n:] == -1).all() and np.isneginf(score[u, n:]).all()
+
+
+def test_dense_pair_logits_equal_the_gathered_ones():
+    """level_pair_logits (a level's dense logits per chunk of live rows, then the pairs picked) against
+    pair_logits (a head row gathered per pair) and a float64 reference: rows without pairs, rows spread
+    over several chunks (a level wide enough that a chunk holds few rows), the normaliser of every live row."""
+    rng = np.random.default_rng(7)
+    n, d, k, a = 40, 16, 1 << 18, 5                    # k: chunks of 16 rows
+    hidden = rng.standard_normal((n, d)).astype(np.float32)
+    w_t = (rng.standard_normal((a + k + 3, d)) * 0.1).astype(np.float32)      # [sum K, D], level at [a, a+k)
+    bias = (rng.standard_normal(a + k + 3) * 0.1).astype(np.float32)
+    counts = rng.integers(0, 4, n)
+    counts[[0, 7, n - 1]] = 0
+    beam = np.repeat(np.arange(n), counts)
+    child = np.concatenate([np.sort(rng.choice(k, c, replace=False)) for c in counts]).astype(np.int64)
+    z, lse = level_pair_logits(hidden, w_t[a:a + k].T, bias[a:a + k], beam, child, counts, True)
+    gathered = pair_logits(hidden, w_t, bias, beam, a + child)
+    ref = np.einsum("md,md->m", hidden[beam].astype(np.float64), w_t[a + child].astype(np.float64)) + bias[a + child]
+    np.testing.assert_allclose(z, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(z, gathered, rtol=1e-5, atol=1e-5)
+    live = counts > 0
+    dense = hidden[live].astype(np.float64) @ w_t[a:a + k].T.astype(np.float64) + bias[a:a + k]
+    m = dense.max(1)
+    np.testing.assert_allclose(lse[live], m + np.log(np.exp(dense - m[:, None]).sum(1)), rtol=1e-6)
+    assert not lse[~live].any()
+    assert level_pair_logits(hidden, w_t[a:a + k].T, bias[a:a + k], beam, child, counts, False)[1] is None
 
 
 def test_bad_engine_options_are_one_line():
