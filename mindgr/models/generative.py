@@ -97,7 +97,7 @@ class GRDecoder(nn.Cell):
 
     def slot_embeddings(self, slots):
         """[T, G, D]: code + level embedding of every slot, zero for pad slots."""
-        real = (slots != self.pad_id).astype(ms.float32)[..., None]
+        real = ops.expand_dims((slots != self.pad_id).astype(ms.float32), 2)
         emb = ops.gather(self.code_emb, slots, 0) + ops.gather(self.level_emb, ops.gather(self.slot_level, slots, 0), 0)
         return emb * real
 
@@ -108,7 +108,7 @@ class GRDecoder(nn.Cell):
         if self.group > 1:
             t = slots.shape[0]
             joined = ops.matmul(emb.reshape(t, self.group * self.dim), self.w_merge) + self.b_merge
-            m = merged[:, None]
+            m = ops.expand_dims(merged, 1)
             x = m * joined + (1.0 - m) * x
         return x * self.scale
 

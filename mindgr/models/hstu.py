@@ -144,12 +144,12 @@ class HSTUBlock(nn.Cell):
         attn = ops.matmul(wp, vb).reshape(n, h, dv)
         q3, k3, v3 = q.reshape(n, h, dqk), k.reshape(n, h, dqk), v.reshape(n, h, dv)
         wself = ops.silu((q3 * k3).sum(-1) + self.w_pos[self.max_len - 1]) * inv_n            # [N, H]
-        attn = attn + wself[..., None] * v3
+        attn = attn + ops.expand_dims(wself, 2) * v3
         rbias = ops.gather(self.w_pos, ridx, 0)
         for s in range(len(krs)):                  # the ancestors, one earlier slot at a time
             ka = ops.gather(krs[s], anc[s], 0)
             ws = ops.silu((q3 * ka).sum(-1) + rbias[s]) * inv_n
-            attn = attn + ws[..., None] * ops.gather(vrs[s], anc[s], 0)
+            attn = attn + ops.expand_dims(ws, 2) * ops.gather(vrs[s], anc[s], 0)
         o = gated_layer_norm(uu, attn.reshape(n, h * dv))
         return x + linear(o, self.w_out) + self.b_out, k3, v3
 
@@ -167,8 +167,8 @@ class HSTUBlock(nn.Cell):
         kc = ops.where(write, k.reshape(n, h, 1, dqk), ops.gather(kc, parent, 0))
         vc = ops.where(write, v.reshape(n, h, 1, dv), ops.gather(vc, parent, 0))
         s = (q.reshape(n, h, 1, dqk) * kc).sum(-1)                                          # [N, H, L]
-        w = ops.silu(s + ops.gather(self.w_pos, idx, 0)[:, None, :])
-        w = w * (mask * (1.0 / float(self.max_len)))[:, None, :]
+        w = ops.silu(s + ops.expand_dims(ops.gather(self.w_pos, idx, 0), 1))
+        w = w * ops.expand_dims(mask * (1.0 / float(self.max_len)), 1)
         attn = ops.matmul(w.reshape(n, h, 1, length), vc).reshape(n, h * dv)
         o = uu * layers.layer_norm(attn)
         return x + ops.matmul(o, self.w_out) + self.b_out, kc, vc

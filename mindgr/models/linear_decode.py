@@ -112,7 +112,8 @@ class ExpandStateCell(nn.Cell):
         out = ()
         for s in states:
             u, h, dqk, dv = s.shape
-            out = out + (ops.broadcast_to(s[:, None], (u, self.b, h, dqk, dv)).reshape(u * self.b, h, dqk, dv),)
+            copies = ops.broadcast_to(ops.expand_dims(s, 1), (u, self.b, h, dqk, dv))
+            out = out + (copies.reshape(u * self.b, h, dqk, dv),)
         return out
 
 
@@ -121,7 +122,7 @@ def _write(records, onehot, new):
     tensor: a scatter into a graph input is not an in-place update in graph mode; one scatter copies it,
     where a blend with the one-hot costs three passes)."""
     slot = ops.argmax(onehot).reshape(1, 1).astype(ms.int32)
-    return ops.tensor_scatter_update(records, slot, new[None])
+    return ops.tensor_scatter_update(records, slot, ops.expand_dims(new, 0))
 
 
 def _head(dec, x, head: str):
@@ -162,7 +163,7 @@ class RecordStepCell(nn.Cell):
             if self.replay:
                 # every beam's own state: gamma^n S_p + sum_j gamma^(n-j) k_j v_j^T, [U, Bm, H, dqk, dv]
                 ka = (ka * rw[i].reshape(1, s, h, 1)).reshape(u, b, s, h, dqk)              # 0 past n
-                st = sp[i][:, None] * pw[i].reshape(1, 1, h, 1, 1)
+                st = ops.expand_dims(sp[i], 1) * pw[i].reshape(1, 1, h, 1, 1)
                 va = va.reshape(u, b, s, h, dv)
                 st = st + ops.matmul(ka.transpose(0, 1, 3, 4, 2), va.transpose(0, 1, 3, 2, 4))
                 o = ops.matmul(q.reshape(u, b, h, 1, dqk), st).reshape(n, h * dv)
@@ -202,7 +203,7 @@ class PerBeamStateStepCell(nn.Cell):
             uu, q, k, v = blk.project(x)
             # the reorder (a copy of every beam's state) and the update S = gamma S + k v^T
             st = ops.gather(states[i], parent, 0) * self.gammas[i].reshape(1, blk.h, 1, 1)
-            st = st + k[..., None] * v[:, :, None, :]
+            st = st + k.reshape(n, blk.h, blk.dqk, 1) * v.reshape(n, blk.h, 1, blk.dv)
             o = ops.matmul(q.reshape(n, blk.h, 1, blk.dqk), st).reshape(n, blk.h * blk.dv)
             x = blk.finish(x, uu, o)
             out = out + (st,)

@@ -273,7 +273,7 @@ class NTPLoss(nn.Cell):
         """Per position: the log-sum-exp of its logits over its group's codes minus its target's logit."""
         same = ops.gather(self.allowed, group, 0)
         masked = ops.where(same, logits, ops.full_like(logits, _MASKED))
-        picked = ops.gather_elements(logits, 1, target[:, None]).reshape(-1)
+        picked = ops.gather_elements(logits, 1, ops.expand_dims(target, 1)).reshape(-1)
         return ops.logsumexp(masked, 1) - picked
 
     def weighted_mean(self, ce, weight):

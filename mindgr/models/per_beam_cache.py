@@ -32,7 +32,7 @@ class ExpandCell(nn.Cell):
 
     def construct(self, kp):
         nb, u, p, h, d = kp.shape
-        k = ops.broadcast_to(kp.transpose(0, 1, 3, 2, 4)[:, :, None], (nb, u, self.b, h, p, d))
+        k = ops.broadcast_to(ops.expand_dims(kp.transpose(0, 1, 3, 2, 4), 2), (nb, u, self.b, h, p, d))
         k = k.reshape(nb, u * self.b, h, p, d)
         return ops.concat([k, ops.zeros((nb, u * self.b, h, self.s, d), ms.float32)], 3)
 

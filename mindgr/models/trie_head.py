@@ -64,11 +64,11 @@ class TrieHead(nn.Cell):
         ids [S, cap] global children (padding: -1), valid [S, cap]."""
         picked = (x * ops.gather(table, tgt, 0)).sum(-1)                                    # [S]
         if self.fused:
-            ids = ops.where(valid, ids, ops.broadcast_to(tgt[:, None], ids.shape))       # padding = the target
+            ids = ops.where(valid, ids, ops.broadcast_to(ops.expand_dims(tgt, 1), ids.shape))   # padding: the target
             lse = sampled_lse(x, table, ids, tgt, picked)
             return lse - picked
         rows = ops.gather(table, ops.maximum(ids, 0), 0)                                    # [S, cap, D+1]
-        logits = ops.BatchMatMul()(rows, x[:, :, None]).reshape(ids.shape)                  # [S, cap]
+        logits = ops.BatchMatMul()(rows, ops.expand_dims(x, 2)).reshape(ids.shape)          # [S, cap]
         masked = ops.where(valid, logits, ops.full_like(logits, _MASKED))
         lse = ops.logsumexp(masked, 1)
         return ops.where(tgt > 0, lse - picked, ops.zeros_like(picked))
@@ -79,7 +79,7 @@ class TrieHead(nn.Cell):
         # per level [S, D] / [S] by unstack: a [:, level, :] slice is a strided copy ~8x slower on CPU
         hs, targets, groups = ops.unstack(h, 1), ops.unstack(target, 1), ops.unstack(group, 1)
         ces = [self.first_level(hs[0], targets[0])]
-        table = ops.concat((dec.w_head.T, dec.b_head[:, None]), 1)                           # [C, D+1]
+        table = ops.concat((dec.w_head.T, ops.expand_dims(dec.b_head, 1)), 1)                # [C, D+1]
         for i in range(self.num_levels - 1):
             level = i + 1
             x = ops.concat((hs[level], ops.ones((s, 1), ms.float32)), 1)
