@@ -178,9 +178,9 @@ class LinearAttentionBlock(nn.Cell):
         mine = ops.logical_and(seg == ops.narrow(seg, 1, 0, 1), seg < num_rows)       # [rows, L]
         n = mine.astype(ms.float32).sum(1, keepdims=True)                             # [rows, 1] prompt length
         age = n - 1.0 - ops.arange(row_len).astype(ms.float32).reshape(1, row_len)    # steps to the last token
-        w = ops.exp(ops.maximum(age, 0.0)[:, :, None] * self.log_decay.reshape(1, 1, self.h))
-        w = w * mine.astype(ms.float32)[:, :, None]                                   # [rows, L, H] gamma^age
-        kw = (k.reshape(rows, row_len, self.h, self.dqk) * w[..., None]).reshape(rows, row_len, -1)
+        w = ops.exp(ops.expand_dims(ops.maximum(age, 0.0), 2) * self.log_decay.reshape(1, 1, self.h))
+        w = w * ops.expand_dims(mine.astype(ms.float32), 2)                           # [rows, L, H] gamma^age
+        kw = (k.reshape(rows, row_len, self.h, self.dqk) * ops.expand_dims(w, 3)).reshape(rows, row_len, -1)
         # every head pair in one product over the tokens (no [T]-sized transposes), then the diagonal blocks
         full = _MM_TA(kw, v.reshape(rows, row_len, self.h * self.dv))                # [rows, H*dqk, H*dv]
         full = full.reshape(rows, self.h, self.dqk, self.h, self.dv).transpose(0, 1, 3, 2, 4)
