@@ -71,7 +71,8 @@ def _causal_valid(offsets, max_len: int):
     pos = ops.arange(max_len, dtype=ms.int32)
     causal = pos[None, :] <= pos[:, None]                       # [N(i), N(j)]
     both = ops.logical_and(valid[:, :, None], valid[:, None, :])
-    return ops.logical_and(both, causal[None]).astype(ms.float32)[:, None]
+    # expand_dims, not [:, None]: a strided copy on CPU (docs/ARCHITECTURE.md, platform facts)
+    return ops.expand_dims(ops.logical_and(both, causal[None]).astype(ms.float32), 1)
 
 
 def default_request_times(offsets, timestamps, max_len: int):
@@ -147,9 +148,11 @@ def bias_attention(v, offsets, timestamps, w_pos, w_ts, max_len: int, request_ti
     vp = vp.reshape(b, max_len, h * dv)
     causal = _causal(max_len)
     # padded keys have v = 0 and padded queries are dropped on the way back: the causal mask suffices
-    channels = [ops.matmul(position_bias(w_pos, max_len)[:, 0] * causal, vp)]   # [1, N, N] x [B, N, H*dv]
+    pb = position_bias(w_pos, max_len).reshape(1, max_len, max_len)
+    channels = [ops.matmul(pb * causal, vp)]                          # [1, N, N] x [B, N, H*dv]
     if w_ts is not None:
-        channels.append(ops.matmul(time_bias(offsets, timestamps, w_ts, max_len, request_times)[:, 0] * causal, vp))
+        tb = time_bias(offsets, timestamps, w_ts, max_len, request_times).reshape(b, max_len, max_len)
+        channels.append(ops.matmul(tb * causal, vp))
     out = ops.stack(channels, 2).reshape(b, max_len, len(channels), h, dv).transpose(0, 1, 3, 2, 4)
     return padded_to_jagged(out, offsets, t)                          # [T, H, C, dv]
 
