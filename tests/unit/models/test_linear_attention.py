@@ -164,7 +164,7 @@ def test_cpu_kernel_matches_the_chunked_form():
     AVX-512, 8 of AVX2: the fixed-width paths), so every path of the build's ISA runs."""
     if kernel_attention() is None:
         pytest.skip("the C++ kernels do not build here")
-    cases = [(h, DV, LAYOUTS) for h in (1, 3)] + [(2, dv, LAYOUTS[:2]) for dv in (40, 64)]
+    cases = [(h, DV, LAYOUTS) for h in (1, 3)] + [(2, dv, LAYOUTS[:1]) for dv in (40, 64)]
     for h, dv, layouts in cases:
         rng = np.random.default_rng([21, h, dv])
         decay = decay_rates(h).astype(np.float64)
