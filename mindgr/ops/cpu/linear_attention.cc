@@ -8,12 +8,13 @@
 //   forward again:  dq_t = S_t dout_t
 //   in reverse:     G_t = q_t dout_t^T + g G_{t+1};  dk_t = G_t v_t;  dv_t = G_t^T k_t
 // The state (one [dqk][dv] matrix per item, its rows padded to whole vectors) lives in a per-thread
-// scratch buffer; every inner loop runs over dv in vectors of the build's ISA (1, 2, 4 or 8 of them as
-// a fixed count, so that the accumulators over dv stay in registers; any other count: a generic loop).
+// scratch buffer; the scans run over dv in blocks of at most 8 vectors of the build's ISA, the count a
+// compile-time constant so that the accumulators over dv stay in registers.
 // Tokens past offsets[-1] get zero outputs and gradients.  An item writes only its own tokens' slice of
 // head h, and its arithmetic does not depend on which thread runs it: results are independent of the
 // thread count.
 #include <cmath>
+#include <type_traits>
 
 #include "common.h"
 
@@ -107,148 +108,132 @@ void zero_tail(const Problem& p, float* x, int w) {
   std::fill(x + p.off[p.B] * width, x + p.T * width, 0.0f);
 }
 
-// One (row, head) of the forward. NV > 0: the dv vectors a fixed count, so that the readout's
-// accumulators and v_t stay in registers (with a runtime count they go through memory, a store-to-load
-// chain per state row); NV = 0: any count. The same arithmetic in the same order either way.
+// The widest column block: 8 vectors of accumulators plus 8 of v_t (or dout_t) stay in registers.
+constexpr int kMaxBlock = 8;
+
+// fn(block, c0) for the state's columns in blocks of at most kMaxBlock vectors, the block width a
+// compile-time constant (a runtime count sends the accumulators through memory: a store-to-load chain
+// per state row). Column blocks of the state evolve independently, so a scan may run block by block.
+template <class Fn>
+void for_column_blocks(int nv, Fn&& fn) {
+  for (int c0 = 0; c0 < nv; c0 += kMaxBlock) {
+    switch (std::min(kMaxBlock, nv - c0)) {
+      case 1: fn(std::integral_constant<int, 1>{}, c0); break;
+      case 2: fn(std::integral_constant<int, 2>{}, c0); break;
+      case 3: fn(std::integral_constant<int, 3>{}, c0); break;
+      case 4: fn(std::integral_constant<int, 4>{}, c0); break;
+      case 5: fn(std::integral_constant<int, 5>{}, c0); break;
+      case 6: fn(std::integral_constant<int, 6>{}, c0); break;
+      case 7: fn(std::integral_constant<int, 7>{}, c0); break;
+      default: fn(std::integral_constant<int, 8>{}, c0);
+    }
+  }
+}
+
+// One (row, head) of the forward over the state's vectors [c0, c0 + NV): S = g S + k v^T; out = S^T q.
 template <int NV>
-void forward_item(const Problem& p, int b, int h, const Work& w, float* out) {
-  const int H = p.H, D = p.D, DV = p.DV, DVP = round_up(DV, VL);
-  const int nv = NV > 0 ? NV : DVP / VL;
+void forward_block(const Problem& p, int b, int h, const Work& w, int c0, float* out) {
+  const int H = p.H, D = p.D, DV = p.DV, DVP = round_up(DV, VL), o0 = c0 * VL;
+  const int width = std::min(NV * VL, DV - o0);
   const vf g = vbcast(p.gamma[h]);
-  std::fill(w.S, w.S + size_t(D) * DVP, 0.0f);
   for (int64_t t = p.off[b]; t < p.off[b + 1]; ++t) {
     const float* qt = p.q + (t * H + h) * size_t(D);
     const float* kt = p.k + (t * H + h) * size_t(D);
     load_row(p.v + (t * H + h) * size_t(DV), DV, DVP, w.vrow);
-    if constexpr (NV > 0) {
-      vf acc[NV], vr[NV];
+    vf acc[NV], vr[NV];
+    for (int c = 0; c < NV; ++c) {
+      acc[c] = vzero();
+      vr[c] = vload(w.vrow + o0 + c * VL);
+    }
+    for (int i = 0; i < D; ++i) {
+      float* Si = w.S + size_t(i) * DVP + o0;
+      const vf ki = vbcast(kt[i]), qi = vbcast(qt[i]);
       for (int c = 0; c < NV; ++c) {
-        acc[c] = vzero();
-        vr[c] = vload(w.vrow + c * VL);
-      }
-      for (int i = 0; i < D; ++i) {                       // S = g S + k v^T;  out = S^T q
-        float* Si = w.S + size_t(i) * DVP;
-        const vf ki = vbcast(kt[i]), qi = vbcast(qt[i]);
-        for (int c = 0; c < NV; ++c) {
-          const vf sv = g * vload(Si + c * VL) + ki * vr[c];
-          vstore(Si + c * VL, sv);
-          acc[c] = acc[c] + qi * sv;
-        }
-      }
-      for (int c = 0; c < NV; ++c) vstore(w.acc + c * VL, acc[c]);
-    } else {
-      std::fill(w.acc, w.acc + DVP, 0.0f);
-      for (int i = 0; i < D; ++i) {
-        float* Si = w.S + size_t(i) * DVP;
-        const vf ki = vbcast(kt[i]), qi = vbcast(qt[i]);
-        for (int c = 0; c < nv; ++c) {
-          const int o = c * VL;
-          const vf sv = g * vload(Si + o) + ki * vload(w.vrow + o);
-          vstore(Si + o, sv);
-          vstore(w.acc + o, vload(w.acc + o) + qi * sv);
-        }
+        const vf sv = g * vload(Si + c * VL) + ki * vr[c];
+        vstore(Si + c * VL, sv);
+        acc[c] = acc[c] + qi * sv;
       }
     }
-    std::memcpy(out + (t * H + h) * size_t(DV), w.acc, sizeof(float) * DV);
+    for (int c = 0; c < NV; ++c) vstore(w.acc + c * VL, acc[c]);
+    std::memcpy(out + (t * H + h) * size_t(DV) + o0, w.acc, sizeof(float) * width);
   }
 }
 
 void forward(const Problem& p, float* out) {
   const int nv = round_up(p.DV, VL) / VL;
   for_items(p, [&](int b, int h, const Work& w) {
-    switch (nv) {
-      case 1: forward_item<1>(p, b, h, w, out); break;
-      case 2: forward_item<2>(p, b, h, w, out); break;
-      case 4: forward_item<4>(p, b, h, w, out); break;
-      case 8: forward_item<8>(p, b, h, w, out); break;
-      default: forward_item<0>(p, b, h, w, out);
-    }
+    std::fill(w.S, w.S + size_t(p.D) * nv * VL, 0.0f);
+    for_column_blocks(nv, [&](auto block, int c0) { forward_block<decltype(block)::value>(p, b, h, w, c0, out); });
   });
   zero_tail(p, out, p.DV);
 }
 
-// One (row, head) of the backward; NV as forward_item's (the reverse scan's dv_t accumulators in registers).
+// One (row, head) of the backward over the state's vectors [c0, c0 + NV), two scans:
+//   forward, the state rebuilt:  dq_t += S_t dout_t (this block's share; dq, dk start at zero)
+//   in reverse:  G_t = q_t dout_t^T + g G_{t+1};  dv_t = G_t^T k_t (this block's columns);
+//                dk_t += G_t v_t (this block's share)
 template <int NV>
-void backward_item(const Problem& p, int b, int h, const Work& w, const float* dout, float* dq, float* dk,
-                   float* dv) {
-  const int H = p.H, D = p.D, DV = p.DV, DVP = round_up(DV, VL);
-  const int nv = NV > 0 ? NV : DVP / VL;
+void backward_block(const Problem& p, int b, int h, const Work& w, int c0, const float* dout, float* dq,
+                    float* dk, float* dv) {
+  const int H = p.H, D = p.D, DV = p.DV, DVP = round_up(DV, VL), o0 = c0 * VL;
+  const int width = std::min(NV * VL, DV - o0);
   const vf g = vbcast(p.gamma[h]);
-  // dq_t = S_t dout_t, the state rebuilt forward
-  std::fill(w.S, w.S + size_t(D) * DVP, 0.0f);
   for (int64_t t = p.off[b]; t < p.off[b + 1]; ++t) {
     const float* kt = p.k + (t * H + h) * size_t(D);
     load_row(p.v + (t * H + h) * size_t(DV), DV, DVP, w.vrow);
     load_row(dout + (t * H + h) * size_t(DV), DV, DVP, w.grow);
     float* dqt = dq + (t * H + h) * size_t(D);
     for (int i = 0; i < D; ++i) {
-      float* Si = w.S + size_t(i) * DVP;
+      float* Si = w.S + size_t(i) * DVP + o0;
       const vf ki = vbcast(kt[i]);
       vf acc = vzero();
-      for (int c = 0; c < nv; ++c) {
-        const int o = c * VL;
-        const vf sv = g * vload(Si + o) + ki * vload(w.vrow + o);
-        vstore(Si + o, sv);
+      for (int c = 0; c < NV; ++c) {
+        const int o = o0 + c * VL;
+        const vf sv = g * vload(Si + c * VL) + ki * vload(w.vrow + o);
+        vstore(Si + c * VL, sv);
         acc += sv * vload(w.grow + o);
       }
-      dqt[i] = vsum(acc);
+      dqt[i] += vsum(acc);
     }
   }
-  // G_t = q_t dout_t^T + g G_{t+1}: dk_t = G_t v_t, dv_t = G_t^T k_t, accumulated backwards
-  std::fill(w.G, w.G + size_t(D) * DVP, 0.0f);
   for (int64_t t = p.off[b + 1] - 1; t >= p.off[b]; --t) {
     const float* qt = p.q + (t * H + h) * size_t(D);
     const float* kt = p.k + (t * H + h) * size_t(D);
     load_row(p.v + (t * H + h) * size_t(DV), DV, DVP, w.vrow);
     load_row(dout + (t * H + h) * size_t(DV), DV, DVP, w.grow);
     float* dkt = dk + (t * H + h) * size_t(D);
-    if constexpr (NV > 0) {
-      vf dvt[NV];
-      for (int c = 0; c < NV; ++c) dvt[c] = vzero();
-      for (int i = 0; i < D; ++i) {
-        float* Gi = w.G + size_t(i) * DVP;
-        const vf qi = vbcast(qt[i]), ki = vbcast(kt[i]);
-        vf acc = vzero();
-        for (int c = 0; c < NV; ++c) {
-          const int o = c * VL;
-          const vf gv = g * vload(Gi + o) + qi * vload(w.grow + o);
-          vstore(Gi + o, gv);
-          acc += gv * vload(w.vrow + o);
-          dvt[c] = dvt[c] + gv * ki;
-        }
-        dkt[i] = vsum(acc);
+    vf dvt[NV];
+    for (int c = 0; c < NV; ++c) dvt[c] = vzero();
+    for (int i = 0; i < D; ++i) {
+      float* Gi = w.G + size_t(i) * DVP + o0;
+      const vf qi = vbcast(qt[i]), ki = vbcast(kt[i]);
+      vf acc = vzero();
+      for (int c = 0; c < NV; ++c) {
+        const int o = o0 + c * VL;
+        const vf gv = g * vload(Gi + c * VL) + qi * vload(w.grow + o);
+        vstore(Gi + c * VL, gv);
+        acc += gv * vload(w.vrow + o);
+        dvt[c] = dvt[c] + gv * ki;
       }
-      for (int c = 0; c < NV; ++c) vstore(w.acc + c * VL, dvt[c]);
-    } else {
-      std::fill(w.acc, w.acc + DVP, 0.0f);
-      for (int i = 0; i < D; ++i) {
-        float* Gi = w.G + size_t(i) * DVP;
-        const vf qi = vbcast(qt[i]), ki = vbcast(kt[i]);
-        vf acc = vzero();
-        for (int c = 0; c < nv; ++c) {
-          const int o = c * VL;
-          const vf gv = g * vload(Gi + o) + qi * vload(w.grow + o);
-          vstore(Gi + o, gv);
-          acc += gv * vload(w.vrow + o);
-          vstore(w.acc + o, vload(w.acc + o) + gv * ki);
-        }
-        dkt[i] = vsum(acc);
-      }
+      dkt[i] += vsum(acc);
     }
-    std::memcpy(dv + (t * H + h) * size_t(DV), w.acc, sizeof(float) * DV);
+    for (int c = 0; c < NV; ++c) vstore(w.acc + c * VL, dvt[c]);
+    std::memcpy(dv + (t * H + h) * size_t(DV) + o0, w.acc, sizeof(float) * width);
   }
 }
 
 void backward(const Problem& p, const float* dout, float* dq, float* dk, float* dv) {
   const int nv = round_up(p.DV, VL) / VL;
   for_items(p, [&](int b, int h, const Work& w) {
-    switch (nv) {
-      case 1: backward_item<1>(p, b, h, w, dout, dq, dk, dv); break;
-      case 2: backward_item<2>(p, b, h, w, dout, dq, dk, dv); break;
-      case 4: backward_item<4>(p, b, h, w, dout, dq, dk, dv); break;
-      case 8: backward_item<8>(p, b, h, w, dout, dq, dk, dv); break;
-      default: backward_item<0>(p, b, h, w, dout, dq, dk, dv);
+    std::fill(w.S, w.S + size_t(p.D) * nv * VL, 0.0f);
+    std::fill(w.G, w.G + size_t(p.D) * nv * VL, 0.0f);
+    for (int64_t t = p.off[b]; t < p.off[b + 1]; ++t) {   // the blocks add their shares of dq_t and dk_t
+      std::fill_n(dq + (t * p.H + h) * size_t(p.D), p.D, 0.0f);
+      std::fill_n(dk + (t * p.H + h) * size_t(p.D), p.D, 0.0f);
     }
+    for_column_blocks(nv, [&](auto block, int c0) {
+      backward_block<decltype(block)::value>(p, b, h, w, c0, dout, dq, dk, dv);
+    });
   });
   zero_tail(p, dq, p.D);
   zero_tail(p, dk, p.D);

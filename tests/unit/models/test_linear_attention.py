@@ -160,11 +160,11 @@ def test_chunked_attention_matches_recurrent_reference_and_dense_gradients(h, ch
 def test_cpu_kernel_matches_the_chunked_form():
     """The cpu backend's fused recurrent kernel: forward and gradients equal the chunked reference's (and
     the recurrent numpy reference), tokens outside the rows (before offsets[0] too) inert. Value widths
-    4, 40 and 64: one vector, a count with no fixed-width path (generic loop) and 64 (4 vectors of
-    AVX-512, 8 of AVX2: the fixed-width paths), so every path of the build's ISA runs."""
+    4, 40 and 136: one vector, an odd count in one block (3 vectors of AVX-512, 5 of AVX2) and more
+    than one column block (8 + 1 vectors of AVX-512, 8 + 8 + 1 of AVX2)."""
     if kernel_attention() is None:
         pytest.skip("the C++ kernels do not build here")
-    cases = [(h, DV, LAYOUTS) for h in (1, 3)] + [(2, dv, LAYOUTS[:1]) for dv in (40, 64)]
+    cases = [(h, DV, LAYOUTS) for h in (1, 3)] + [(2, dv, LAYOUTS[:1]) for dv in (40, 136)]
     for h, dv, layouts in cases:
         rng = np.random.default_rng([21, h, dv])
         decay = decay_rates(h).astype(np.float64)
