@@ -25,6 +25,12 @@ def param(array: np.ndarray, name: str) -> Parameter:
     return Parameter(Tensor(array), name=name)
 
 
+def add_bias(x, b):
+    """x [T, K] + b [K] as BiasAdd: MindSpore's CPU Add that broadcasts b over rows runs a scalar index loop
+    (~3x the time of BiasAdd's kernel at [20000, 150], forward and backward; docs/ARCHITECTURE.md)."""
+    return ops.bias_add(x, b)
+
+
 def layer_norm(x, eps: float = 1e-6):
     """LayerNorm over the last axis with no learned scale or shift (as in HSTU)."""
     mean = x.mean(-1, keep_dims=True)

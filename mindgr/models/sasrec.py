@@ -7,9 +7,11 @@ the same sampled-softmax-on-cosine loss as HSTU.
 import numpy as np
 from mindspore import nn, ops
 
-from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
+from mindgr.models.layers import (ItemSequenceEncoder, add_bias, apply_dropout, l2_normalize, param, trunc_normal,
+                                  xavier_uniform)
 from mindgr.ops.backend import note_uses
 from mindgr.ops.attention import jagged_softmax_attention
+from mindgr.ops.linear import linear
 from mindgr.ops.norm import layer_norm
 
 
@@ -25,7 +27,22 @@ class AffineLayerNorm(nn.Cell):
         self.beta = param(np.zeros(dim, np.float32), "beta")
 
     def construct(self, x):
-        return layer_norm(x, self.eps) * self.gamma + self.beta
+        return add_bias(layer_norm(x, self.eps) * self.gamma, self.beta)
+
+    def project(self, x, w, b, parts: int = 1):
+        """LayerNorm(x) @ w + b with the scale and shift folded into the projection:
+        (n * gamma + beta) w + b = n (gamma w) + (beta w + b), so the per-token [T, D] scale and shift
+        become [D, K] and [K] ones on the weights. parts > 1: w's columns in that many equal parts, one
+        product each (a tuple): on the CPU backend the backward of splitting one product costs as much
+        again as the product (measured at the ML-1M shape), slicing the weights almost nothing."""
+        w_scaled = self.gamma.reshape(-1, 1) * w
+        b_shifted = ops.matmul(self.beta.reshape(1, -1), w).reshape(-1) + b
+        n = layer_norm(x, self.eps)
+        if parts == 1:
+            return add_bias(linear(n, w_scaled), b_shifted)
+        k = w.shape[1] // parts
+        return tuple(add_bias(linear(n, ops.narrow(w_scaled, 1, i * k, k)), ops.narrow(b_shifted, 0, i * k, k))
+                     for i in range(parts))
 
 
 class SASRecBlock(nn.Cell):
@@ -47,19 +64,18 @@ class SASRecBlock(nn.Cell):
 
     def construct(self, x, offsets, m_attn=None, m_hidden=None, m_ffn=None):
         t, dim = x.shape
-        qkv = ops.matmul(self.ln_attn(x), self.w_qkv) + self.b_qkv
-        q, k, v = ops.split(qkv, [dim, dim, dim], 1)
+        q, k, v = self.ln_attn.project(x, self.w_qkv, self.b_qkv, parts=3)
         q = q.reshape(t, self.h, self.d)
         k = k.reshape(t, self.h, self.d)
         v = v.reshape(t, self.h, self.d)
-        a = ops.matmul(jagged_softmax_attention(q, k, v, offsets, self.max_len).reshape(t, dim), self.w_o)
+        a = linear(jagged_softmax_attention(q, k, v, offsets, self.max_len).reshape(t, dim), self.w_o)
         if m_attn is not None:
             a = apply_dropout(a, m_attn)
         x = x + a
-        hidden = ops.relu(ops.matmul(self.ln_ffn(x), self.w_1) + self.b_1)
+        hidden = ops.relu(self.ln_ffn.project(x, self.w_1, self.b_1))
         if m_hidden is not None:
             hidden = apply_dropout(hidden, m_hidden)
-        f = ops.matmul(hidden, self.w_2) + self.b_2
+        f = add_bias(linear(hidden, self.w_2), self.b_2)
         if m_ffn is not None:
             f = apply_dropout(f, m_ffn)
         return x + f

@@ -10,7 +10,7 @@ positions move by more than 1e-3.
 import numpy as np
 import pytest
 
-from mindspore import Tensor, nn  # noqa: E402
+from mindspore import Tensor, nn, ops  # noqa: E402
 
 from mindgr.models.sasrec import SASRec  # noqa: E402
 from mindgr.ops import reference  # noqa: E402
@@ -146,3 +146,44 @@ def test_affine_layer_norm_equals_mindspore_layernorm(backend):
         set_backend(previous)
     names = {p.name for p in SASRec(15, 8, num_blocks=1, num_heads=1, max_len=N).trainable_params()}
     assert {"blocks.0.ln_attn.gamma", "blocks.0.ln_ffn.beta", "ln_out.gamma", "ln_out.beta"} <= names
+
+
+def test_folded_layer_norm_projection_equals_the_plain_one():
+    """AffineLayerNorm.project (scale and shift folded into the weights; whole, and in 3 column parts) against
+    LayerNorm, then x @ w + b, on MindSpore's nn.LayerNorm: output and the gradients of x, gamma, beta, w, b."""
+    import mindspore as ms
+    from mindgr.models.sasrec import AffineLayerNorm
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((9, 8)) * 3 + 1).astype(np.float32)
+    cot = rng.standard_normal((9, 6)).astype(np.float32)
+    gamma, beta, b = (rng.standard_normal(n).astype(np.float32) for n in (8, 8, 6))
+    w = rng.standard_normal((8, 6)).astype(np.float32)
+
+    class Loss(nn.Cell):
+        def __init__(self, folded, parts=1):
+            super().__init__()
+            self.folded, self.parts = folded, parts
+            self.ln = AffineLayerNorm(8, 1e-8) if folded else nn.LayerNorm((8,), epsilon=1e-8)
+            self.ln.gamma.set_data(Tensor(gamma))
+            self.ln.beta.set_data(Tensor(beta))
+            self.w = ms.Parameter(Tensor(w), name="w")
+            self.b = ms.Parameter(Tensor(b), name="b")
+
+        def construct(self, a, c):
+            if not self.folded:
+                return ((ops.matmul(self.ln(a), self.w) + self.b) * c).sum()
+            if self.parts == 1:
+                return (self.ln.project(a, self.w, self.b) * c).sum()
+            y = ops.concat(self.ln.project(a, self.w, self.b, parts=self.parts), 1)
+            return (y * c).sum()
+
+    results = []
+    for folded, parts in ((False, 1), (True, 1), (True, 3)):
+        loss = Loss(folded, parts)
+        fn = ms.value_and_grad(loss, grad_position=0, weights=[loss.ln.gamma, loss.ln.beta, loss.w, loss.b])
+        value, (gx, grads) = fn(Tensor(x), Tensor(cot))
+        results.append([value.asnumpy(), gx.asnumpy()] + [g.asnumpy() for g in grads])
+    assert np.abs(results[0][4]).max() > 0.1          # w's gradient is not trivially zero
+    for folded in results[1:]:
+        for got, want in zip(folded, results[0]):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
