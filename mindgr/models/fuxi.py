@@ -23,7 +23,10 @@ only, and the semantic channel divides by N = max_len, the published code by its
 as one jagged bias-only op (mindgr.ops.attention.jagged_bias_attention: no [B, N, N] tensor on the cpu
 backend); the semantic channel is the HSTU op with a zero position bias and no time bias, which is
 exactly SiLU(q k^T) / N. Dropout masks are drawn on the host: site 0 the input, then per block the gated
-attention output and the FFN input.
+attention output and the FFN input. As computed (the same math, for the CPU backend's sake: docs/ARCHITECTURE.md,
+platform facts): each RMSNorm is the backend's fused L2 normalisation with its sqrt(width) factor folded into
+the weights of the product that follows, the SiLU and split are HSTU's fused `silu_split`, biases go through
+BiasAdd and [T, .] products through `mindgr.ops.linear`.
 """
 from __future__ import annotations
 
@@ -31,14 +34,27 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
+from mindgr.models.layers import (ItemSequenceEncoder, add_bias, apply_dropout, l2_normalize, param, trunc_normal,
+                                  xavier_uniform)
 from mindgr.ops.backend import note_uses
 from mindgr.ops.attention import jagged_bias_attention, jagged_hstu_attention
+from mindgr.ops.linear import linear
+from mindgr.ops.norm import silu_split
+
+RMS_EPS = 1e-6
 
 
-def rms_norm(x, eps: float = 1e-6):
-    """RMSNorm over the last axis with no learned scale."""
-    return x * ops.rsqrt((x * x).mean(-1, keep_dims=True) + eps)
+class RMSDirection:
+    """RMSNorm(z) = z / sqrt(mean(z^2) + eps) over a width n, computed as sqrt(n) * z / sqrt(sum(z^2) + n eps):
+    the backend's fused L2 normalisation (`unit`) and a factor sqrt(n) that the block folds into the
+    weights of the product that follows (a [n, K] scale instead of a [T, n] one)."""
+
+    def __init__(self, width: int, eps: float = RMS_EPS):
+        self.scale = float(np.sqrt(width))
+        self.eps = float(np.sqrt(width * eps))
+
+    def unit(self, z):
+        return l2_normalize(z, self.eps)
 
 
 def _widths(model_cfg):
@@ -69,33 +85,37 @@ class FuXiBlock(nn.Cell):
         self.w_3 = param(xavier_uniform(rng, hidden, dim), f"{prefix}.w_3")
         self.b_3 = param(np.zeros(dim, np.float32), f"{prefix}.b_3")
         self.zero_pos = ops.zeros((2 * max_len - 1,), ms.float32)  # the semantic channel has no bias
+        self.rms_x, self.rms_a = RMSDirection(dim), RMSDirection(cw)
 
     def gate_and_channels(self, x, offsets, timestamps, request_times=None):
         """(u [T, C*H*dv], a [T, C*H*dv]): the gate and the channels before their RMSNorm, per head in the
         order positional, temporal, semantic (the tests compare them with the published form)."""
         t = x.shape[0]
         hv, hqk = self.h * self.dv, self.h * self.dqk
-        z = ops.silu(ops.matmul(rms_norm(x), self.w_uvqk))
-        u, v, q, k = ops.split(z, [self.channels * hv, hv, hqk, hqk], 1)
+        # SiLU(RMSNorm(x) W_uvqk) split: the fused SiLU split, as HSTU's block (a Split's backward is slow here)
+        xn = self.rms_x.unit(x)
+        u, v, q, k = silu_split(linear(xn, self.w_uvqk * self.rms_x.scale), (self.channels * hv, hv, hqk, hqk))
         v = v.reshape(t, self.h, self.dv)
         q = q.reshape(t, self.h, self.dqk)
         k = k.reshape(t, self.h, self.dqk)
         biased = jagged_bias_attention(v, offsets, timestamps, self.w_pos, self.w_ts, self.max_len,
                                        request_times)                                 # [T,H,C-1,dv]
         semantic = jagged_hstu_attention(q, k, v, offsets, timestamps, self.zero_pos, None, self.max_len)
-        return u, ops.concat((biased, semantic[:, :, None, :]), 2).reshape(t, self.channels * hv)
+        return u, ops.concat((biased, ops.expand_dims(semantic, 2)), 2).reshape(t, self.channels * hv)
 
     def construct(self, x, offsets, timestamps, request_times=None, drop_attn=None, drop_ffn=None):
+        # the RMSNorms' sqrt(n) factors ride on W_o, W_1 and W_2 (mindgr.models.layers.add_bias: why BiasAdd)
         u, a = self.gate_and_channels(x, offsets, timestamps, request_times)
-        o = u * rms_norm(a)
+        o = u * self.rms_a.unit(a)
         if drop_attn is not None:
             o = apply_dropout(o, drop_attn)
-        h = x + ops.matmul(o, self.w_o) + self.b_o
-        g = rms_norm(h)
+        h = x + add_bias(linear(o, self.w_o * self.rms_a.scale), self.b_o)
+        g = self.rms_x.unit(h)
         if drop_ffn is not None:
             g = apply_dropout(g, drop_ffn)
-        gate = ops.silu(ops.matmul(g, self.w_1) + self.b_1) * (ops.matmul(g, self.w_2) + self.b_2)
-        return h + ops.matmul(gate, self.w_3) + self.b_3
+        gate = (ops.silu(add_bias(linear(g, self.w_1 * self.rms_x.scale), self.b_1))
+                * add_bias(linear(g, self.w_2 * self.rms_x.scale), self.b_2))
+        return h + add_bias(linear(gate, self.w_3), self.b_3)
 
 
 class FuXiAlpha(ItemSequenceEncoder):

@@ -27,7 +27,10 @@ def param(array: np.ndarray, name: str) -> Parameter:
 
 def add_bias(x, b):
     """x [T, K] + b [K] as BiasAdd: MindSpore's CPU Add that broadcasts b over rows runs a scalar index loop
-    (~3x the time of BiasAdd's kernel at [20000, 150] forward, ~1.6x with the backward; docs/ARCHITECTURE.md)."""
+    (~3x the time of BiasAdd's kernel at [20000, 150] forward, ~1.6x with the backward; docs/ARCHITECTURE.md).
+    2-D only: BiasAdd adds along axis 1."""
+    if len(x.shape) != 2:
+        raise ValueError(f"add_bias: x must be [T, K], got shape {x.shape}")
     return ops.bias_add(x, b)
 
 
