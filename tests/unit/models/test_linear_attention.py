@@ -164,7 +164,8 @@ def test_cpu_kernel_matches_the_chunked_form():
     than one column block (8 + 1 vectors of AVX-512, 8 + 8 + 1 of AVX2)."""
     if kernel_attention() is None:
         pytest.skip("the C++ kernels do not build here")
-    cases = [(h, DV, LAYOUTS) for h in (1, 3)] + [(2, dv, LAYOUTS[:1]) for dv in (40, 136)]
+    # every layout with 3 heads; one head and the wide value widths on the first layouts only (CI time)
+    cases = [(1, DV, LAYOUTS[:2]), (3, DV, LAYOUTS)] + [(2, dv, LAYOUTS[:1]) for dv in (40, 136)]
     for h, dv, layouts in cases:
         rng = np.random.default_rng([21, h, dv])
         decay = decay_rates(h).astype(np.float64)
