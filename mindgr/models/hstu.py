@@ -14,8 +14,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from mindgr.models import layers
-from mindgr.models.layers import (ItemSequenceEncoder, add_bias, apply_dropout, l2_normalize, param, trunc_normal,
-                                  xavier_uniform)
+from mindgr.models.layers import ItemSequenceEncoder, apply_dropout, l2_normalize, param, trunc_normal, xavier_uniform
 from mindgr.ops.backend import note_uses
 from mindgr.ops.attention import jagged_hstu_attention
 from mindgr.ops.linear import linear
@@ -53,7 +52,7 @@ class HSTUBlock(nn.Cell):
         o = gated_layer_norm(u, attn.reshape(t, hv))
         if drop_mask is not None:
             o = apply_dropout(o, drop_mask)
-        return x + add_bias(linear(o, self.w_out), self.b_out)
+        return x + linear(o, self.w_out) + self.b_out
 
     # ---- the cached forward: what a decoder built from these blocks generates with -------------------------
     # HSTU's attention is pointwise SiLU with no softmax normaliser, so a decoded token's attention is exactly
@@ -113,7 +112,7 @@ class HSTUBlock(nn.Cell):
             wb = ops.silu(sb + ops.gather(self.w_pos, ridx, 0)) * (rmask * inv_n)
             attn = attn + ops.matmul(wb, va).reshape(u, b, h, dv)
         o = gated_layer_norm(uu, attn.reshape(n, h * dv))
-        return x + add_bias(linear(o, self.w_out), self.b_out), kr, vr
+        return x + linear(o, self.w_out) + self.b_out, kr, vr
 
     def prompt_blocks(self, k, v):
         """The prompt's K [U, P, H, dqk] / V [U, P, H, dv] as per-user block-diagonal matrices over the heads,
@@ -152,7 +151,7 @@ class HSTUBlock(nn.Cell):
             ws = ops.silu((q3 * ka).sum(-1) + rbias[s]) * inv_n
             attn = attn + ops.expand_dims(ws, 2) * ops.gather(vrs[s], anc[s], 0)
         o = gated_layer_norm(uu, attn.reshape(n, h * dv))
-        return x + add_bias(linear(o, self.w_out), self.b_out), k3, v3
+        return x + linear(o, self.w_out) + self.b_out, k3, v3
 
     def per_beam_step(self, x, kc, vc, parent, slot, idx, mask):
         """The per-beam cache's step (the usual generate() layout, mindgr.models.per_beam_cache): every beam
@@ -172,7 +171,7 @@ class HSTUBlock(nn.Cell):
         w = w * ops.expand_dims(mask * (1.0 / float(self.max_len)), 1)
         attn = ops.matmul(w.reshape(n, h, 1, length), vc).reshape(n, h * dv)
         o = uu * layers.layer_norm(attn)
-        return x + add_bias(ops.matmul(o, self.w_out), self.b_out), kc, vc
+        return x + ops.matmul(o, self.w_out) + self.b_out, kc, vc
 
 
 class HSTU(ItemSequenceEncoder):

@@ -51,7 +51,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mindgr.models import layers
-from mindgr.models.layers import add_bias, apply_dropout, param, trunc_normal, xavier_uniform
+from mindgr.models.layers import apply_dropout, param, trunc_normal, xavier_uniform
 from mindgr.ops.linear import linear
 from mindgr.ops.norm import gated_layer_norm, layer_norm, silu_split
 from mindgr.ops.attention import jagged_linear_attention
@@ -126,7 +126,7 @@ class LinearAttentionBlock(nn.Cell):
         o = gated_layer_norm(u, attn)
         if drop_mask is not None:
             o = apply_dropout(o, drop_mask)
-        return x + add_bias(linear(o, self.w_out), self.b_out)
+        return x + linear(o, self.w_out) + self.b_out
 
     # ---- the pieces of a cached forward (what a decoder built from these blocks generates with) ----------
 
@@ -141,7 +141,7 @@ class LinearAttentionBlock(nn.Cell):
 
     def finish(self, x, u, o):
         """The block's output from its attention output o [T, H*dv]: x + Linear(u * LN(o)) (no dropout)."""
-        return x + add_bias(ops.matmul(u * layers.layer_norm(o), self.w_out), self.b_out)
+        return x + ops.matmul(u * layers.layer_norm(o), self.w_out) + self.b_out
 
     def prompt_forward(self, x, offsets, rows: int, row_len: int):
         """The block over prompts laid out one per `row_len` tokens (x [rows*row_len, D]: row r's prompt is
