@@ -238,6 +238,10 @@ class ParallelConfig:
     # (measured not slower), except with parallel.sparse, whose executor keeps the flat sum
     grad_reduce: str = field(default="auto", metadata=_rng(choices=["auto", "own", "mindspore"]))
     grad_buckets: int = field(default=1, metadata=_rng(lo=0, hi=64))  # mindspore: 0 = one AllReduce per parameter
+    # One compiled graph per step (gradients, their sum, the update: the form in which MindSpore can overlap
+    # the sum with the backward, on Ascend) instead of two (forward + backward, then sum + update: each
+    # rank's wall compute time apart from the wait). On CPU level with two; two with grad_buckets > 1
+    fused_step: bool = False
     calibrate: bool = True                    # fit cost_a/b/c0 by a timed probe at start; false = use them
     cost_a: float = field(default=0.0, metadata=_rng(lo=0.0))   # cost per token (c(L) = c0 + a*L + b*L^2)
     cost_b: float = field(default=0.0, metadata=_rng(lo=0.0))   # cost per attended pair

@@ -132,14 +132,15 @@ def round_sums(blocks: list[dict]) -> dict:
 
     two: the global batch's tokens (rank 0's count) over the slower rank's wall; pair: both ranks'
     tokens over both ranks' walls (the mean 1-process rate); alone: the one running rank's."""
+    variants = [v for v in VARIANTS if any(b["variant"] == v for b in blocks)]      # `split`: fused steps only
     rounds = sorted(r for r in {b["round"] for b in blocks}
-                    if all(any(b["round"] == r and b["variant"] == v for b in blocks) for v in VARIANTS))
+                    if all(any(b["round"] == r and b["variant"] == v for b in blocks) for v in variants))
     sums = {"round": np.array(rounds)}
-    for v in VARIANTS:
+    for v in variants:
         tok, wall = [], []
         for r in rounds:
             sel = [b for b in blocks if b["round"] == r and b["variant"] == v]
-            if v in ("two", "local"):
+            if v in ("two", "split", "local"):
                 tok.append(next(b["tokens"] for b in sel if b["rank"] == 0))
                 wall.append(max(b["wall_s"] for b in sel))
             else:
@@ -152,9 +153,11 @@ def round_sums(blocks: list[dict]) -> dict:
 def efficiencies(sums: dict, idx) -> dict:
     """tokens/s of each variant and the two efficiencies, pooled over the rounds at positions `idx`
     (repeats allowed: the bootstrap resamples rounds)."""
-    rate = {v: sums[v][0][idx].sum() / sums[v][1][idx].sum() for v in VARIANTS}
-    return {**rate, "eff_side_by_side": rate["two"] / (2 * rate["pair"]),
-            "eff_vs_alone": rate["two"] / (2 * rate["alone"])}
+    rate = {v: sums[v][0][idx].sum() / sums[v][1][idx].sum() for v in VARIANTS if v in sums}
+    out = {**rate, "eff_side_by_side": rate["two"] / (2 * rate["pair"]), "eff_vs_alone": rate["two"] / (2 * rate["alone"])}
+    if "split" in rate:
+        out.update(eff_split_side_by_side=rate["split"] / (2 * rate["pair"]), two_over_split=rate["two"] / rate["split"])
+    return out
 
 
 def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int = 12, out: str | None = None,
@@ -179,21 +182,27 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
     # 95% interval of the pooled efficiencies: bootstrap over rounds (each round is one paired comparison).
     rng = np.random.default_rng(0)
     boot = [efficiencies(sums, rng.integers(0, n, n)) for _ in range(samples)]
+    fused = "split" in sums
     interval = {k: np.percentile([b[k] for b in boot], [2.5, 97.5]).tolist()
-                for k in ("eff_side_by_side", "eff_vs_alone")}
+                for k in ("eff_side_by_side", "eff_vs_alone") + (("eff_split_side_by_side", "two_over_split")
+                                                                 if fused else ())}
+    variants = [v for v in VARIANTS if v in sums]
 
     def per_step_ms(key, variant):
         sel = [b for b in blocks if b["variant"] == variant]
         return 1e3 * sum(b[key] for b in sel) / sum(b["steps"] for b in sel)
-    step_ms = {v: per_step_ms("step_s", v) for v in VARIANTS}
+    step_ms = {v: per_step_ms("step_s", v) for v in variants}
     # Per rank and step: wall, CPU of the whole process and of the input thread's preparation.
-    cost_ms = {v: {k: per_step_ms(k, v) for k in ("wall_s", "cpu_s", "host_cpu_s")} for v in VARIANTS}
-    split = {k: per_step_ms(k, "two") for k in ("local_s", "apply_s")}   # 2 proc: forward+backward | rest
+    cost_ms = {v: {k: per_step_ms(k, v) for k in ("wall_s", "cpu_s", "host_cpu_s")} for v in variants}
+    two_graphs = "split" if fused else "two"
+    split = {k: per_step_ms(k, two_graphs) for k in ("local_s", "apply_s")}  # 2 proc, two graphs: fwd+bwd | rest
     result = {"method": "blocks", "rank_tokens": raw["rank_tokens"], "rank_rows": raw["rank_rows"],
               "rounds": rounds, "steps_per_block": steps, "overrides": list(overrides), "cores": raw["cores"],
-              "tokens_per_s": {k: float(pooled[k]) for k in VARIANTS},
+              "tokens_per_s": {k: float(pooled[k]) for k in variants},
               "scaling_efficiency": float(pooled["eff_side_by_side"]),
               "scaling_efficiency_vs_alone": float(pooled["eff_vs_alone"]),
+              **({"scaling_efficiency_split": float(pooled["eff_split_side_by_side"]),
+                  "two_over_split": float(pooled["two_over_split"])} if fused else {}),
               "interval95": interval, "step_ms_in_graph": step_ms, "per_rank_step_ms": cost_ms,
               "two_step_split_ms": split, "per_round": per_round, "blocks": blocks,
               "load_before": load_before, "load_after": machine_load()}
@@ -201,11 +210,13 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
           f"{raw['rank_tokens']} tokens x {raw['rank_rows']} rows, one thread per process, "
           + (f"pinned to cores {raw['cores']}" if all(raw["cores"]) else "not pinned to cores"))
     print(f"  {'round':>5s} {'2 proc tok/s':>13s} {'1 proc side by side':>20s} {'1 proc alone':>13s} "
-          f"{'eff side':>9s} {'eff alone':>10s}")
+          f"{'eff side':>9s} {'eff alone':>10s}" + (f" {'2 proc split':>13s} {'eff split':>10s}" if fused else ""))
     for p in per_round:
         print(f"  {p['round']:5d} {p['two']:13.0f} {p['pair']:20.0f} {p['alone']:13.0f} "
-              f"{p['eff_side_by_side']:9.3f} {p['eff_vs_alone']:10.3f}")
-    print(f"  mean time in the compiled step(s): 2 proc {step_ms['two']:.0f} ms (forward+backward "
+              f"{p['eff_side_by_side']:9.3f} {p['eff_vs_alone']:10.3f}"
+              + (f" {p['split']:13.0f} {p['eff_split_side_by_side']:10.3f}" if fused else ""))
+    print(f"  mean time in the compiled step(s): 2 proc {step_ms['two']:.0f} ms"
+          + (f", in two graphs {step_ms['split']:.0f} ms" if fused else "") + f" (forward+backward "
           f"{split['local_s']:.0f} ms, all-reduce + update {split['apply_s']:.0f} ms), 2 proc without them "
           f"{step_ms['local']:.0f} ms, side by side {step_ms['pair']:.0f} ms, alone {step_ms['alone']:.0f} ms")
     print("  per rank and step (wall / process CPU / of which input preparation): " + ", ".join(
@@ -213,6 +224,11 @@ def bench_scaling_blocks(config=None, overrides=(), steps: int = 10, rounds: int
     print(f"scaling efficiency (pooled over rounds): side by side {pooled['eff_side_by_side']:.3f} "
           f"[95% {interval['eff_side_by_side'][0]:.3f}, {interval['eff_side_by_side'][1]:.3f}]; vs 1 process "
           f"alone {pooled['eff_vs_alone']:.3f} [{interval['eff_vs_alone'][0]:.3f}, {interval['eff_vs_alone'][1]:.3f}]")
+    if fused:
+        print(f"  the 2-process step as two graphs: side by side {pooled['eff_split_side_by_side']:.3f} "
+              f"[{interval['eff_split_side_by_side'][0]:.3f}, {interval['eff_split_side_by_side'][1]:.3f}]; "
+              f"one graph / two graphs {pooled['two_over_split']:.3f} [{interval['two_over_split'][0]:.3f}, "
+              f"{interval['two_over_split'][1]:.3f}]")
     return write_result(result, out)
 
 

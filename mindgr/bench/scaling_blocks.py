@@ -8,6 +8,9 @@ Every rank builds two trainers on the benchmark model: the data-parallel one (Da
 batch = 2 x the per-rank capacity) and a single-process one (Trainer, own weights, batch = the per-rank
 capacity, no collective). Each round runs, in a rotating order and each after a barrier:
   two     both ranks train the data-parallel model together (gradient AllReduce every step);
+  split   with parallel.fused_step=true only: as `two`, in the two-graph step (forward + backward, then
+          all-reduce + update) where `two` runs the one-graph step; the same weights train on, so the
+          rounds compare the two steps side by side;
   local   both ranks run the data-parallel trainer's steps without the all-reduce and the update (its
           host path and forward + backward alone; attributes the cost of `two`; weights do not change);
   pair    both ranks train their own single-process model at the same time (side by side: as many
@@ -28,7 +31,7 @@ import numpy as np
 from mindgr.bench.distributed_common import RANK_TOKENS, block_parser
 from mindgr.paths import write_json_atomic
 
-VARIANTS = ("two", "local", "pair", "alone")
+VARIANTS = ("two", "split", "local", "pair", "alone")
 
 
 def run_dp_block(trainer, steps: int) -> dict:
@@ -93,22 +96,28 @@ def main(argv=None) -> int:
     one = TrainLoop(one_cfg, LocalExecutor(one_cfg, resolve_task(one_cfg)), quiet=True)
     watchdog.timeout = max(watchdog.timeout, 60.0 * args.steps)   # the peer may be busy for a block
     run_dp_block(dp, args.warmup)
+    variants = VARIANTS if dp.executor.dp.fused is not None else tuple(v for v in VARIANTS if v != "split")
+    if "split" in variants:
+        dp.executor.fuse = False                                   # compile the two-graph step too
+        run_dp_block(dp, args.warmup)
+        dp.executor.fuse = True
     run_dp_block(one, args.warmup)
 
     blocks = []
     for r in range(args.rounds):
-        order = VARIANTS[r % len(VARIANTS):] + VARIANTS[: r % len(VARIANTS)]
+        order = variants[r % len(variants):] + variants[: r % len(variants)]
         for variant in order:
             comm.barrier()
             watchdog.beat(f"block {variant} of round {r}")
             if variant == "two":
                 rec = run_dp_block(dp, args.steps)                # tokens: the global batch's, on each rank
-            elif variant == "local":
-                dp.executor.apply_updates = False
+            elif variant in ("local", "split"):
+                flag = "apply_updates" if variant == "local" else "fuse"
+                setattr(dp.executor, flag, False)
                 try:
                     rec = run_dp_block(dp, args.steps)
                 finally:
-                    dp.executor.apply_updates = True
+                    setattr(dp.executor, flag, True)
             elif variant == "pair" or ctx.rank == r % 2:
                 rec = run_dp_block(one, args.steps)
             else:

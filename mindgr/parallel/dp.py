@@ -6,9 +6,13 @@ scaled losses (and of their gradients) is exactly the single-process loss (and g
 therefore summed (DistributedGradReducer with mean=False), not averaged, and every rank applies the
 same update to the same weights.
 
-Two graphs instead of one: LocalGrads (forward + backward, no communication) and ReduceApply
-(all-reduce + optimizer). Timing LocalGrads alone gives each rank's own compute time, which is what the
-load balancer is judged on; inside one graph a fast rank's time would include waiting for the slowest.
+Two graphs or one (parallel.fused_step). Two (the default): LocalGrads (forward + backward, no
+communication), then ReduceApply (all-reduce + optimizer); timing LocalGrads alone gives each rank's own
+wall compute time. One (FusedStep): the same two cells inside one graph, as the single-process TrainStep
+and MindSpore's TrainOneStepCell: the form in which the framework may start a bucket's AllReduce while
+the backward still runs (on Ascend; not verified here). On CPU with mccl it measured level with two
+graphs (benchmarks/results/distributed.md). A rank's wall time then includes waiting for the slowest,
+so its own compute is measured in CPU time (a rank waiting in a collective burns none).
 
 Two ways to sum (parallel.grad_reduce; auto = mindspore, except beside the sharded item table):
   own        the gradients and the loss go over the wire as ONE flat buffer (FlatSum): one collective per
@@ -158,15 +162,34 @@ class MindSporeReduceApply(nn.Cell):
         return summed[-1]
 
 
-class DataParallelStep:
-    """Holds the two graphs; `grads()` is timed per rank, `apply()` synchronises the ranks.
-    reduce: "own" (FlatSum) or "mindspore" (MindSporeReduceApply with `buckets`)."""
+class FusedStep(nn.Cell):
+    """LocalGrads then a ReduceApply cell in one graph: the data-parallel TrainStep. Returns the global loss."""
 
-    def __init__(self, loss_net, optimizer, reduce: str = "own", buckets: int = 1):
+    def __init__(self, local, apply_cell):
+        super().__init__()
+        self.local = local
+        self.apply_cell = apply_cell
+
+    def construct(self, *inputs):
+        loss, grads = self.local(*inputs)
+        return self.apply_cell(loss.reshape((1,)), grads)
+
+
+class DataParallelStep:
+    """Holds the graphs: `grads()` then `apply()` (two graphs, the first timed per rank), or `step()` (one).
+    reduce: "own" (FlatSum) or "mindspore" (MindSporeReduceApply with `buckets`). The fused graph shares
+    the two cells' parameters, so a run may use either at any step (the calibration times `local`)."""
+
+    def __init__(self, loss_net, optimizer, reduce: str = "own", buckets: int = 1, fused: bool = False):
         self.local = LocalGrads(loss_net, optimizer.parameters)
         self.reduce = reduce
         self.apply_cell = (MindSporeReduceApply(optimizer, buckets) if reduce == "mindspore"
                            else ReduceApply(optimizer))
+        self.fused = FusedStep(self.local, self.apply_cell) if fused else None
+
+    def step(self, *inputs) -> float:
+        """One fused graph: gradients, their sum over the ranks, the update; the global loss."""
+        return float(self.fused(*inputs).asnumpy()[0])
 
     def grads(self, *inputs):
         loss, grads = self.local(*inputs)

@@ -158,6 +158,7 @@ class DataParallelExecutor(Executor):
         self.win_cpu0 = time.process_time()
         self.agreed_stop = _AgreedStop()
         self.apply_updates = True     # False: forward + backward only (`mindgr bench distributed`'s `local` blocks)
+        self.fuse = True              # False: the two-graph step where the one-graph step is built (its `split` blocks)
 
     @property
     def writer(self) -> bool:
@@ -184,7 +185,11 @@ class DataParallelExecutor(Executor):
         """The step whose `local(*inputs)` the calibration times (a sharded table replaces it)."""
         from mindgr.parallel.dp import DataParallelStep
         p = self.cfg.parallel
-        return DataParallelStep(self.model.loss_net, self.model.optimizer, self.grad_reduce, p.grad_buckets)
+        # More than one fusion bucket inside the one-graph step fails in MindSpore 2.10's CPU runtime (a
+        # memory-allocation error at the first step): those steps stay two graphs.
+        fused = p.fused_step and not (self.grad_reduce == "mindspore" and p.grad_buckets > 1)
+        return DataParallelStep(self.model.loss_net, self.model.optimizer, self.grad_reduce, p.grad_buckets,
+                                fused=fused)
 
     def build(self, run: RunContext):
         from mindgr.parallel.plan import RankPlanner
@@ -226,10 +231,11 @@ class DataParallelExecutor(Executor):
 
     def _reducer_name(self) -> str:
         p = self.cfg.parallel
+        graphs = ", one graph per step" if getattr(self.dp, "fused", None) is not None else ", two graphs per step"
         if getattr(self.dp, "reduce", "own") != "mindspore":
-            return "one flat AllReduce"
+            return "one flat AllReduce" + graphs
         return ("MindSpore DATA_PARALLEL, " + ("one AllReduce per parameter" if p.grad_buckets == 0 else
-                                                f"{len(self.dp.apply_cell.splits) + 1} fusion bucket(s)"))
+                                                f"{len(self.dp.apply_cell.splits) + 1} fusion bucket(s)") + graphs)
 
     def _calibrate(self, probe: dict) -> dict:
         from mindgr.parallel.calibrate import calibrate, grads_timer
@@ -277,10 +283,15 @@ class DataParallelExecutor(Executor):
         self.task.restored(None)             # the weights move on from any restored checkpoint
         self.before_step(step)
         t0, c0 = time.perf_counter(), _step_cpu()
-        loss, grads = self.dp.grads(*tensors)
-        t1, c1 = time.perf_counter(), _step_cpu()
-        loss = self.dp.apply(loss, grads) if self.apply_updates else float(loss.asnumpy())
-        t2 = time.perf_counter()
+        if self.dp.fused is not None and self.fuse and self.apply_updates:
+            loss = self.dp.step(*tensors)                       # one graph: its wall time includes the wait
+            t1, c1 = time.perf_counter(), _step_cpu()
+            t2 = t1
+        else:
+            loss, grads = self.dp.grads(*tensors)
+            t1, c1 = time.perf_counter(), _step_cpu()
+            loss = self.dp.apply(loss, grads) if self.apply_updates else float(loss.asnumpy())
+            t2 = time.perf_counter()
         self.record_step(step, info["share"], t1 - t0, c1 - c0, t2 - t1)
         return loss, t2 - t0, info
 

@@ -50,13 +50,14 @@ def _one_and_two(tmp_path, tiny_overrides, ckpt_every: int, two_extra: list[str]
 
 
 def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, tiny_overrides):
-    """parallel.grad_reduce=mindspore: MindSpore's DATA_PARALLEL mode and its gradient reducer (2 fusion
-    buckets) give the 1-process losses for 20 steps, and both replicas hold the same weights. (The test
-    below covers the flat sum, parallel.grad_reduce=own.)"""
+    """parallel.grad_reduce=mindspore: MindSpore's DATA_PARALLEL mode and its gradient reducer (one fusion
+    bucket) in the one-graph step (parallel.fused_step) give the 1-process losses for 20 steps, and both replicas
+    hold the same weights. (The test below covers the flat sum, parallel.grad_reduce=own, in the two-graph
+    step; tests/harness/grad_reduce_selftest.py the reducer's sums with more buckets.)"""
     from mindgr.train.trainer import evaluate_run
-    run2 = _one_and_two(tmp_path, tiny_overrides, 20, ["parallel.grad_reduce=mindspore",
-                                                         "parallel.grad_buckets=2"])
-    assert "MindSpore DATA_PARALLEL, 2 fusion bucket(s)" in (run2 / "msrun" / "worker_0.log").read_text()
+    run2 = _one_and_two(tmp_path, tiny_overrides, 20, ["parallel.grad_reduce=mindspore", "parallel.fused_step=true"])
+    log = (run2 / "msrun" / "worker_0.log").read_text()
+    assert "MindSpore DATA_PARALLEL, 1 fusion bucket(s), one graph per step" in log
     states = [json.loads(p.read_text()) for p in sorted((run2 / "checkpoints" / "ranks").glob("*.json"))]
     assert len(states) == 2 and len({s["param_crc32"] for s in states}) == 1, states
     # the evaluation graphs compiled under DATA_PARALLEL: split and gathered == one process, same weights
@@ -71,6 +72,7 @@ def test_two_processes_train_like_one(tmp_path, tiny_overrides):
     run2 = _one_and_two(tmp_path, tiny_overrides, 10, ["parallel.grad_reduce=own", *bind])
 
     # Rank 0 logged the balance of every step; both ranks left their shard state at each checkpoint.
+    assert "one flat AllReduce, two graphs per step" in (run2 / "msrun" / "worker_0.log").read_text()
     windows = [r for r in _rows(run2) if "loss" in r]
     assert all("imbalance_pred" in r and len(r["rank_step_s"]) == 2 for r in windows)
     per_step = _rows(run2, "balance.jsonl")

@@ -13,6 +13,7 @@ def test_pooled_and_per_round_efficiencies():
     for r, (two_wall, pair_walls, alone_wall) in enumerate([(2.0, (1.8, 2.2), 1.5), (4.0, (3.0, 3.0), 2.5)]):
         # two: each rank logs the global batch's tokens; the slower rank's wall counts
         blocks += [_block(r, "two", 0, 4000, two_wall), _block(r, "two", 1, 4000, two_wall - 0.5)]
+        blocks += [_block(r, "split", 0, 4000, two_wall + 0.5), _block(r, "split", 1, 4000, two_wall)]
         blocks += [_block(r, "local", 0, 4000, 1.9), _block(r, "local", 1, 4000, 1.9)]
         blocks += [_block(r, "pair", k, 2000, w) for k, w in enumerate(pair_walls)]
         blocks.append(_block(r, "alone", r % 2, 2000, alone_wall))
@@ -23,11 +24,18 @@ def test_pooled_and_per_round_efficiencies():
     assert np.isclose(first["two"], 2000.0) and np.isclose(first["pair"], 1000.0)
     assert np.isclose(first["eff_side_by_side"], 1.0)
     assert np.isclose(first["eff_vs_alone"], 2000.0 / (2 * 2000 / 1.5))
+    assert np.isclose(first["split"], 1600.0) and np.isclose(first["two_over_split"], 1.25)
+    assert np.isclose(first["eff_split_side_by_side"], 0.8)
     pooled = efficiencies(sums, np.arange(2))
     assert np.isclose(pooled["two"], 8000 / 6.0)
     assert np.isclose(pooled["pair"], 8000 / 10.0)
     assert np.isclose(pooled["eff_side_by_side"], (8000 / 6.0) / (2 * 800.0))
     assert np.isclose(efficiencies(sums, [1, 1])["eff_side_by_side"], efficiencies(sums, [1])["eff_side_by_side"])
+    # without the one-graph step there are no `split` blocks: the rounds are complete without them
+    plain = round_sums([b for b in blocks if b["variant"] != "split"])
+    assert plain["round"].tolist() == [0, 1] and "split" not in plain
+    assert "two_over_split" not in efficiencies(plain, [0])
+    assert np.isclose(efficiencies(plain, [0])["eff_side_by_side"], 1.0)
 
 
 def test_bad_bench_arguments_fail_before_any_rank_starts():
