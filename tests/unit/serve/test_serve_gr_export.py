@@ -44,31 +44,32 @@ def test_gr_export_round_trip_is_bit_identical(tmp_path):
 
 def test_a_tampered_or_missing_export_file_is_refused_naming_it(tmp_path):
     import json
+    import shutil
 
-    import pytest
     from mindgr.serve.export import ExportError
     bundle = fx.random_bundle(num_items=30, prompt_tokens=8, dim=8, blocks=1, heads=2, level_sizes=(4, 4, 2))
-    manifest = export_generative(bundle, tmp_path, beam=4, shapes=(1,))
+    out, kept = tmp_path / "export", tmp_path / "kept"
+    manifest = export_generative(bundle, out, beam=4, shapes=(1,))
+    shutil.copytree(out, kept)                               # a pristine copy for the last case (CI time)
     listed = set(manifest["sha256"])
-    assert listed == {p.name for p in tmp_path.iterdir()} - {"manifest.json"}     # every other file, no leftovers
-    codes = tmp_path / "codes.npy"
+    assert listed == {p.name for p in out.iterdir()} - {"manifest.json"}     # every other file, no leftovers
+    codes = out / "codes.npy"
     data = bytearray(codes.read_bytes())
     data[-1] ^= 1
     codes.write_bytes(bytes(data))
     with pytest.raises(ExportError) as e:
-        load_generative_export(tmp_path)
+        load_generative_export(out)
     assert "codes.npy" in str(e.value) and "sha256" in str(e.value) and "\n" not in str(e.value)
-    export_generative(bundle, tmp_path, beam=4, shapes=(1,))                     # exporting again repairs it
-    load_generative_export(tmp_path)
-    (tmp_path / "trie.npz").unlink()
+    export_generative(bundle, out, beam=4, shapes=(1,))                     # exporting again repairs it
+    load_generative_export(out)
+    (out / "trie.npz").unlink()
     with pytest.raises(ExportError, match="trie.npz is missing"):
-        load_generative_export(tmp_path)
+        load_generative_export(out)
     # an export from before the checksums (no "sha256" in its manifest) still loads
-    export_generative(bundle, tmp_path, beam=4, shapes=(1,))
-    m = json.loads((tmp_path / "manifest.json").read_text())
+    m = json.loads((kept / "manifest.json").read_text())
     del m["sha256"]
-    (tmp_path / "manifest.json").write_text(json.dumps(m))
-    load_generative_export(tmp_path)
+    (kept / "manifest.json").write_text(json.dumps(m))
+    load_generative_export(kept)
 
 
 def test_linear_gr_export_round_trip_is_bit_identical(tmp_path):

@@ -37,11 +37,11 @@ def test_gr_parse_refuses_bad_requests_in_one_line(bundle):
 def test_gr_overlap_and_naive_give_the_engine_lists_concurrently(bundle):
     rng = np.random.default_rng(0)
     qs = [[fx.RAW_ID_BASE + int(i) for i in rng.integers(1, 81, int(rng.integers(1, 9)))] for _ in range(8)]
-    plain = gr.GenerativeRecommender(bundle, beam=6, shapes=(1, 2))
+    plain = gr.GenerativeRecommender(bundle, beam=6, shapes=(1,))          # one user per batch
     want = [plain.recommend([plain.parse(h, k=6, exclude_history=False)], 1)[0] for h in qs]
-    for kind in ("overlap", "naive"):
+    for kind in ("overlap", "naive"):                                      # two users per batch
         rec = gr.GenerativeRecommender(bundle, beam=6, decode="naive" if kind == "naive" else "engine",
-                                       shapes=(1, 2), overlap=True)
+                                       shapes=(2,), overlap=True)
         try:
             rec.warm_up()
             batches = [[rec.parse(h, k=6, exclude_history=False) for h in qs[i:i + 2]] for i in range(0, 8, 2)]
