@@ -1,8 +1,10 @@
 """GRPO-SR (loss.objective grpo_sr) on a trained GR decoder: rollouts (valid unique items, their log-probs
 against the exhaustive teacher-forced reference), the loss cell against numpy on its own log-probs, a
 bit-identical resume, and a run end to end: GR run -> RL run (a fixed reward function, or the reward model
-when the build has one) -> eval -> recommend from the aligned run (the loss, the group advantages and the
-relevance gate against numpy: tests/unit/train/test_grpo_units.py)."""
+when the build has one) -> eval -> recommend from the aligned run; then `mindgr compare --by-value --judge`
+of the GR run against the aligned one, its figures recomputed from the ranks files, the data and the judge's
+own scorer, and its one-line errors (the loss, the group advantages and the relevance gate against numpy:
+tests/unit/train/test_grpo_units.py; the compare pieces: tests/unit/train/test_align_eval_units.py)."""
 import json
 
 import numpy as np
@@ -15,9 +17,12 @@ from mindgr.config import ConfigError, load_config
 pytestmark = pytest.mark.graph_mode("auto")
 
 
+VALUES = [*SYNTH, "data.synthetic.values=true"]     # the same items, with a 1-5 rating per interaction
+
+
 def gr_overrides(out, name, codes, *extra):
-    """The GR run the RL runs align: the shared tiny GR run, one epoch."""
-    return shared_gr_overrides(out, name, codes, "train.epochs=1", *extra)
+    """The GR run the RL runs align: the shared tiny GR run, one epoch, on the data with values."""
+    return shared_gr_overrides(out, name, codes, "train.epochs=1", *VALUES[len(SYNTH):], *extra)
 
 
 def rl_overrides(out, name, codes, *extra):
@@ -36,7 +41,7 @@ def setup(tmp_path_factory):
     """A random code table of the synthetic catalogue and one trained GR run (the policy's start)."""
     from mindgr.train.generative import GenerativeTrainer
     out = tmp_path_factory.mktemp("grpo")
-    store, codes, path = random_codes_file(out)
+    store, codes, path = random_codes_file(out, VALUES)
     GenerativeTrainer(load_config(None, gr_overrides(out, "gr", path)), quiet=True).fit()
     return {"out": out, "codes": path, "table": codes, "store": store}
 
@@ -199,16 +204,25 @@ def test_config_errors_are_one_line(setup):
         load_config(None, rl_overrides(out, "bad", codes, "align.gate=maybe"))
 
 
-def test_rl_run_with_a_reward_model_run(setup, capsys):
-    """The chain with a real reward run: a reward model on the same catalogue (synthetic values), then
-    `mindgr train` of the aligned run through the CLI (the reward run's scorer), then `mindgr eval`."""
+@pytest.fixture(scope="module")
+def reward_run(setup):
+    """A reward model on the same catalogue (the synthetic values, each history item's value in the input):
+    the RL chain's reward run and the compare's judge."""
+    from mindgr.cli import main
+    out = setup["out"]
+    assert main(["train", f"run.out_dir={out}", "run.name=reward", *VALUES, "model.dim=16", "model.num_blocks=1",
+                 "model.num_heads=2", "model.time_bias=false", "model.value_input=true", "loss.objective=rating",
+                 "train.batch_size=16", "train.epochs=1", "ops.backend=cpu"]) == 0
+    assert (out / "reward" / "checkpoints" / "best.json").is_file()
+    return out / "reward"
+
+
+def test_rl_run_with_a_reward_model_run(setup, reward_run, capsys):
+    """The chain with a real reward run: `mindgr train` of the aligned run through the CLI (the reward run's
+    scorer), then `mindgr eval`."""
     from mindgr.cli import main
     out, codes = setup["out"], setup["codes"]
-    assert main(["train", f"run.out_dir={out}", "run.name=reward", *SYNTH, "data.synthetic.values=true",
-                 "model.dim=16", "model.num_blocks=1", "model.num_heads=2", "model.time_bias=false",
-                 "loss.objective=rating", "train.batch_size=16", "train.epochs=1", "ops.backend=cpu"]) == 0
-    assert (out / "reward" / "checkpoints" / "best.json").is_file()
-    args = rl_overrides(out, "rl-rm", codes, f"align.reward_run={out / 'reward'}", "train.max_steps=2",
+    args = rl_overrides(out, "rl-rm", codes, f"align.reward_run={reward_run}", "train.max_steps=2",
                         "run.ckpt_every=0")
     assert main(["train", *args]) == 0
     rows = [json.loads(line) for line in (out / "rl-rm" / "metrics.jsonl").read_text().splitlines()]
@@ -217,3 +231,61 @@ def test_rl_run_with_a_reward_model_run(setup, capsys):
     capsys.readouterr()
     assert main(["eval", "--run", str(out / "rl-rm"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["count"] == 120
+
+
+# ---- mindgr compare --by-value --judge: the GR run against the aligned one -----------------------------
+def test_compare_reports_value_groups_judge_and_coverage(setup, aligned, reward_run, capsys):
+    from mindgr.cli import main
+    from mindgr.train.compare import load_ranks
+    from mindgr.train.data import RunData
+    from mindgr.train.judge import top_lists
+    from mindgr.train.reward import load_reward_scorer
+    from mindgr.train.rundir import run_config
+    out = setup["out"]
+    a, b, judge = out / "gr", aligned["run"], reward_run
+    assert main(["compare", str(a), str(b), "--by-value", "liked=4:", "disliked=:2", "--judge", str(judge),
+                 "--samples", "300", "--out", str(out / "cmp.json")]) == 0
+    text = capsys.readouterr().out
+    assert "alignment measures (Holm over these 5)" in text and "judge reward@10" in text
+    res = json.loads((out / "cmp.json").read_text())["alignment"]
+    evalset = RunData(run_config(a)).split.test
+    files = {run: run / "ranks" / "test-best.npz" for run in (a, b)}
+    ranks = {run: load_ranks(f)[0] for run, f in files.items()}
+    seen = (ranks[a] >= 0) & (ranks[b] >= 0)
+    values = evalset.target_values
+    assert res["hr@10 liked"]["users"] == int((seen & (values >= 4)).sum())
+    assert res["hr@10 disliked"]["b"] == pytest.approx((ranks[b][seen & (values <= 2)] < 10).mean())
+    # the kept lists give the ranks file's hits, and the judge's figure is its own scorer's on those lists
+    rows = np.flatnonzero(seen)
+    hist = [evalset.histories[r] for r in rows]
+    scorer = load_reward_scorer(judge, setup=False)
+    means = {}
+    for run in (a, b):
+        with np.load(files[run]) as f:
+            top = top_lists(f["lists"][rows], evalset.targets[rows], hist, 10)
+        assert ((top == evalset.targets[rows][:, None]).any(1) == (ranks[run][rows] < 10)).all()
+        cov = len(np.unique(top[top > 0])) / setup["store"].num_items
+        assert res["coverage@10"]["a" if run == a else "b"] == pytest.approx(cov)
+        users, slots = np.nonzero(top > 0)           # every (user, listed item) pair scored on its own
+        pair = scorer.score([hist[u] for u in users], top[users, slots][:, None],
+                            history_values=[evalset.history_values[rows[u]] for u in users])[:, 0]
+        total, count = np.zeros(len(rows)), np.zeros(len(rows))
+        np.add.at(total, users, pair)
+        np.add.at(count, users, 1)
+        means[run] = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    both = np.isfinite(means[a]) & np.isfinite(means[b])
+    assert res["judge reward@10"]["users"] == int(both.sum()) > 0
+    assert res["judge reward@10"]["a"] == pytest.approx(means[a][both].mean(), rel=1e-5)
+    assert res["judge reward@10"]["b"] == pytest.approx(means[b][both].mean(), rel=1e-5)
+
+
+def test_compare_errors_are_one_line(setup, aligned, reward_run, capsys):
+    from mindgr.cli import main
+    gr = setup["out"] / "gr"
+    capsys.readouterr()
+    assert main(["compare", str(gr), str(aligned["run"]), "--judge", str(gr)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "not a reward model run" in err and "\n" not in err
+    assert main(["compare", str(gr), str(reward_run), "--by-value"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "ranks no items per user" in err and "\n" not in err
