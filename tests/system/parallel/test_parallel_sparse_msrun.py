@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, TINY
 from mindgr.config import load_config
 from msrun_fixtures import run_ranks
 
@@ -64,13 +64,32 @@ def _base(tiny_overrides, steps):
         "model.dropout=0.2", f"run.ckpt_every={steps // 2}"]
 
 
-def test_tau0_equals_replicated_table(tmp_path, tiny_overrides):
+POOL = ["loss.negatives=shared_pool", "loss.pool_size=24"]
+
+
+def _one_process(out, base):
     from mindgr.train.trainer import Trainer
+    Trainer(load_config(None, base + [f"run.out_dir={out}"]), quiet=True).fit()
+    return out / "tiny"
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+    """The replicated table in one process, 12 steps: the losses tau 0 and the frequency layout must train."""
+    return _one_process(tmp_path_factory.mktemp("one"), _base(TINY, 12))
+
+
+@pytest.fixture(scope="module")
+def replicated_pool(tmp_path_factory):
+    """The same with one shared pool of 24 ids per step, 8 steps."""
+    return _one_process(tmp_path_factory.mktemp("one-pool"), _base(TINY, 8) + POOL)
+
+
+def test_tau0_equals_replicated_table(tmp_path, tiny_overrides, replicated):
     base = _base(tiny_overrides, 12)
-    Trainer(load_config(None, base + [f"run.out_dir={tmp_path / 'one'}"]), quiet=True).fit()
     _train(4, base + [f"run.out_dir={tmp_path / 'sharded'}", "parallel.sparse=hierarchical", "parallel.nodes=2",
                       "parallel.staleness=0", "parallel.sparse_update=dense"])
-    a, b = _losses(tmp_path / "one" / "tiny"), _losses(tmp_path / "sharded" / "tiny")
+    a, b = _losses(replicated), _losses(tmp_path / "sharded" / "tiny")
     assert sorted(a) == sorted(b) == list(range(1, 13))
     for step in a:
         assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])
@@ -79,7 +98,7 @@ def test_tau0_equals_replicated_table(tmp_path, tiny_overrides):
     assert all(r["staleness_max"] == 0 for r in windows)
     # sharded evaluation (users encoded from gathered rows) ranks like the replicated model
     from mindgr.train.trainer import evaluate_run
-    one, sharded = (json.loads((tmp_path / d / "tiny" / "eval.json").read_text()) for d in ("one", "sharded"))
+    one, sharded = (json.loads((d / "eval.json").read_text()) for d in (replicated, tmp_path / "sharded" / "tiny"))
     for split in ("valid", "test"):
         assert abs(one[split]["mrr"] - sharded[split]["mrr"]) <= 1e-3, (split, one[split], sharded[split])
     # `mindgr eval` of a sharded run assembles the table from the shard files: the same metrics
@@ -102,14 +121,12 @@ def test_staleness_two_is_exact_and_replicas_agree(tmp_path, tiny_overrides):
         "best.table-0of1.npz", "ckpt-step00000005.table-0of1.npz", "ckpt-step00000010.table-0of1.npz"]
 
 
-def test_frequency_layout_trains_like_flat_and_resumes_as_flat(tmp_path, tiny_overrides):
+def test_frequency_layout_trains_like_flat_and_resumes_as_flat(tmp_path, tiny_overrides, replicated):
     """Frequency layout (20 of 61 rows hot, the rest flat through the two-stage exchange) on 2 x 2 at
     staleness 0: the losses of the replicated table (one process; flat sharding gives them too: its
     traffic and lookups are checked by the self-check, its training by the resumed half below); its
     checkpoint (explicit row ids) resumed as flat continues them."""
-    from mindgr.train.trainer import Trainer
     common = ["parallel.nodes=2", "parallel.staleness=0", "parallel.sparse_update=dense"]
-    Trainer(load_config(None, _base(tiny_overrides, 8) + [f"run.out_dir={tmp_path / 'one'}"]), quiet=True).fit()
     freq = _base(tiny_overrides, 4) + [f"run.out_dir={tmp_path / 'freq'}", "parallel.sparse=frequency",
                                        "parallel.hot_rows=20", *common]
     _train(4, freq)
@@ -121,23 +138,21 @@ def test_frequency_layout_trains_like_flat_and_resumes_as_flat(tmp_path, tiny_ov
     assert all(r["sparse_inter_bytes"] > 0 and r["staleness_max"] == 0 for r in windows[1:])
     _train(4, ["--resume", *[o for o in freq if not o.startswith(("train.max_steps", "parallel.sparse="))],
                "train.max_steps=8", "parallel.sparse=flat"])
-    a, b = _losses(tmp_path / "one" / "tiny"), _losses(run)
+    a, b = {k: v for k, v in _losses(replicated).items() if k <= 8}, _losses(run)    # its first 8 steps
     assert sorted(a) == sorted(b) == list(range(1, 9))
     for step in a:
         assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])
 
 
 @pytest.mark.parametrize("layout", ["hierarchical", "frequency"])
-def test_shared_pool_equals_one_process(tmp_path, tiny_overrides, layout):
+def test_shared_pool_equals_one_process(tmp_path, tiny_overrides, replicated_pool, layout):
     """One pool of 24 ids per step, the same on both ranks (2 x 1, tau 0, every-row Adam): the losses of
     the single-process shared_pool run within 1e-5 for 8 steps (frequency: 20 hot rows, the rest fetched
     through the two-stage exchange)."""
-    from mindgr.train.trainer import Trainer
-    base = _base(tiny_overrides, 8) + ["loss.negatives=shared_pool", "loss.pool_size=24"]
-    Trainer(load_config(None, base + [f"run.out_dir={tmp_path / 'one'}"]), quiet=True).fit()
+    base = _base(tiny_overrides, 8) + POOL
     _train(2, base + [f"run.out_dir={tmp_path / 'sharded'}", f"parallel.sparse={layout}", "parallel.nodes=2",
                       "parallel.staleness=0", "parallel.sparse_update=dense", "parallel.hot_rows=20"])
-    a, b = _losses(tmp_path / "one" / "tiny"), _losses(tmp_path / "sharded" / "tiny")
+    a, b = _losses(replicated_pool), _losses(tmp_path / "sharded" / "tiny")
     assert sorted(a) == sorted(b) == list(range(1, 9))
     for step in a:
         assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])
