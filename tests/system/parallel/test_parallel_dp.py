@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, TINY
 from mindgr.config import load_config
 
 pytestmark = pytest.mark.slow   # an msrun job
@@ -28,34 +28,44 @@ def _losses(run_dir):
     return {r["step"]: r["loss"] for r in _rows(run_dir) if "loss" in r}
 
 
-def _one_and_two(tmp_path, tiny_overrides, ckpt_every: int, two_extra: list[str]):
+def _base(ckpt_every: int) -> list[str]:
+    return [*TINY, "run.log_every=1", "eval.every_epochs=0", "train.epochs=50", "train.max_steps=20",
+            "model.dropout=0.2", f"run.ckpt_every={ckpt_every}"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The 20 steps trained by one process (once for both tests: checkpoints do not change the losses)."""
+    from mindgr.train.trainer import Trainer
+    out = tmp_path_factory.mktemp("one")
+    Trainer(load_config(None, _base(10) + [f"run.out_dir={out}"]), quiet=True).fit()
+    return out / "tiny"
+
+
+def _one_and_two(tmp_path, one_process, ckpt_every: int, two_extra: list[str]):
     """The same 20 steps trained by one process and by 2 msrun ranks (`two_extra` on the ranks only);
     the losses must agree to 1e-5 relative -> the 2-rank run's dir."""
     from mindgr.parallel.launch import run_job
-    from mindgr.train.trainer import Trainer
-    base = [o for o in tiny_overrides if not o.startswith("run.out_dir")] + [
-        "run.log_every=1", "eval.every_epochs=0", "train.epochs=50", "train.max_steps=20", "model.dropout=0.2",
-        f"run.ckpt_every={ckpt_every}"]
-    Trainer(load_config(None, base + [f"run.out_dir={tmp_path / 'one'}"]), quiet=True).fit()
-    cmd = [sys.executable, "-m", "mindgr", "train", "--nproc", "2", *base, f"run.out_dir={tmp_path / 'two'}",
-           "parallel.threads=1", "parallel.node_timeout=30", "parallel.timeout=120", *two_extra]
+    cmd = [sys.executable, "-m", "mindgr", "train", "--nproc", "2", *_base(ckpt_every),
+           f"run.out_dir={tmp_path / 'two'}", "parallel.threads=1", "parallel.node_timeout=30",
+           "parallel.timeout=120", *two_extra]
     code, out, err, timed_out = run_job(cmd, TIMEOUT, cwd=REPO)
     assert not timed_out and code == 0, out[-3000:] + err[-3000:]
-    run1, run2 = tmp_path / "one" / "tiny", tmp_path / "two" / "tiny"
-    a, b = _losses(run1), _losses(run2)
+    run2 = tmp_path / "two" / "tiny"
+    a, b = _losses(one_process), _losses(run2)
     assert sorted(a) == sorted(b) == list(range(1, 21))
     for step in a:
         assert abs(a[step] - b[step]) <= 1e-5 * abs(a[step]), (step, a[step], b[step])
     return run2
 
 
-def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, tiny_overrides):
+def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, one_process):
     """parallel.grad_reduce=mindspore: MindSpore's DATA_PARALLEL mode and its gradient reducer (one fusion
     bucket) in the one-graph step (parallel.fused_step) give the 1-process losses for 20 steps, and both replicas
     hold the same weights. (The test below covers the flat sum, parallel.grad_reduce=own, in the two-graph
     step; tests/harness/grad_reduce_selftest.py the reducer's sums with more buckets.)"""
     from mindgr.train.trainer import evaluate_run
-    run2 = _one_and_two(tmp_path, tiny_overrides, 20, ["parallel.grad_reduce=mindspore", "parallel.fused_step=true"])
+    run2 = _one_and_two(tmp_path, one_process, 20, ["parallel.grad_reduce=mindspore", "parallel.fused_step=true"])
     log = (run2 / "msrun" / "worker_0.log").read_text()
     assert "MindSpore DATA_PARALLEL, 1 fusion bucket(s), one graph per step" in log
     states = [json.loads(p.read_text()) for p in sorted((run2 / "checkpoints" / "ranks").glob("*.json"))]
@@ -66,10 +76,10 @@ def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, tiny_overrides):
     assert all(single[k] == v for k, v in gathered["test"].items()), (single, gathered["test"])
 
 
-def test_two_processes_train_like_one(tmp_path, tiny_overrides):
+def test_two_processes_train_like_one(tmp_path, one_process):
     from mindgr.train.trainer import evaluate_run
     bind = ["parallel.bind_cores=true"] if len(os.sched_getaffinity(0)) >= 2 else []
-    run2 = _one_and_two(tmp_path, tiny_overrides, 10, ["parallel.grad_reduce=own", *bind])
+    run2 = _one_and_two(tmp_path, one_process, 10, ["parallel.grad_reduce=own", *bind])
 
     # Rank 0 logged the balance of every step; both ranks left their shard state at each checkpoint.
     assert "one flat AllReduce, two graphs per step" in (run2 / "msrun" / "worker_0.log").read_text()
