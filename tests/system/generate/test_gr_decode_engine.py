@@ -149,6 +149,7 @@ def test_children_scoring_equals_full_scoring_and_the_reference(seed, merger, tr
     cap = users + 1
     children = DecodingEngine(dec, trie, codes, beam, 12, num_users=cap)
     full = DecodingEngine(dec, trie, codes, beam, 12, num_users=cap, head="full")
+    full.state.share_graphs(children.state)             # one prefill graph (CI time); each head its step
     per_beam = DecodingEngine(dec, trie, codes, beam, 12, num_users=cap, cache="per_beam")
     assert children.state.gives_hidden and not getattr(per_beam.state, "gives_hidden", False)
     items, scores = children.search(hist, k)
