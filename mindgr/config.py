@@ -234,9 +234,11 @@ class ParallelConfig:
     draws: str = field(default="global", metadata=_rng(choices=["global", "sequence"]))  # host negatives/masks
     # Who sums the dense gradients over the ranks (docs/distributed.md): own = one flat AllReduce of every
     # gradient and the loss (mindgr.parallel.dp.FlatSum); mindspore = MindSpore's DATA_PARALLEL mode and
-    # nn.DistributedGradReducer, its AllReduces fused into parallel.grad_buckets buckets; auto = mindspore
-    # (measured not slower), except with parallel.sparse, whose executor keeps the flat sum
-    grad_reduce: str = field(default="auto", metadata=_rng(choices=["auto", "own", "mindspore"]))
+    # nn.DistributedGradReducer, its AllReduces fused into parallel.grad_buckets buckets; host = every rank
+    # on one x86-64 host adds the gradients through shared memory between two graphs (no collective);
+    # auto = host when every rank is on one CPU host (measured fastest there), else mindspore (measured not
+    # slower than own); own with parallel.sparse, whose executor keeps the flat sum
+    grad_reduce: str = field(default="auto", metadata=_rng(choices=["auto", "own", "mindspore", "host"]))
     grad_buckets: int = field(default=1, metadata=_rng(lo=0, hi=64))  # mindspore: 0 = one AllReduce per parameter
     # One compiled graph per step (gradients, their sum, the update: the form in which MindSpore can overlap
     # the sum with the backward, on Ascend) instead of two (forward + backward, then sum + update: each
@@ -480,7 +482,7 @@ def _validate_cross(cfg: Config):
                               f"!= parallel.nproc = {p.nproc}")
         if p.nodes and p.nproc > 1 and p.nproc % p.nodes:
             raise ConfigError(f"config: parallel.nodes = {p.nodes} does not divide parallel.nproc = {p.nproc}")
-        if p.grad_reduce == "mindspore":
+        if p.grad_reduce in ("mindspore", "host"):
             raise ConfigError(f"config: parallel.sparse = {p.sparse} sums its dense gradients with the flat "
                               f"AllReduce: use parallel.grad_reduce=auto or own (not {p.grad_reduce})")
         if cfg.loss.negatives not in ("per_token", "shared_pool"):

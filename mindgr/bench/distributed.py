@@ -21,9 +21,10 @@ they include everything a step costs: host packing and draws, the step, the grad
 the logging collectives. Also reported: real tokens per CPU-second of all processes.
 
 Method `reduce` (bench_reduce_blocks): not a scaling figure but the data-parallel step with the dense
-gradients summed by the hand-written flat AllReduce vs MindSpore's DATA_PARALLEL reducer at several fusion
-bucket counts, alternated in blocks inside one 2-rank job (mindgr.bench.reduce_blocks); per side the
-median and range over rounds of tokens/s and of its ratio to the flat sum.
+gradients summed by the hand-written flat AllReduce, the shared-memory host sum and MindSpore's
+DATA_PARALLEL reducer at several fusion bucket counts, alternated in blocks inside one 2-rank job
+(mindgr.bench.reduce_blocks); per side the median and range over rounds of tokens/s and of its ratio to
+the flat sum.
 """
 from __future__ import annotations
 
@@ -297,8 +298,8 @@ def bench_reduce_blocks(config=None, overrides=(), steps: int = 10, rounds: int 
                                                 for k in ("tokens_per_s", "apply_ms", "step_ms")},
               "blocks": raw["blocks"], "load_before": load_before, "load_after": machine_load()}
     print(f"bench distributed (reduce): {n} rounds x {steps} steps per block, 2 ranks, per rank "
-          f"{raw['rank_tokens']} tokens; own = one flat AllReduce, msK = MindSpore DATA_PARALLEL reducer with K "
-          f"fusion buckets (ms0: one AllReduce per parameter)")
+          f"{raw['rank_tokens']} tokens; own = one flat AllReduce, host = the shared-memory sum on one host, msK = "
+          f"MindSpore DATA_PARALLEL reducer with K fusion buckets (ms0: one AllReduce per parameter)")
     print(f"  {'side':>5s} {'tokens/s median [range]':>28s} {'step ms median':>15s} {'reduce+update ms':>17s} "
           f"{'/ own: median [range]':>24s} {'pooled [95%]':>22s}")
     for s in sides:

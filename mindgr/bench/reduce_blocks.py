@@ -1,7 +1,7 @@
 """Rank program of `mindgr bench distributed --method reduce`: the data-parallel step with the dense
-gradients summed by the hand-written flat AllReduce (parallel.grad_reduce=own) and by MindSpore's
-DATA_PARALLEL reducer (grad_reduce=mindspore, with several fusion bucket counts), alternated in blocks
-inside the same two processes.
+gradients summed by the hand-written flat AllReduce (parallel.grad_reduce=own), by the shared-memory host
+sum (grad_reduce=host, on an x86-64 host) and by MindSpore's DATA_PARALLEL reducer (grad_reduce=mindspore,
+with several fusion bucket counts), alternated in blocks inside the same two processes.
 
     python -m mindgr.parallel.launch --nproc 2 --threads 1 --log-dir D -- \
         -m mindgr.bench.reduce_blocks --out D/reduce.json --rounds 12 --steps 10 --buckets 1,2,4,0 \
@@ -31,7 +31,8 @@ FIXED_COST = ["parallel.calibrate=false", "parallel.cost_b=1.44e-8", "parallel.c
 
 
 def side_names(buckets: list[int]) -> list[str]:
-    return ["own"] + [f"ms{b}" for b in buckets]
+    from mindgr.parallel.host_sum import supported
+    return ["own"] + (["host"] if supported() is None else []) + [f"ms{b}" for b in buckets]
 
 
 def main(argv=None) -> int:
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     names = side_names(buckets)
     sides = {}
     for name in names:
-        extra = ["parallel.grad_reduce=own"] if name == "own" else [
+        extra = [f"parallel.grad_reduce={name}"] if name in ("own", "host") else [
             "parallel.grad_reduce=mindspore", f"parallel.grad_buckets={int(name[2:])}"]
         cfg = load_config(args.config, common + extra + [
             f"data.token_capacity={two_cfg.data.token_capacity}", f"data.row_capacity={two_cfg.data.row_capacity}",
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
         loop.executor.watchdog.timeout = max(loop.executor.watchdog.timeout, 60.0 * args.steps * len(names))
         run_dp_block(loop, args.warmup)                       # compiled now, under this side's fusion split
         sides[name] = loop
-    splits = {n: (list(s.executor.dp.apply_cell.splits) if n != "own" else None) for n, s in sides.items()}
+    splits = {n: (list(s.executor.dp.apply_cell.splits) if n.startswith("ms") else None) for n, s in sides.items()}
 
     blocks = []
     for r in range(args.rounds):

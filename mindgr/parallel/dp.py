@@ -14,7 +14,7 @@ the backward still runs (on Ascend; not verified here). On CPU with mccl it meas
 graphs (benchmarks/results/distributed.md). A rank's wall time then includes waiting for the slowest,
 so its own compute is measured in CPU time (a rank waiting in a collective burns none).
 
-Two ways to sum (parallel.grad_reduce; auto = mindspore, except beside the sharded item table):
+Three ways to sum (parallel.grad_reduce; auto = mindspore, except beside the sharded item table):
   own        the gradients and the loss go over the wire as ONE flat buffer (FlatSum): one collective per
              step instead of one per parameter, written when the reducer below issued one AllReduce per
              parameter (measured on mccl, 2 ranks, 240k floats in 28 tensors: 28 AllReduces 21 ms wall /
@@ -54,6 +54,28 @@ class LocalGrads(nn.Cell):
         return self.grad_fn(*inputs)
 
 
+def flat_bounds(shapes) -> tuple:
+    """(lo, hi) of each tensor of `shapes`, in order, in one flat vector."""
+    sizes = [int(np.prod(s)) for s in shapes]
+    return tuple(zip(np.cumsum([0] + sizes[:-1]).tolist(), np.cumsum(sizes).tolist()))
+
+
+class FlatSplit(nn.Cell):
+    """One flat vector cut back into tensors of `shapes` (the inverse of concatenating them flattened)."""
+
+    def __init__(self, shapes):
+        super().__init__()
+        self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
+        self.bounds = flat_bounds(self.shapes)
+
+    def construct(self, flat):
+        out = ()
+        for k in range(len(self.shapes)):
+            lo, hi = self.bounds[k]
+            out = out + (flat[lo:hi].reshape(self.shapes[k]),)
+        return out
+
+
 class FlatSum(nn.Cell):
     """Sum a tuple of float32 tensors (the gradients, then the loss) over all ranks with one AllReduce:
     flatten and concatenate, reduce, cut back into the original shapes. Exact: the same sums as one
@@ -61,19 +83,20 @@ class FlatSum(nn.Cell):
 
     def __init__(self, shapes):
         super().__init__()
-        self.shapes = tuple(tuple(int(d) for d in s) for s in shapes)
-        sizes = [int(np.prod(s)) for s in self.shapes]
-        self.bounds = tuple(zip(np.cumsum([0] + sizes[:-1]).tolist(), np.cumsum(sizes).tolist()))
+        self.split = FlatSplit(shapes)
         self.allreduce = ops.AllReduce(ops.ReduceOp.SUM, GlobalComm.WORLD_COMM_GROUP)
 
     def construct(self, tensors):
         flat = ops.concat([t.reshape(-1) for t in tensors])
-        flat = self.allreduce(flat)
-        out = ()
-        for k in range(len(self.shapes)):
-            lo, hi = self.bounds[k]
-            out = out + (flat[lo:hi].reshape(self.shapes[k]),)
-        return out
+        return self.split(self.allreduce(flat))
+
+
+def _float32_params(optimizer, who: str):
+    params = optimizer.parameters
+    if any(p.dtype != ms.float32 for p in params):
+        raise TypeError(f"{who}: the flat gradient sum expects float32 parameters, got "
+                        f"{sorted({str(p.dtype) for p in params})}")
+    return params
 
 
 class ReduceApply(nn.Cell):
@@ -83,10 +106,7 @@ class ReduceApply(nn.Cell):
     def __init__(self, optimizer):
         super().__init__()
         self.optimizer = optimizer
-        params = optimizer.parameters
-        if any(p.dtype != ms.float32 for p in params):
-            raise TypeError("ReduceApply: the flat gradient sum expects float32 parameters, got "
-                            f"{sorted({str(p.dtype) for p in params})}")
+        params = _float32_params(optimizer, "ReduceApply")
         self.flat_sum = FlatSum([p.shape for p in params] + [(1,)])
 
     def construct(self, loss, grads):
@@ -95,12 +115,33 @@ class ReduceApply(nn.Cell):
         return summed[-1]
 
 
-def reduce_mode(p) -> str:
-    """parallel.grad_reduce resolved for the config's ParallelConfig `p`: auto = MindSpore's reducer, except
-    beside the sharded item table (parallel.sparse), whose executor keeps the flat sum."""
+class FlatApply(nn.Cell):
+    """One optimizer step from one flat float32 vector, the gradients already summed over the ranks then the
+    global loss (the host sum's output); returns the loss."""
+
+    def __init__(self, optimizer):
+        super().__init__()
+        self.optimizer = optimizer
+        params = _float32_params(optimizer, "FlatApply")
+        self.split = FlatSplit([p.shape for p in params] + [(1,)])
+        self.size = int(sum(int(np.prod(p.shape)) for p in params)) + 1
+
+    def construct(self, flat):
+        summed = self.split(flat)
+        self.optimizer(summed[:-1])
+        return summed[-1]
+
+
+def reduce_mode(p, one_cpu_host: bool = False) -> str:
+    """parallel.grad_reduce resolved for the config's ParallelConfig `p`: auto = the flat sum beside the
+    sharded item table (parallel.sparse); else the shared-memory host sum when every rank runs on one x86-64
+    CPU host (`one_cpu_host`: measured faster than both collectives there, docs/distributed.md); else
+    MindSpore's reducer."""
     if p.grad_reduce != "auto":
         return p.grad_reduce
-    return "own" if p.sparse != "none" else "mindspore"
+    if p.sparse != "none":
+        return "own"
+    return "host" if one_cpu_host else "mindspore"
 
 
 def bucket_splits(sizes, buckets: int) -> list[int]:
@@ -175,17 +216,60 @@ class FusedStep(nn.Cell):
         return self.apply_cell(loss.reshape((1,)), grads)
 
 
+def host_sum_op(host_sum):
+    """A graph op (a MindSpore pyfunc Custom op, run on the host inside the graph) that puts a flat float32
+    vector into this rank's slot of `host_sum` and returns the sum over the ranks."""
+    def add_over_ranks(flat):
+        host_sum.slot()[:] = flat
+        return host_sum.sum()
+    return ops.Custom(add_over_ranks, out_shape=lambda x: x, out_dtype=lambda x: x, func_type="pyfunc")
+
+
+class FusedHostStep(nn.Cell):
+    """The one-graph step with the shared-memory sum: gradients, flattened with the loss, summed over the
+    ranks by host_sum_op inside the graph, then FlatApply. Returns the global loss."""
+
+    def __init__(self, local, apply_cell, host_sum):
+        super().__init__()
+        self.local = local
+        self.apply_cell = apply_cell
+        self.add_over_ranks = host_sum_op(host_sum)
+
+    def construct(self, *inputs):
+        loss, grads = self.local(*inputs)
+        flat = ops.concat([g.reshape(-1) for g in grads] + [loss.reshape(1)])
+        return self.apply_cell(self.add_over_ranks(flat)).reshape((1,))
+
+
 class DataParallelStep:
     """Holds the graphs: `grads()` then `apply()` (two graphs, the first timed per rank), or `step()` (one).
-    reduce: "own" (FlatSum) or "mindspore" (MindSporeReduceApply with `buckets`). The fused graph shares
-    the two cells' parameters, so a run may use either at any step (the calibration times `local`)."""
+    reduce: "own" (FlatSum), "mindspore" (MindSporeReduceApply with `buckets`) or "host" (the gradients
+    summed by `host_sum`, a mindgr.parallel.host_sum.HostSum, between the two graphs; then FlatApply). The
+    fused graph shares the two cells' parameters, so a run may use either at any step (the calibration times
+    `local`)."""
 
-    def __init__(self, loss_net, optimizer, reduce: str = "own", buckets: int = 1, fused: bool = False):
+    def __init__(self, loss_net, optimizer, reduce: str = "own", buckets: int = 1, fused: bool = False,
+                 host_sum=None):
         self.local = LocalGrads(loss_net, optimizer.parameters)
         self.reduce = reduce
-        self.apply_cell = (MindSporeReduceApply(optimizer, buckets) if reduce == "mindspore"
-                           else ReduceApply(optimizer))
-        self.fused = FusedStep(self.local, self.apply_cell) if fused else None
+        self.host_sum = host_sum
+        if reduce == "host":
+            if host_sum is None:
+                raise ValueError("DataParallelStep: reduce='host' needs host_sum")
+            self.apply_cell = FlatApply(optimizer)
+            if host_sum.n != self.apply_cell.size:
+                raise ValueError(f"DataParallelStep: host_sum holds {host_sum.n} floats, the gradients and the "
+                                 f"loss {self.apply_cell.size}")
+            self.bounds = flat_bounds([p.shape for p in optimizer.parameters])
+        else:
+            self.apply_cell = (MindSporeReduceApply(optimizer, buckets) if reduce == "mindspore"
+                               else ReduceApply(optimizer))
+        if not fused:
+            self.fused = None
+        elif reduce == "host":
+            self.fused = FusedHostStep(self.local, self.apply_cell, host_sum)
+        else:
+            self.fused = FusedStep(self.local, self.apply_cell)
 
     def step(self, *inputs) -> float:
         """One fused graph: gradients, their sum over the ranks, the update; the global loss."""
@@ -197,6 +281,13 @@ class DataParallelStep:
         return loss, grads
 
     def apply(self, loss, grads) -> float:
+        if self.reduce == "host":
+            slot = self.host_sum.slot()
+            for g, (lo, hi) in zip(grads, self.bounds):
+                slot[lo:hi] = g.asnumpy().reshape(-1)
+            slot[-1] = loss.asnumpy().reshape(-1)[0]
+            summed = self.host_sum.sum()
+            return float(self.apply_cell(ms.Tensor(summed)).asnumpy()[0])
         # A plain tuple argument is a graph constant: every new one recompiles (~55 ms measured even for
         # a trivial graph); mutable() makes it an ordinary input.
         return float(self.apply_cell(loss.reshape((1,)), mutable(grads)).asnumpy()[0])

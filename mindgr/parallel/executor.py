@@ -67,6 +67,57 @@ def _inject_fault(kind: str, rank: int, step: int):
         time.sleep(60)
 
 
+def _host_id() -> int:
+    """crc32 of this host's boot id and name: equal on every rank of one host."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    import socket
+    return zlib.crc32(f"{boot}/{socket.gethostname()}".encode()) & 0x7FFFFFFF
+
+
+def _host_facts(ctx) -> np.ndarray:
+    """[world, 2] int32: every rank's host id and whether it can NOT use the shared-memory sum."""
+    from mindgr.parallel import host_sum
+    mine = np.array([_host_id(), 0 if host_sum.supported() is None else 1], np.int32).reshape(1, 2)
+    return comm.all_gather(mine)
+
+
+def _one_cpu_host(ctx) -> bool:
+    """Every rank on one CPU (mccl) host that can use the shared-memory gradient sum."""
+    if ctx.backend != "mccl" or ctx.world < 2:
+        return False
+    facts = _host_facts(ctx)
+    return len(set(facts[:, 0].tolist())) == 1 and not facts[:, 1].any()
+
+
+def _join_host_sum(ctx, n: int, timeout: float):
+    """Every rank opens the job's shared-memory sum of n floats (parallel.grad_reduce=host): checks that the
+    ranks share one host, rank 0 creates the segment under a name it broadcasts, all open it, then it is
+    unlinked (the mappings stay; a crash leaves nothing in /dev/shm)."""
+    from mindgr.parallel import host_sum
+    why = host_sum.supported()
+    hosts = _host_facts(ctx)
+    if len(set(hosts[:, 0].tolist())) > 1:
+        raise ConfigError(f"config: parallel.grad_reduce=host needs every rank on one host; the {ctx.world} ranks "
+                          f"are on {len(set(hosts[:, 0].tolist()))}: use parallel.grad_reduce=auto")
+    if hosts[:, 1].any():
+        raise ConfigError(f"config: parallel.grad_reduce=host: {why or 'not supported on a peer rank'}; "
+                          "use parallel.grad_reduce=auto")
+    token = int(np.random.default_rng().integers(1, 2**31 - 1)) if ctx.rank == 0 else 0
+    token = int(comm.broadcast(np.array([token], np.int32), 0)[0])
+    path = host_sum.segment_path(token)
+    made = host_sum.HostSum(path, ctx.rank, ctx.world, n, create=True, timeout=timeout) if ctx.rank == 0 else None
+    comm.barrier()
+    joined = made or host_sum.HostSum(path, ctx.rank, ctx.world, n, create=False, timeout=timeout)
+    comm.barrier()
+    if ctx.rank == 0:
+        joined.unlink()
+    return joined
+
+
 class _AgreedStop:
     """Ranks receive a stop signal at different moments; they must stop at the SAME step boundary, or rank 0
     would save while the others wait in the next step's collective.
@@ -148,7 +199,7 @@ class DataParallelExecutor(Executor):
         super().__init__(cfg, task)
         self.ctx = init_distributed(cfg.parallel.threads, cfg.parallel.bind_cores)  # msrun's scheduler stops here
         from mindgr.parallel.dp import reduce_mode
-        self.grad_reduce = reduce_mode(cfg.parallel)
+        self.grad_reduce = reduce_mode(cfg.parallel, cfg.parallel.grad_reduce == "auto" and _one_cpu_host(self.ctx))
         if self.grad_reduce == "mindspore":              # before build() creates any parameter or graph
             use_data_parallel_mode(self.ctx.world)
         self.fault = _fault_plan()
@@ -188,8 +239,12 @@ class DataParallelExecutor(Executor):
         # More than one fusion bucket inside the one-graph step fails in MindSpore 2.10's CPU runtime (a
         # memory-allocation error at the first step): those steps stay two graphs.
         fused = p.fused_step and not (self.grad_reduce == "mindspore" and p.grad_buckets > 1)
+        host_sum = None
+        if self.grad_reduce == "host":
+            n = sum(int(np.prod(q.shape)) for q in self.model.optimizer.parameters) + 1
+            host_sum = _join_host_sum(self.ctx, n, p.timeout)
         return DataParallelStep(self.model.loss_net, self.model.optimizer, self.grad_reduce, p.grad_buckets,
-                                fused=fused)
+                                fused=fused, host_sum=host_sum)
 
     def build(self, run: RunContext):
         from mindgr.parallel.plan import RankPlanner
@@ -232,6 +287,8 @@ class DataParallelExecutor(Executor):
     def _reducer_name(self) -> str:
         p = self.cfg.parallel
         graphs = ", one graph per step" if getattr(self.dp, "fused", None) is not None else ", two graphs per step"
+        if getattr(self.dp, "reduce", "own") == "host":
+            return "shared memory on one host" + graphs
         if getattr(self.dp, "reduce", "own") != "mindspore":
             return "one flat AllReduce" + graphs
         return ("MindSpore DATA_PARALLEL, " + ("one AllReduce per parameter" if p.grad_buckets == 0 else

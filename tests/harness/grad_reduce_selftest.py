@@ -1,11 +1,13 @@
 """Check MindSpore's data-parallel reducer (mindgr.parallel.dp.MindSporeReduceApply) and the flat sum
-(ReduceApply) against numpy, under msrun in MindSpore's DATA_PARALLEL mode.
+(ReduceApply) and the shared-memory host sum (FlatApply after HostSum, between two graphs and inside the
+one-graph step) against numpy, under msrun in MindSpore's DATA_PARALLEL mode.
 
     python -m mindgr.parallel.launch --nproc 2 -- tests/harness/grad_reduce_selftest.py 0
 
 Every rank draws its gradients and loss share from a generator seeded by (seed, rank), so each rank knows
 what every rank holds. One step of plain SGD (learning rate 1, from zero weights) turns each reducer's
-summed gradients into the new weights: -sum over ranks. Checked for the flat sum and for MindSpore's
+summed gradients into the new weights: -sum over ranks. (The one-graph host step differentiates a linear
+loss, sum_k <w_k, c_k> + b with the rank's draws as c_k and its loss share as b, to get those gradients.) Checked for the flat sum and for MindSpore's
 reducer with 0 (unfused), 1, 2 and 3 fusion buckets, on tensors of uneven sizes. With 2 ranks a sum is one
 float32 addition, so the results must be bit-identical to numpy. Prints `SELFTEST {json}`; exits 1 on
 any difference.
@@ -35,19 +37,40 @@ def main(argv=None) -> int:
     use_data_parallel_mode(ctx.world)
     import mindspore as ms
     from mindspore import Parameter, Tensor, mutable, nn
-    from mindgr.parallel.dp import MindSporeReduceApply, ReduceApply
+    from mindgr.parallel.dp import DataParallelStep, MindSporeReduceApply, ReduceApply
+    from mindgr.parallel.executor import _join_host_sum
 
     every = [draws(seed, r) for r in range(ctx.world)]
     want_grads = [sum(g[k] for g, _ in every) for k in range(len(SHAPES))]   # rank order, float32
     want_loss = float(sum(loss for _, loss in every))
     grads, loss = every[ctx.rank]
     out = {"rank": ctx.rank, "world": ctx.world, "checks": {}}
-    for name, buckets in (("flat", None), ("ms_unfused", 0), ("ms_1", 1), ("ms_2", 2), ("ms_3", 3)):
+    n = sum(int(np.prod(s)) for s in SHAPES) + 1
+    class Linear(nn.Cell):
+        def __init__(self, params):
+            super().__init__()
+            self.ws = ms.ParameterTuple(params)
+
+        def construct(self, *cs):
+            total = cs[-1]
+            for k in range(len(self.ws)):
+                total = total + (self.ws[k] * cs[k]).sum()
+            return total
+
+    for name, buckets in (("flat", None), ("ms_unfused", 0), ("ms_1", 1), ("ms_2", 2), ("ms_3", 3), ("host", None),
+                          ("host_fused", None)):
         params = [Parameter(Tensor(np.zeros(s, np.float32)), name=f"{name}_w{k}") for k, s in enumerate(SHAPES)]
         opt = nn.SGD(params, learning_rate=1.0)
-        cell = ReduceApply(opt) if buckets is None else MindSporeReduceApply(opt, buckets)
-        got_loss = float(cell(Tensor(np.array([loss], np.float32)),
-                              mutable(tuple(Tensor(g) for g in grads))).asnumpy()[0])
+        if name == "host":
+            step = DataParallelStep(nn.Identity(), opt, "host", host_sum=_join_host_sum(ctx, n, 60.0))
+            got_loss = step.apply(Tensor(np.array(loss, np.float32)), tuple(Tensor(g) for g in grads))
+        elif name == "host_fused":
+            step = DataParallelStep(Linear(params), opt, "host", fused=True, host_sum=_join_host_sum(ctx, n, 60.0))
+            got_loss = step.step(*[Tensor(g) for g in grads], Tensor(np.float32(loss)), Tensor(np.float32(1.0)))
+        else:
+            cell = ReduceApply(opt) if buckets is None else MindSporeReduceApply(opt, buckets)
+            got_loss = float(cell(Tensor(np.array([loss], np.float32)),
+                                  mutable(tuple(Tensor(g) for g in grads))).asnumpy()[0])
         exact = ctx.world == 2
         same = [np.array_equal(-p.asnumpy(), w) if exact else np.allclose(-p.asnumpy(), w, rtol=1e-6, atol=0)
                 for p, w in zip(params, want_grads)]

@@ -49,5 +49,5 @@ def test_mindspore_gradient_reducer_matches_numpy(tmp_path):
     results = selftest_results(tmp_path / "logs", 2)
     for r, res in enumerate(results):
         assert res["rank"] == r and res["ok"], res
-        assert set(res["checks"]) == {"flat", "ms_unfused", "ms_1", "ms_2", "ms_3"}
+        assert set(res["checks"]) == {"flat", "ms_unfused", "ms_1", "ms_2", "ms_3", "host", "host_fused"}
         assert [res["checks"][k]["buckets"] for k in ("ms_unfused", "ms_1", "ms_2", "ms_3")] == [0, 1, 2, 3]

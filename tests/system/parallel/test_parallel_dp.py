@@ -62,8 +62,9 @@ def _one_and_two(tmp_path, one_process, ckpt_every: int, two_extra: list[str]):
 def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, one_process):
     """parallel.grad_reduce=mindspore: MindSpore's DATA_PARALLEL mode and its gradient reducer (one fusion
     bucket) in the one-graph step (parallel.fused_step) give the 1-process losses for 20 steps, and both replicas
-    hold the same weights. (The test below covers the flat sum, parallel.grad_reduce=own, in the two-graph
-    step; tests/harness/grad_reduce_selftest.py the reducer's sums with more buckets.)"""
+    hold the same weights. (The test below covers the shared-memory host sum, parallel.grad_reduce=host, in the
+    two-graph step; the flat sum (own) trains beside the sharded table in the sparse tests;
+    tests/harness/grad_reduce_selftest.py checks all three sums, the reducer's with more buckets.)"""
     from mindgr.train.trainer import evaluate_run
     run2 = _one_and_two(tmp_path, one_process, 20, ["parallel.grad_reduce=mindspore", "parallel.fused_step=true"])
     log = (run2 / "msrun" / "worker_0.log").read_text()
@@ -79,10 +80,10 @@ def test_mindspore_data_parallel_mode_trains_like_one(tmp_path, one_process):
 def test_two_processes_train_like_one(tmp_path, one_process):
     from mindgr.train.trainer import evaluate_run
     bind = ["parallel.bind_cores=true"] if len(os.sched_getaffinity(0)) >= 2 else []
-    run2 = _one_and_two(tmp_path, one_process, 10, ["parallel.grad_reduce=own", *bind])
+    run2 = _one_and_two(tmp_path, one_process, 10, ["parallel.grad_reduce=host", *bind])
 
     # Rank 0 logged the balance of every step; both ranks left their shard state at each checkpoint.
-    assert "one flat AllReduce, two graphs per step" in (run2 / "msrun" / "worker_0.log").read_text()
+    assert "shared memory on one host, two graphs per step" in (run2 / "msrun" / "worker_0.log").read_text()
     windows = [r for r in _rows(run2) if "loss" in r]
     assert all("imbalance_pred" in r and len(r["rank_step_s"]) == 2 for r in windows)
     per_step = _rows(run2, "balance.jsonl")

@@ -46,6 +46,9 @@ def test_sharded_table_keeps_the_flat_gradient_sum():
     assert reduce_mode(load_config(None, []).parallel) == "mindspore"
     assert reduce_mode(load_config(None, ["parallel.grad_reduce=own"]).parallel) == "own"
     assert reduce_mode(load_config(None, ["parallel.sparse=flat"]).parallel) == "own"
+    assert reduce_mode(load_config(None, []).parallel, one_cpu_host=True) == "host"
+    assert reduce_mode(load_config(None, ["parallel.sparse=flat"]).parallel, one_cpu_host=True) == "own"
+    assert reduce_mode(load_config(None, ["parallel.grad_reduce=mindspore"]).parallel, one_cpu_host=True) == "mindspore"
     with pytest.raises(ConfigError) as e:
         load_config(None, ["parallel.sparse=flat", "parallel.grad_reduce=mindspore"])
     assert "\n" not in str(e.value) and "parallel.grad_reduce=auto or own" in str(e.value)
