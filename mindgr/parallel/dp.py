@@ -216,12 +216,26 @@ class FusedStep(nn.Cell):
         return self.apply_cell(loss.reshape((1,)), grads)
 
 
-def host_sum_op(host_sum):
+class Ballot:
+    """One float every rank adds to the host sum's vector beside its gradients: `vote` is this rank's for the
+    next sum, `total` the sum over the ranks of the last one. The ranks' stop agreement rides on it
+    (mindgr.parallel.executor._AgreedStop) instead of a collective of its own."""
+
+    def __init__(self):
+        self.vote, self.total = 0.0, 0.0
+
+
+def host_sum_op(host_sum, ballot: Ballot):
     """A graph op (a MindSpore pyfunc Custom op, run on the host inside the graph) that puts a flat float32
-    vector into this rank's slot of `host_sum` and returns the sum over the ranks."""
+    vector and the ballot's vote into this rank's slot of `host_sum` and returns the vector's sum over the
+    ranks (the votes' sum goes to ballot.total)."""
     def add_over_ranks(flat):
-        host_sum.slot()[:] = flat
-        return host_sum.sum()
+        slot = host_sum.slot()
+        slot[:-1] = flat
+        slot[-1] = ballot.vote
+        summed = host_sum.sum()
+        ballot.total = float(summed[-1])
+        return summed[:-1]
     return ops.Custom(add_over_ranks, out_shape=lambda x: x, out_dtype=lambda x: x, func_type="pyfunc")
 
 
@@ -229,11 +243,11 @@ class FusedHostStep(nn.Cell):
     """The one-graph step with the shared-memory sum: gradients, flattened with the loss, summed over the
     ranks by host_sum_op inside the graph, then FlatApply. Returns the global loss."""
 
-    def __init__(self, local, apply_cell, host_sum):
+    def __init__(self, local, apply_cell, host_sum, ballot: Ballot):
         super().__init__()
         self.local = local
         self.apply_cell = apply_cell
-        self.add_over_ranks = host_sum_op(host_sum)
+        self.add_over_ranks = host_sum_op(host_sum, ballot)
 
     def construct(self, *inputs):
         loss, grads = self.local(*inputs)
@@ -243,8 +257,9 @@ class FusedHostStep(nn.Cell):
 
 class DataParallelStep:
     """Holds the graphs: `grads()` then `apply()` (two graphs, the first timed per rank), or `step()` (one).
-    reduce: "own" (FlatSum), "mindspore" (MindSporeReduceApply with `buckets`) or "host" (the gradients
-    summed by `host_sum`, a mindgr.parallel.host_sum.HostSum, between the two graphs; then FlatApply). The
+    reduce: "own" (FlatSum), "mindspore" (MindSporeReduceApply with `buckets`) or "host" (the gradients, the
+    loss and a Ballot's vote summed by `host_sum`, a mindgr.parallel.host_sum.HostSum, between the two graphs
+    or inside the one; then FlatApply). The
     fused graph shares the two cells' parameters, so a run may use either at any step (the calibration times
     `local`)."""
 
@@ -253,13 +268,14 @@ class DataParallelStep:
         self.local = LocalGrads(loss_net, optimizer.parameters)
         self.reduce = reduce
         self.host_sum = host_sum
+        self.ballot = Ballot() if reduce == "host" else None
         if reduce == "host":
             if host_sum is None:
                 raise ValueError("DataParallelStep: reduce='host' needs host_sum")
             self.apply_cell = FlatApply(optimizer)
-            if host_sum.n != self.apply_cell.size:
-                raise ValueError(f"DataParallelStep: host_sum holds {host_sum.n} floats, the gradients and the "
-                                 f"loss {self.apply_cell.size}")
+            if host_sum.n != self.apply_cell.size + 1:
+                raise ValueError(f"DataParallelStep: host_sum holds {host_sum.n} floats, the gradients, the "
+                                 f"loss and the vote {self.apply_cell.size + 1}")
             self.bounds = flat_bounds([p.shape for p in optimizer.parameters])
         else:
             self.apply_cell = (MindSporeReduceApply(optimizer, buckets) if reduce == "mindspore"
@@ -267,7 +283,7 @@ class DataParallelStep:
         if not fused:
             self.fused = None
         elif reduce == "host":
-            self.fused = FusedHostStep(self.local, self.apply_cell, host_sum)
+            self.fused = FusedHostStep(self.local, self.apply_cell, host_sum, self.ballot)
         else:
             self.fused = FusedStep(self.local, self.apply_cell)
 
@@ -285,9 +301,11 @@ class DataParallelStep:
             slot = self.host_sum.slot()
             for g, (lo, hi) in zip(grads, self.bounds):
                 slot[lo:hi] = g.asnumpy().reshape(-1)
-            slot[-1] = loss.asnumpy().reshape(-1)[0]
+            slot[-2] = loss.asnumpy().reshape(-1)[0]
+            slot[-1] = self.ballot.vote
             summed = self.host_sum.sum()
-            return float(self.apply_cell(ms.Tensor(summed)).asnumpy()[0])
+            self.ballot.total = float(summed[-1])
+            return float(self.apply_cell(ms.Tensor(summed[:-1])).asnumpy()[0])
         # A plain tuple argument is a graph constant: every new one recompiles (~55 ms measured even for
         # a trivial graph); mutable() makes it an ordinary input.
         return float(self.apply_cell(loss.reshape((1,)), mutable(grads)).asnumpy()[0])

@@ -126,12 +126,15 @@ class _AgreedStop:
     with one that only notes the signal. Before every step the ranks all-reduce (max) the noted signal; when
     any rank has one, every rank hands it to the saved handler at once, so the loop stops on all of them after
     that same step (and rank 0 saves). A second signal on a rank that already noted one ends it at once.
+    With the shared-memory gradient sum the noted signal is a vote in the last step's sum instead
+    (`ballot`, mindgr.parallel.dp.Ballot): every rank sees the same total after the same step, no collective.
     """
 
     def __init__(self):
         self.noted = 0
         self.delivered = False
         self._saved = {}
+        self.ballot = None
 
     def install(self):
         import signal
@@ -157,10 +160,15 @@ class _AgreedStop:
         of the shared 2-core host, next to steps of 100 ms and more)."""
         if self.delivered or not self._saved:
             return
-        agreed = int(comm.all_reduce(np.array([self.noted], np.int32), op="max")[0])
+        if self.ballot is not None:
+            self.ballot.vote = float(self.noted)        # counted in this step's sum, seen before the next
+            agreed = int(round(self.ballot.total))      # a sum of signal numbers: > 0 when any rank noted one
+        else:
+            agreed = int(comm.all_reduce(np.array([self.noted], np.int32), op="max")[0])
         if agreed:
             self.delivered = True
-            handler = self._saved.get(agreed) or next(iter(self._saved.values()))
+            handler = (self._saved.get(agreed) or self._saved.get(self.noted)
+                       or next(iter(self._saved.values())))
             handler(agreed, None)        # the loop now stops after this step, on every rank
 
 
@@ -241,10 +249,12 @@ class DataParallelExecutor(Executor):
         fused = p.fused_step and not (self.grad_reduce == "mindspore" and p.grad_buckets > 1)
         host_sum = None
         if self.grad_reduce == "host":
-            n = sum(int(np.prod(q.shape)) for q in self.model.optimizer.parameters) + 1
+            n = sum(int(np.prod(q.shape)) for q in self.model.optimizer.parameters) + 2   # + the loss, a vote
             host_sum = _join_host_sum(self.ctx, n, p.timeout)
-        return DataParallelStep(self.model.loss_net, self.model.optimizer, self.grad_reduce, p.grad_buckets,
+        step = DataParallelStep(self.model.loss_net, self.model.optimizer, self.grad_reduce, p.grad_buckets,
                                 fused=fused, host_sum=host_sum)
+        self.agreed_stop.ballot = step.ballot
+        return step
 
     def build(self, run: RunContext):
         from mindgr.parallel.plan import RankPlanner

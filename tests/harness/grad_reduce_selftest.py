@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     want_loss = float(sum(loss for _, loss in every))
     grads, loss = every[ctx.rank]
     out = {"rank": ctx.rank, "world": ctx.world, "checks": {}}
-    n = sum(int(np.prod(s)) for s in SHAPES) + 1
+    n = sum(int(np.prod(s)) for s in SHAPES) + 2          # the host sum's vector: gradients, loss, a vote
     class Linear(nn.Cell):
         def __init__(self, params):
             super().__init__()
@@ -61,12 +61,17 @@ def main(argv=None) -> int:
                           ("host_fused", None)):
         params = [Parameter(Tensor(np.zeros(s, np.float32)), name=f"{name}_w{k}") for k, s in enumerate(SHAPES)]
         opt = nn.SGD(params, learning_rate=1.0)
+        votes = None
         if name == "host":
             step = DataParallelStep(nn.Identity(), opt, "host", host_sum=_join_host_sum(ctx, n, 60.0))
+            step.ballot.vote = float(ctx.rank + 1)            # the ranks' votes ride in the same sum
             got_loss = step.apply(Tensor(np.array(loss, np.float32)), tuple(Tensor(g) for g in grads))
+            votes = step.ballot.total == ctx.world * (ctx.world + 1) / 2
         elif name == "host_fused":
             step = DataParallelStep(Linear(params), opt, "host", fused=True, host_sum=_join_host_sum(ctx, n, 60.0))
+            step.ballot.vote = float(ctx.rank + 1)
             got_loss = step.step(*[Tensor(g) for g in grads], Tensor(np.float32(loss)), Tensor(np.float32(1.0)))
+            votes = step.ballot.total == ctx.world * (ctx.world + 1) / 2
         else:
             cell = ReduceApply(opt) if buckets is None else MindSporeReduceApply(opt, buckets)
             got_loss = float(cell(Tensor(np.array([loss], np.float32)),
@@ -75,8 +80,9 @@ def main(argv=None) -> int:
         same = [np.array_equal(-p.asnumpy(), w) if exact else np.allclose(-p.asnumpy(), w, rtol=1e-6, atol=0)
                 for p, w in zip(params, want_grads)]
         out["checks"][name] = {"grads": all(same), "loss": abs(got_loss - want_loss) <= 1e-6 * abs(want_loss),
-                               "buckets": None if buckets is None else len(cell.splits) + 1 if buckets else 0}
-    ok = all(c["grads"] and c["loss"] for c in out["checks"].values())
+                               "buckets": None if buckets is None else len(cell.splits) + 1 if buckets else 0,
+                               "votes": votes}
+    ok = all(c["grads"] and c["loss"] and c["votes"] is not False for c in out["checks"].values())
     out["ok"] = ok
     print("SELFTEST " + json.dumps(out), flush=True)
     return 0 if ok else 1

@@ -51,3 +51,4 @@ def test_mindspore_gradient_reducer_matches_numpy(tmp_path):
         assert res["rank"] == r and res["ok"], res
         assert set(res["checks"]) == {"flat", "ms_unfused", "ms_1", "ms_2", "ms_3", "host", "host_fused"}
         assert [res["checks"][k]["buckets"] for k in ("ms_unfused", "ms_1", "ms_2", "ms_3")] == [0, 1, 2, 3]
+        assert res["checks"]["host"]["votes"] is True and res["checks"]["host_fused"]["votes"] is True
