@@ -109,8 +109,14 @@ def _join_host_sum(ctx, n: int, timeout: float):
     token = int(np.random.default_rng().integers(1, 2**31 - 1)) if ctx.rank == 0 else 0
     token = int(comm.broadcast(np.array([token], np.int32), 0)[0])
     path = host_sum.segment_path(token)
-    made = host_sum.HostSum(path, ctx.rank, ctx.world, n, create=True, timeout=timeout) if ctx.rank == 0 else None
-    comm.barrier()
+    made, why = None, ""
+    if ctx.rank == 0:
+        try:
+            made = host_sum.HostSum(path, ctx.rank, ctx.world, n, create=True, timeout=timeout)
+        except OSError as e:
+            why = str(e)
+    if not int(comm.broadcast(np.array([made is not None or ctx.rank != 0], np.int32), 0)[0]):
+        raise OSError(why or "rank 0 could not create the shared-memory gradient sum (see its log)")
     joined = made or host_sum.HostSum(path, ctx.rank, ctx.world, n, create=False, timeout=timeout)
     comm.barrier()
     if ctx.rank == 0:
@@ -250,7 +256,13 @@ class DataParallelExecutor(Executor):
         host_sum = None
         if self.grad_reduce == "host":
             n = sum(int(np.prod(q.shape)) for q in self.model.optimizer.parameters) + 2   # + the loss, a vote
-            host_sum = _join_host_sum(self.ctx, n, p.timeout)
+            try:
+                host_sum = _join_host_sum(self.ctx, n, p.timeout)
+            except OSError as e:
+                if p.grad_reduce == "host":
+                    raise ConfigError(f"config: parallel.grad_reduce=host: {e}; use parallel.grad_reduce=auto") from None
+                self.run.log.info(f"note: {e}; the gradients are summed by one flat AllReduce instead")
+                self.grad_reduce = "own"
         step = DataParallelStep(self.model.loss_net, self.model.optimizer, self.grad_reduce, p.grad_buckets,
                                 fused=fused, host_sum=host_sum)
         self.agreed_stop.ballot = step.ballot

@@ -52,11 +52,22 @@ class HostSum:
         self.path, self.rank, self.world, self.n, self.timeout = path, int(rank), int(world), int(n), float(timeout)
         head = self.world * _LINE
         size = head + 2 * self.world * self.n * 4
+        if create:
+            st = os.statvfs(os.path.dirname(path))
+            if size > st.f_bavail * st.f_frsize:
+                raise OSError(f"the shared-memory gradient sum needs {size / 2**20:.1f} MiB in "
+                              f"{os.path.dirname(path)}, which has {st.f_bavail * st.f_frsize / 2**20:.1f} MiB free")
         flags = (os.O_CREAT | os.O_EXCL | os.O_RDWR) if create else os.O_RDWR
         fd = os.open(path, flags, 0o600)
         try:
             if create:
-                os.ftruncate(fd, size)
+                try:
+                    # reserve every page now: a full /dev/shm fails here, not later as SIGBUS mid-step
+                    os.posix_fallocate(fd, 0, size)
+                except OSError as e:
+                    os.unlink(path)
+                    raise OSError(f"the shared-memory gradient sum needs {size / 2**20:.1f} MiB in "
+                                  f"{os.path.dirname(path)}: {e.strerror}") from None
             elif os.fstat(fd).st_size != size:
                 raise ValueError(f"HostSum: {path} holds {os.fstat(fd).st_size} bytes, expected {size} "
                                  "(the ranks disagree on the vector's length)")

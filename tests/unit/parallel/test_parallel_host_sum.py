@@ -1,6 +1,7 @@
 """The shared-memory gradient sum (parallel.grad_reduce=host) between real processes: every rank gets the
 rank-order float32 sum of every rank's vector at every step (the double buffer reused many times), a wrong
-length is refused, and a rank that never arrives ends the wait with a one-line error."""
+length is refused, a segment larger than /dev/shm's free space is refused before anything is written, and
+a rank that never arrives ends the wait with a one-line error."""
 import multiprocessing as mp
 import os
 import secrets
@@ -67,3 +68,12 @@ def test_a_wrong_length_and_a_missing_rank_are_one_line_errors():
     finally:
         owner.unlink()
         owner.close()
+
+
+def test_a_segment_larger_than_the_free_shared_memory_is_refused_up_front():
+    free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+    path = host_sum.segment_path(secrets.randbits(31))
+    with pytest.raises(OSError) as e:
+        host_sum.HostSum(path, 0, 2, free // 8 + 1024, create=True)      # 2 x 2 slots of 4-byte floats
+    assert "MiB free" in str(e.value) and "\n" not in str(e.value)
+    assert not os.path.exists(path)
