@@ -6,21 +6,13 @@ the `mindgr bench distributed` model, alternating, so that a slower DP graph wou
 """
 import time
 
-import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
-from mindgr.bench.scaling_blocks import _configs
-from mindgr.config import load_config
-from mindgr.parallel.context import limit_threads
+from mindgr.bench.scaling_blocks import single_process_trainer
 from mindgr.parallel.dp import LocalGrads
-from mindgr.train.trainer import Trainer
 
-ms.set_context(mode=ms.GRAPH_MODE)
-ms.set_device("CPU")
-limit_threads(1)
-_, one_capacity, common = _configs(None, [], f"/tmp/dp-grads-probe-{time.time_ns()}")
-trainer = Trainer(load_config(None, common + one_capacity + ["run.name=probe"]), quiet=True)
+trainer = single_process_trainer("dp-grads-probe")
 batches = [trainer.executor.prepare(0, *item)[0].tensors()
            for item in list(trainer.data.plan.iter_batches(0, 0))[:6]]
 local = LocalGrads(trainer.model.loss_net, trainer.model.optimizer.parameters)

@@ -9,21 +9,13 @@ forward + backward (the update's cost inside one graph).
 """
 import time
 
-import mindspore as ms
 import numpy as np
 from mindspore import Tensor, mutable, nn
 
-from mindgr.bench.scaling_blocks import _configs
-from mindgr.config import load_config
-from mindgr.parallel.context import limit_threads
+from mindgr.bench.scaling_blocks import single_process_trainer
 from mindgr.parallel.dp import FlatApply, LocalGrads, flat_bounds
-from mindgr.train.trainer import Trainer
 
-ms.set_context(mode=ms.GRAPH_MODE)
-ms.set_device("CPU")
-limit_threads(1)
-_, one_capacity, common = _configs(None, [], f"/tmp/host-apply-probe-{time.time_ns()}")
-trainer = Trainer(load_config(None, common + one_capacity + ["run.name=probe"]), quiet=True)
+trainer = single_process_trainer("host-apply-probe")
 opt = trainer.model.optimizer
 params = list(opt.parameters)
 bounds = flat_bounds([p.shape for p in params])

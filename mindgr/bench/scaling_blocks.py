@@ -70,6 +70,22 @@ def _configs(config: str | None, overrides: list[str], run_dir: str, tokens: int
     return two, one, common
 
 
+def single_process_trainer(name: str):
+    """A one-process Trainer of the benchmark model at one process's capacities (the side-by-side pair's),
+    in graph mode on the CPU with one compute thread, its runs under a fresh temporary folder: for probes."""
+    import tempfile
+
+    import mindspore as ms
+    from mindgr.config import load_config
+    from mindgr.parallel.context import limit_threads
+    from mindgr.train.trainer import Trainer
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    limit_threads(1)
+    _, one_capacity, common = _configs(None, [], tempfile.mkdtemp(prefix=f"mindgr-{name}-"))
+    return Trainer(load_config(None, common + one_capacity + [f"run.name={name}"]), quiet=True)
+
+
 def main(argv=None) -> int:
     ap = block_parser("python -m mindgr.bench.scaling_blocks", "trainer")
     ap.add_argument("overrides", nargs="*", help="SECTION.KEY=VALUE, applied to both trainers")
