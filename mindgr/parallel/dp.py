@@ -14,7 +14,8 @@ the backward still runs (on Ascend; not verified here). On CPU with mccl it meas
 graphs (benchmarks/results/distributed.md). A rank's wall time then includes waiting for the slowest,
 so its own compute is measured in CPU time (a rank waiting in a collective burns none).
 
-Three ways to sum (parallel.grad_reduce; auto = mindspore, except beside the sharded item table):
+Three ways to sum (parallel.grad_reduce; auto = host when every rank is on one CPU host, else mindspore;
+own beside the sharded item table):
   own        the gradients and the loss go over the wire as ONE flat buffer (FlatSum): one collective per
              step instead of one per parameter, written when the reducer below issued one AllReduce per
              parameter (measured on mccl, 2 ranks, 240k floats in 28 tensors: 28 AllReduces 21 ms wall /

@@ -213,7 +213,8 @@ class DataParallelExecutor(Executor):
         super().__init__(cfg, task)
         self.ctx = init_distributed(cfg.parallel.threads, cfg.parallel.bind_cores)  # msrun's scheduler stops here
         from mindgr.parallel.dp import reduce_mode
-        self.grad_reduce = reduce_mode(cfg.parallel, cfg.parallel.grad_reduce == "auto" and _one_cpu_host(self.ctx))
+        p = cfg.parallel
+        self.grad_reduce = reduce_mode(p, p.grad_reduce == "auto" and p.sparse == "none" and _one_cpu_host(self.ctx))
         if self.grad_reduce == "mindspore":              # before build() creates any parameter or graph
             use_data_parallel_mode(self.ctx.world)
         self.fault = _fault_plan()
