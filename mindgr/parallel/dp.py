@@ -125,7 +125,7 @@ class FlatApply(nn.Cell):
         self.optimizer = optimizer
         params = _float32_params(optimizer, "FlatApply")
         self.split = FlatSplit([p.shape for p in params] + [(1,)])
-        self.size = int(sum(int(np.prod(p.shape)) for p in params)) + 1
+        self.size = self.split.bounds[-1][1]          # the gradients' floats, then the loss
 
     def construct(self, flat):
         summed = self.split(flat)
@@ -277,7 +277,7 @@ class DataParallelStep:
             if host_sum.n != self.apply_cell.size + 1:
                 raise ValueError(f"DataParallelStep: host_sum holds {host_sum.n} floats, the gradients, the "
                                  f"loss and the vote {self.apply_cell.size + 1}")
-            self.bounds = flat_bounds([p.shape for p in optimizer.parameters])
+            self.bounds = self.apply_cell.split.bounds[:-1]      # each gradient's place; the loss follows
         else:
             self.apply_cell = (MindSporeReduceApply(optimizer, buckets) if reduce == "mindspore"
                                else ReduceApply(optimizer))
