@@ -86,9 +86,10 @@ def cmd_eval(args) -> int:
 
 
 def _filter_history(args):
-    """--filter-history true|false, or None (the run's eval.filter_history)."""
+    """--filter-history true|false|search, or None (the run's eval.filter_history)."""
+    from mindgr.train.saved_run import SEARCH
     value = getattr(args, "filter_history", None)
-    return None if value is None else value == "true"
+    return None if value is None else SEARCH if value == SEARCH else value == "true"
 
 
 def cmd_compare(args) -> int:
@@ -427,8 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--split", default="test", choices=["valid", "test"])
     e.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     e.add_argument("--allow-data-change", action="store_true", help="evaluate even if the run's data changed")
-    e.add_argument("--filter-history", choices=["true", "false"],
-                   help="remove the user's history items from the ranking (default: the run's eval.filter_history)")
+    e.add_argument("--filter-history", choices=["true", "false", "search"],
+                   help="remove the user's history items from the ranking; search: a generative run's decode "
+                        "skips them (default: the run's eval.filter_history / eval.exclude_history_in_search)")
     e.add_argument("--max-users", type=int, default=None,
                    help="generative runs: decode a fixed sample of this many users (0 = all; default: the run's "
                         "eval.test_max_users for the test split, else all)")
@@ -443,8 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checkpoint", default="best", choices=["best", "latest"])
     c.add_argument("--samples", type=int, default=5000, help="bootstrap samples")
     c.add_argument("--out", help="also write the result as JSON here")
-    c.add_argument("--filter-history", choices=["true", "false"],
-                   help="rank with or without the history items (default: each run's eval.filter_history)")
+    c.add_argument("--filter-history", choices=["true", "false", "search"],
+                   help="rank with or without the history items; search: a generative run's decode skips them "
+                        "(default: each run's eval.filter_history / eval.exclude_history_in_search)")
     c.add_argument("--max-users", type=int, default=None,
                    help="generative runs: the fixed user sample of `mindgr eval --max-users` (0 = all; default: "
                         "each run's eval.test_max_users)")

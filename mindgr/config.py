@@ -176,6 +176,10 @@ class EvalConfig:
     # true: the user's history items (other than the target) are removed from the ranking; false: not
     # (TIGER's protocol: a generated list is taken as it is)
     filter_history: bool = True
+    # GR: the decode itself skips each user's history items (other than the target), as `mindgr serve`
+    # does with exclude_history, so every list holds beam items new to the user (a filter after the search
+    # leaves fewer); the ranking is then the filtered one
+    exclude_history_in_search: bool = False
     beam: int = field(default=0, metadata=_rng(lo=0))          # GR beam width (>= max ks); 0 = max(ks)
     max_users: int = field(default=0, metadata=_rng(lo=0))     # GR validation during training: users decoded; 0 = all
     # GR test decode (the run's final one, and `mindgr eval` / `compare` by default): a fixed sample of this
@@ -217,6 +221,9 @@ class AlignConfig:
     # user's last gate_recent items); consumed items are never rewarded either way
     gate: str = field(default="first_code", metadata=_rng(choices=["none", "first_code"]))
     gate_recent: int = field(default=10, metadata=_rng(lo=1))   # first_code: the user's last N items
+    # rollouts never generate an item the user consumed (the search skips them; the group is G new items),
+    # so the advantages rank new items only; false: consumed items are generated and get reward 0
+    exclude_consumed: bool = False
 
 
 @dataclass
@@ -307,7 +314,8 @@ class Config:
 RESUMABLE_CHANGES = frozenset({
     "train.epochs", "train.max_steps", "train.lr", "train.lr_schedule", "train.warmup_steps", "train.lr_floor",
     "run.name", "run.out_dir", "run.log_every", "run.keep_last", "run.ckpt_every",
-    "eval.every_epochs", "eval.ks", "eval.batch_size", "eval.filter_history", "eval.beam", "eval.max_users",
+    "eval.every_epochs", "eval.ks", "eval.batch_size", "eval.filter_history",
+    "eval.exclude_history_in_search", "eval.beam", "eval.max_users",
     "eval.test_max_users",
     "eval.patience", "ops.backend", "data.prefetch"})
 

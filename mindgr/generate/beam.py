@@ -40,6 +40,36 @@ def check_widths(trie, beam: int, k: int):
         raise BeamError(f"beam width {beam} must be >= the list length k = {k} >= 1")
 
 
+class ItemExclusion:
+    """Per-user items a search must not return (e.g. what each user already consumed): the last level's
+    candidates that complete one of them are dropped before selection, so the k items returned are k
+    other items whenever the beams hold that many (a filter after the search would leave fewer)."""
+
+    def __init__(self, per_user):
+        keys = [(u << 32) + np.unique(np.asarray(ids, np.int64)) for u, ids in enumerate(per_user)
+                if ids is not None and len(ids)]
+        self.keys = np.sort(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+        self.num_users = len(per_user)
+
+    def hits(self, owner, items) -> np.ndarray:
+        """bool, shaped as items: whether (owner, item) is excluded (item 0, no item, never is)."""
+        items = np.asarray(items, np.int64)
+        if not self.keys.shape[0]:
+            return np.zeros(items.shape, bool)
+        q = (np.asarray(owner, np.int64) << 32) + items
+        pos = np.minimum(np.searchsorted(self.keys, q), self.keys.shape[0] - 1)
+        return (self.keys[pos] == q) & (items > 0)
+
+
+def exclusion(exclude, num_users: int):
+    """ItemExclusion of `exclude` (None, an ItemExclusion, or one item array per user), or None."""
+    if exclude is None or isinstance(exclude, ItemExclusion):
+        return exclude
+    if len(exclude) != num_users:
+        raise BeamError(f"exclude: {len(exclude)} item lists for {num_users} users")
+    return ItemExclusion(exclude)
+
+
 def select_full_sort(cand: np.ndarray, width: int):
     """Reference selection: flatten [U, Bm, C] candidates, stable sort descending, keep `width`.
     Returns (parent beam [U, width], code [U, width], score [U, width])."""
@@ -55,14 +85,17 @@ def select_full_sort(cand: np.ndarray, width: int):
 
 
 def beam_search(trie, scorer, num_users: int, beam: int, k: int, select=select_full_sort, rebuild_masks=False,
-                timings: dict | None = None, renormalize: bool = False):
+                timings: dict | None = None, renormalize: bool = False, exclude=None):
     """-> (items [U, k] int64, scores [U, k] float32), best first; dead slots are item 0, score -inf.
 
     rebuild_masks: recompute each step's valid-next masks from the code table instead of reusing the
     trie's prebuilt ones (the naive baseline of the decoding engine; same result).
     timings: if given, seconds spent in the scorer ("model"), masks ("masks") and selection ("select")
-    are added to it."""
+    are added to it.
+    exclude: per user, items never returned (ItemExclusion or one item array per user): at the last level
+    their tuples are not candidates, so the k items are the best others."""
     timings = {} if timings is None else timings
+    exclude = exclusion(exclude, num_users)
     for key in ("model", "masks", "select"):
         timings.setdefault(key, 0.0)
     check_widths(trie, beam, k)
@@ -79,6 +112,8 @@ def beam_search(trie, scorer, num_users: int, beam: int, k: int, select=select_f
         t2 = time.perf_counter()
         if renormalize:
             logp = renormalized(logp, allowed)
+        if exclude is not None and level == lt - 1:
+            allowed = allowed & ~last_level_excluded(trie, prefixes, allowed.shape[-1], exclude)
         live = np.isfinite(score)
         cand = np.where(allowed & live[..., None], score[..., None] + logp, NEG_INF).astype(np.float32)
         width = k if level == lt - 1 else beam
@@ -95,6 +130,15 @@ def beam_search(trie, scorer, num_users: int, beam: int, k: int, select=select_f
             scorer.advance(parent, code, alive)
     items = np.where(np.isfinite(score), trie.item_of(prefixes), 0)
     return items, score
+
+
+def last_level_excluded(trie, prefixes: np.ndarray, width: int, exclude: ItemExclusion) -> np.ndarray:
+    """bool [U, Bm, width]: which (beam, last code) completes an excluded item of the beam's user."""
+    u, bm, level = prefixes.shape
+    full = np.concatenate([np.broadcast_to(prefixes[:, :, None, :], (u, bm, width, level)),
+                           np.broadcast_to(np.arange(width)[None, None, :, None], (u, bm, width, 1))], -1)
+    owner = np.broadcast_to(np.arange(u)[:, None, None], (u, bm, width))
+    return exclude.hits(owner, trie.item_of(full))
 
 
 def renormalized(logp: np.ndarray, allowed: np.ndarray) -> np.ndarray:

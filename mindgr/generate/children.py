@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from mindgr.generate.beam import NEG_INF
+from mindgr.generate.beam import NEG_INF, exclusion
 
 PAIR_CHUNK = 1 << 15        # pairs scored per gather (bounds the [pairs, D] temporaries to a few MB)
 DENSE_SHARE = 8             # trie softmax: the level's dense logits once pairs >= 1/8 of (rows x codes)
@@ -148,9 +148,11 @@ def select_ragged(vals: np.ndarray, owner: np.ndarray, users: int, width: int):
 
 
 def children_search(state, decoder, table: ChildTable, prompts, num_users: int, capacity: int, beam: int, k: int,
-                    timings: dict):
+                    timings: dict, exclude=None):
     """Trie-constrained beam search of `num_users` prompts through a decoding state (capacity users x
-    beam) -> (items [U, k], scores [U, k]); timings gains "prefill", "model", "head", "masks", "select"."""
+    beam) -> (items [U, k], scores [U, k]); timings gains "prefill", "model", "head", "masks", "select".
+    exclude: per user, items never returned (as mindgr.generate.beam.beam_search: dropped at the last level)."""
+    exclude = exclusion(exclude, num_users)
     trie, u, lt = table.trie, num_users, table.trie.num_levels
     offsets = decoder.level_offsets
     renorm = bool(decoder.trie_softmax)
@@ -172,6 +174,8 @@ def children_search(state, decoder, table: ChildTable, prompts, num_users: int, 
     width = k if lt == 1 else beam
     vals = (np.float32(0.0) + logp).reshape(-1)
     owner = np.repeat(np.arange(u), first.shape[0])
+    if exclude is not None and lt == 1:
+        vals = np.where(exclude.hits(owner, np.tile(trie.item_of(first[:, None]), u)), NEG_INF, vals)
     pick, score = select_ragged(vals, owner, u, width)
     pair_code = np.tile(first, u)
     code = np.where(pick >= 0, pair_code[np.maximum(pick, 0)], 0)
@@ -217,6 +221,9 @@ def children_search(state, decoder, table: ChildTable, prompts, num_users: int, 
         t3 = time.perf_counter()
         width = k if level == lt - 1 else beam
         vals = score.reshape(-1)[beam_of] + logp
+        if exclude is not None and level == lt - 1:
+            done = trie.item_of(np.concatenate([prefixes.reshape(u * beam, level)[beam_of], child[:, None]], 1))
+            vals = np.where(exclude.hits(beam_of // beam, done), NEG_INF, vals)
         pick, score = select_ragged(vals, beam_of // beam, u, width)
         ok = pick >= 0
         p = np.maximum(pick, 0)

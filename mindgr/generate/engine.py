@@ -123,7 +123,7 @@ def select_partial(cand: np.ndarray, width: int):
 class DecodingEngine:
     """Beam search for a batch of users with a generative decoder and its trie, engine or naive baseline.
 
-    search(histories, k) -> (items [U, k], scores [U, k]); `num_users` is the fixed batch capacity. The
+    search(histories, k, exclude=None) -> (items [U, k], scores [U, k]); `num_users` is the fixed batch capacity. The
     decoder is reached only through its generation contract (mindgr.models.generation)."""
 
     def __init__(self, decoder, trie, codes, beam: int, max_prompt_tokens: int, num_users: int,
@@ -154,14 +154,15 @@ class DecodingEngine:
                 self.recompute_net = _RunnerNet(self.recompute_net, runner)
         self.timings = {"prefill": 0.0, "model": 0.0, "head": 0.0, "masks": 0.0, "select": 0.0}
 
-    def search(self, histories, k: int):
+    def search(self, histories, k: int, exclude=None):
+        """exclude: per user, items never returned (e.g. the history itself): the k items are the best others."""
         check_widths(self.trie, self.beam, k)
         if len(histories) > self.num_users:
             raise ValueError(f"{len(histories)} users exceed the engine's batch capacity {self.num_users}")
         if self.head == "children":
             return children_search(self.state, self.dec, self.children,
                                    self.dec.prompts(histories, self.codes, self.p_cap), len(histories),
-                                   self.num_users, self.beam, k, self.timings)
+                                   self.num_users, self.beam, k, self.timings, exclude)
         select = select_partial if self.selection == "partial" else select_full_sort
         if self.cache == "recompute":
             scorer = RecomputeScorer(self.dec, histories, self.codes, self.beam, self.p_cap, self.num_users,
@@ -174,7 +175,7 @@ class DecodingEngine:
                                    self.dec.level_offsets)
         return beam_search(self.trie, scorer, len(histories), self.beam, k, select=select,
                            rebuild_masks=self.masks == "rebuild", timings=self.timings,
-                           renormalize=self.dec.trie_softmax)
+                           renormalize=self.dec.trie_softmax, exclude=exclude)
 
     def share_graphs(self, other: "DecodingEngine"):
         """Call `other`'s cells (same decoder, shapes and options): one compile for two engines' states."""

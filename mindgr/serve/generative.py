@@ -15,9 +15,10 @@ so the same DynamicBatcher and HTTP app serve it.
   graph and the one decode-step graph of that shape. `decode="engine"` is the engine's fast path (shared
   prompt K/V, per-beam records, partial top-k, reused trie masks), `decode="naive"` the baseline (every
   beam's whole sequence recomputed each step, full sort, masks rebuilt per step). Same lists.
-- The search keeps `beam` complete items at the last level; exclude_history then drops history items
-  and the first k remain. When the beam holds fewer than k such items the answer is refused (HTTP 422,
-  `check_complete`, the HSTU server's rule): a list never silently holds fewer than k items.
+- The search keeps `beam` complete items at the last level; with exclude_history the search itself skips
+  the history's items there (the beams' other children take their places), and the first k remain. When
+  the beams hold fewer than k such items the answer is refused (HTTP 422, `check_complete`, the HSTU
+  server's rule): a list never silently holds fewer than k items.
 - Overlap (`overlap=True`): two batcher workers each run their own batch's search, and every MindSpore
   call of both goes through one model thread (ModelThread), so that one batch's host-side work (masks,
   selection, packing) runs while the other batch's graph computes. Off: one worker, model calls inline.
@@ -221,8 +222,9 @@ class GenerativeRecommender(ServingModel):
             for rows, eng in engines.items():
                 eng.search([np.ones(1, np.int64)], 1)
 
-    def search(self, histories, rows: int | None = None, worker: int | None = None):
-        """Beam search of internal-id histories: (items [n, beam], scores [n, beam]), the raw engine lists."""
+    def search(self, histories, rows: int | None = None, worker: int | None = None, exclude=None):
+        """Beam search of internal-id histories: (items [n, beam], scores [n, beam]), the raw engine lists;
+        exclude: per history, items the search skips (None: none)."""
         rows = rows or self.shape_for(len(histories))
         slot = self._free.get() if worker is None else worker
         try:
@@ -230,7 +232,8 @@ class GenerativeRecommender(ServingModel):
             for key in eng.timings:
                 eng.timings[key] = 0.0
             t0 = time.perf_counter()
-            items, scores = eng.search([np.asarray(h, np.int64)[-self.prompt_items:] for h in histories], self.beam)
+            items, scores = eng.search([np.asarray(h, np.int64)[-self.prompt_items:] for h in histories], self.beam,
+                                       exclude=exclude)
             split = dict(eng.timings, total=time.perf_counter() - t0)
         finally:
             if worker is None:
@@ -241,12 +244,12 @@ class GenerativeRecommender(ServingModel):
 
     def recommend(self, queries, rows: int | None = None) -> list:
         """[(internal item ids [<=k], scores)] per query, best first."""
-        items, scores = self.search([q.items for q in queries], rows)
+        exclude = [q.items if q.exclude_history else None for q in queries]
+        items, scores = self.search([q.items for q in queries], rows,
+                                    exclude=exclude if any(e is not None for e in exclude) else None)
         out = []
         for q, it, sc in zip(queries, items, scores):
             keep = it > 0
-            if q.exclude_history:
-                keep &= ~np.isin(it, q.items)
             out.append((it[keep][:q.k], sc[keep][:q.k]))
         return out
 

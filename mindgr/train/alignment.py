@@ -151,7 +151,7 @@ class AlignModel:
         self.optimizer = build_optimizer(self.decoder.trainable_params(), cfg.train)
         self.train_step = AlignStep(self.loss_net, self.optimizer)
         p_cap = max_prompt_tokens(len(sizes), cfg.model.token_merger, cfg.data.max_len)
-        self.rollout = Rollout(self.decoder, self.reference, trie, codes, shape, p_cap)
+        self.rollout = Rollout(self.decoder, self.reference, trie, codes, shape, p_cap, a.exclude_consumed)
 
 
 def _new_window() -> dict:

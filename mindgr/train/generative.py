@@ -33,6 +33,7 @@ from mindgr.train.gr_eval import USER_METRIC_PREFIX, user_metrics_of
 from mindgr.train.task import ArrayInputs, Task
 from mindgr.train.loop import TrainLoop
 from mindgr.train.rundir import data_change_note, run_config, saved_checkpoint
+from mindgr.train.saved_run import SEARCH, history_mode
 from mindgr.train.trainer import _ranks_dir, ranks_file_name, setup_mindspore
 
 CODES_FILE = "ids/codes.parquet"        # a GR run's own code table, relative to its run dir
@@ -368,21 +369,23 @@ class GenerativeTask(Task):
         evalset = getattr(self.data.split, split)
         cap = e.max_users if split == "valid" else e.test_max_users
         best = self._best_restored(ctx.run_dir) if split == "test" else None
+        searched = bool(e.exclude_history_in_search)
         metrics = generative_metrics(model.decoder, self.trie, self.codes.codes, evalset, e.ks,
                                      self.cfg.data.max_len, beam_width_of(self.cfg), e.batch_size,
-                                     self.data.num_items, e.filter_history, cap, self.cfg.run.seed,
+                                     self.data.num_items, searched or e.filter_history, cap, self.cfg.run.seed,
                                      per_user=best is not None,
-                                     progress=_alive(ctx, split, progress_printer(split, emit=ctx.log.info)))
+                                     progress=_alive(ctx, split, progress_printer(split, emit=ctx.log.info)),
+                                     exclude_in_search=searched)
         if best is not None:                 # the final test decode: its ranks, for `mindgr eval` / `compare`
             metrics, both = metrics
             if ctx.writer:
                 ranks_dir, _ = _ranks_dir(ctx.run_dir)
                 save_decode_ranks(ranks_dir, split, "best", evalset.targets, both, best, cap,
-                                  getattr(evalset, "target_values", None))
+                                  getattr(evalset, "target_values", None), searched)
         d = metrics["decode"]
         capped = f" (eval.max_users = {cap} of {len(evalset.targets)})" if cap and cap < len(evalset.targets) else ""
         ctx.log.info(f"decode {split}: {d['users']} users{capped}, beam {d['beam']}, history "
-                 f"{'filtered' if e.filter_history else 'not filtered'}, {d['users_per_s']:.0f} users/s, "
+                 f"{history_words(searched or e.filter_history, searched)}, {d['users_per_s']:.0f} users/s, "
                  f"prompt {d['prompt_tokens_mean']:.1f} tokens")
         return metrics
 
@@ -487,13 +490,20 @@ def _saved_ranks(path: Path, checkpoint_sha: str, users: int, max_users: int):
         return None
 
 
+def history_words(filtered: bool, searched: bool) -> str:
+    return "skipped by the search" if searched else "filtered" if filtered else "not filtered"
+
+
 def save_decode_ranks(ranks_dir: Path, split: str, which: str, targets, both: dict, ckpt_path: Path,
-                      max_users: int, target_values=None) -> dict:
+                      max_users: int, target_values=None, searched: bool = False) -> dict:
     """Both ranks files (history filtered and not) of one decode (generative_metrics(..., per_user=True)'s
     second value), each recording the checkpoint's sha256 and the users decoded so that a later eval of the
     same checkpoint reuses them; returns {filter_history: path}. Each also holds the decoded lists (`lists`,
     [U, min(beam, LIST_KEEP)] int32, before history filtering) and, for data with values, each target's
-    value (`target_values`): what `mindgr compare --by-value / --judge` read."""
+    value (`target_values`): what `mindgr compare --by-value / --judge` read. searched: a decode that
+    skipped the history (the filtered ranking is the one kept, as {SEARCH: path})."""
+    if searched:
+        both = {SEARCH: both[True]}
     sha = file_sha256(ckpt_path.with_suffix(".json"))   # the sidecar names the committed weights file
     targets = np.asarray(targets, np.int64)
     values = {} if target_values is None else {"target_values": np.asarray(target_values, np.float32)}
@@ -521,7 +531,8 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
     run = load_generative_run(run_dir, which, allow_data_change)
     cfg = run.cfg
     if filter_history is None:
-        filter_history = cfg.eval.filter_history
+        filter_history = history_mode(cfg.eval)
+    searched = filter_history == SEARCH
     if max_users is None:
         max_users = cfg.eval.test_max_users if split == "test" else 0
     beam = beam_width_of(cfg)
@@ -532,7 +543,7 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
     ckpt = CheckpointManager(run.run_dir, cfg.run.keep_last)
     ckpt_path = ckpt.best() if which == "best" else ckpt.latest()
     sha = file_sha256(ckpt_path.with_suffix(".json"))   # the sidecar names the committed weights file
-    paths = {f: ranks_dir / ranks_file_name(split, which, f) for f in (True, False)}
+    paths = {f: ranks_dir / ranks_file_name(split, which, f) for f in ((SEARCH,) if searched else (True, False))}
     saved = _saved_ranks(paths[filter_history], sha, len(targets), max_users)
     if saved is not None:
         ranks, ties, extra = saved
@@ -542,10 +553,11 @@ def evaluate_generative_run(run_dir, split: str = "test", which: str = "best", a
         metrics["decode"] = {"reused": str(paths[filter_history])}
     else:
         metrics, both = generative_metrics(run.decoder, run.trie, run.codes, evalset, cfg.eval.ks, run.max_history,
-                                           beam, cfg.eval.batch_size, data.num_items, filter_history,
-                                           max_users, cfg.run.seed, per_user=True, progress=progress_printer(split))
+                                           beam, cfg.eval.batch_size, data.num_items, searched or filter_history,
+                                           max_users, cfg.run.seed, per_user=True, progress=progress_printer(split),
+                                           exclude_in_search=searched)
         save_decode_ranks(ranks_dir, split, which, targets, both, ckpt_path, max_users,
-                          getattr(evalset, "target_values", None))
+                          getattr(evalset, "target_values", None), searched)
     out = {"run": str(run.run_dir), "split": split, "checkpoint": run.checkpoint, "step": run.step,
            "filter_history": filter_history, **metrics, "ranks_file": str(paths[filter_history])}
     if max_users:

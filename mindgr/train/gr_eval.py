@@ -131,14 +131,16 @@ def progress_printer(label: str, every_s: float = 30.0, emit=None):
 
 
 def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam: int, batch_users: int,
-                     num_items: int, filter_history=True, engine_options: dict | None = None, progress=None):
+                     num_items: int, filter_history=True, engine_options: dict | None = None, progress=None,
+                     exclude_in_search: bool = False):
     """(greater, ties, stats) of evalset's users `rows`, decoded batch_users at a time; filter_history may be
     a bool or a tuple of bools (then greater and ties are dicts by value: one decode gives both rankings).
     Every user is decoded at one prompt capacity and batch shape (history_buckets), so one engine (its
     compiled graphs) serves validation and test; a user's list does not depend on its batch (the prompt's
     K/V and position biases are per user). Batches are decoded one after another and only their ranks are
     kept (peak memory: one batch's search). progress(done, total, seconds),
-    if given, is called after every batch (progress_printer throttles it)."""
+    if given, is called after every batch (progress_printer throttles it). exclude_in_search: the search
+    skips each user's history items other than the target (the lists then hold no history item)."""
     from mindgr.models.generative import max_prompt_tokens
     flags = tuple(filter_history) if isinstance(filter_history, (tuple, list)) else (bool(filter_history),)
     rows = np.asarray(rows, np.int64)
@@ -167,7 +169,11 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
             chunk = rows[idx]
             hist = [np.asarray(evalset.histories[r][-max_history:], np.int64) for r in chunk]
             prompt_tokens += int(lengths[idx].sum()) * per_item
-            items, _ = engine.search(hist, beam)
+            exclude = None
+            if exclude_in_search:
+                exclude = [np.setdiff1d(np.asarray(evalset.histories[r], np.int64), [int(evalset.targets[r])])
+                           for r in chunk]
+            items, _ = engine.search(hist, beam, exclude=exclude)
             kept = np.asarray(items)[:, : lists.shape[1]]
             lists[idx, : kept.shape[1]] = kept
             for f in flags:
@@ -197,16 +203,17 @@ def generative_ranks(decoder, trie, codes, evalset, rows, max_history: int, beam
 
 def generative_metrics(decoder, trie, codes, evalset, ks, max_history: int, beam: int, batch_users: int,
                        num_items: int, filter_history: bool = True, max_users: int = 0, seed: int = 0,
-                       per_user: bool = False, progress=None):
+                       per_user: bool = False, progress=None, exclude_in_search: bool = False):
     """Ranking metrics of the decoded lists (and, with per_user, (greater, ties) per evalset user, -1 =
     not evaluated, for `mindgr compare`). With per_user, the other ranking (history filtered or not) of
     the same lists comes too: a dict {filter_history: (metrics, greater, ties, per-user page recall, lists)}
     (page recall {} without a page holdout, else {"page_recall@K": [U] float, -1 = not evaluated}; lists
-    [U, min(beam, LIST_KEEP)] int32, each user's decoded items before history filtering, 0 = none)."""
+    [U, min(beam, LIST_KEEP)] int32, each user's decoded items before history filtering, 0 = none).
+    exclude_in_search: the decode skips the history (generative_ranks); both rankings then agree."""
     rows = eval_users(len(evalset.targets), max_users, seed)
     flags = (True, False)
     greater, ties, stats = generative_ranks(decoder, trie, codes, evalset, rows, max_history, beam, batch_users,
-                                            num_items, flags, progress=progress)
+                                            num_items, flags, progress=progress, exclude_in_search=exclude_in_search)
     recall = stats.pop("page_recall", None)
     lists = np.zeros((len(evalset.targets), stats["lists"].shape[1]), np.int32)
     lists[rows] = stats.pop("lists")

@@ -2,7 +2,8 @@
 
 Generation is trie-constrained beam search through the decoding engine (mindgr.generate.engine) with beam
 width = list length = G: the G best code tuples under the current policy, each a valid item and all
-distinct (as open GRPO-for-recommendation recipes do, instead of sampling, which repeats items). Beam
+distinct (as open GRPO-for-recommendation recipes do, instead of sampling, which repeats items); with
+`align.exclude_consumed` the search skips the items the user already consumed, so every candidate is new. Beam
 search is deterministic, so a resumed run regenerates exactly what an uninterrupted one did.
 
 The log-probabilities of the generated items come from a jagged teacher-forced pass over their code tuples
@@ -121,10 +122,12 @@ class RolloutBatch:
 class Rollout:
     """Generation and log-probs of rollout batches for a policy decoder and its frozen reference."""
 
-    def __init__(self, decoder, reference, trie, codes: np.ndarray, shape: RolloutShape, max_prompt_tokens: int):
+    def __init__(self, decoder, reference, trie, codes: np.ndarray, shape: RolloutShape, max_prompt_tokens: int,
+                 exclude_consumed: bool = False):
         from mindgr.generate.engine import DecodingEngine
         from mindgr.models.grpo import CandidateLogProbs
         self.dec, self.codes, self.shape, self.p_cap = decoder, np.asarray(codes), shape, max_prompt_tokens
+        self.exclude_consumed = bool(exclude_consumed)
         self.engine = DecodingEngine(decoder, trie, codes, shape.group, max_prompt_tokens, shape.prompts)
         self.policy_net = CandidateLogProbs(decoder, shape.candidates)
         self.reference_net = CandidateLogProbs(reference, shape.candidates)
@@ -135,8 +138,10 @@ class Rollout:
         return self.dec.prompts(histories, self.codes, self.p_cap)
 
     def generate(self, histories) -> np.ndarray:
-        """items [U, G] (int64): the policy's G best distinct valid items per prompt."""
-        items, _ = self.engine.search(histories, self.shape.group)
+        """items [U, G] (int64): the policy's G best distinct valid items per prompt (with exclude_consumed,
+        the G best of the items not in the prompt's history)."""
+        exclude = histories if self.exclude_consumed else None
+        items, _ = self.engine.search(histories, self.shape.group, exclude=exclude)
         return np.asarray(items, np.int64)
 
     def run(self, histories, nll_rows: list) -> RolloutBatch:

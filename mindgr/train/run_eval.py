@@ -20,7 +20,9 @@ def format_eval(result: dict) -> str:
     """`mindgr eval`'s table: what was evaluated, one metric per line, then notes and the ranks file."""
     history = ""
     if "filter_history" in result:
-        history = ", history filtered" if result["filter_history"] else ", history not filtered"
+        mode = result["filter_history"]
+        history = (", history skipped by the decode" if mode == "search" else ", history filtered" if mode
+                   else ", history not filtered")
     lines = [f"{result['run']}: {result['split']} split, checkpoint {result['checkpoint']} (step {result.get('step')}), "
              f"{result.get('count', 0)} users{history}"]
     metrics = {k: v for k, v in result.items() if k not in _META and isinstance(v, (int, float))

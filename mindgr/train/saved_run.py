@@ -84,9 +84,19 @@ def load_run(run_dir, which: str = "best", allow_data_change: bool = False, thre
     return LoadedRun(run_dir, cfg, data, model, path.name, meta.get("step"), data_note)
 
 
-def ranks_file_name(split: str, which: str, filter_history: bool) -> str:
-    """RUN/ranks/ file of an evaluation: test-best.npz (history filtered), test-best-unfiltered.npz."""
-    return f"{split}-{which}{'' if filter_history else '-unfiltered'}.npz"
+SEARCH = "search"      # the history mode of a decode that skips the history's items (eval.exclude_history_in_search)
+
+
+def history_mode(eval_cfg):
+    """A run's default ranking: SEARCH (GR: history skipped by the decode), True (history filtered) or False."""
+    return SEARCH if getattr(eval_cfg, "exclude_history_in_search", False) else bool(eval_cfg.filter_history)
+
+
+def ranks_file_name(split: str, which: str, filter_history) -> str:
+    """RUN/ranks/ file of an evaluation: test-best.npz (history filtered), test-best-unfiltered.npz,
+    test-best-searched.npz (GR: history skipped by the decode)."""
+    suffix = "-searched" if filter_history == SEARCH else "" if filter_history else "-unfiltered"
+    return f"{split}-{which}{suffix}.npz"
 
 
 def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_data_change: bool = False,
@@ -95,8 +105,8 @@ def evaluate_run(run_dir: Path, split: str = "test", which: str = "best", allow_
     it was trained on (refused if that changed, unless allow_data_change). filter_history: None = the run's
     eval.filter_history. Item-encoder runs (the retrieval task's evaluate_run)."""
     run = load_run(run_dir, which, allow_data_change)
-    if filter_history is None:
-        filter_history = run.cfg.eval.filter_history
+    if filter_history is None or filter_history == SEARCH:   # an encoder ranks every item: its filter is exact
+        filter_history = run.cfg.eval.filter_history if filter_history is None else True
     ranks_dir, ranks_note = _ranks_dir(run.run_dir)   # before the ranking, the long part
     from mindgr.train.evaluate import evaluate
     evalset = getattr(run.data.split, split)

@@ -165,6 +165,18 @@ def test_children_scoring_equals_full_scoring_and_the_reference(seed, merger, tr
         assert (children.search(hist, beam)[0] == full.search(hist, beam)[0]).all()
     # the engine's state is reused by the next batch: another order of the users gives their own lists
     np.testing.assert_array_equal(children.search(hist[::-1], k)[0], items[::-1])
+    # excluding items (each user's history plus the first item of its list): every path drops them at
+    # the last level and returns the same best others as the reference
+    exclude = [np.concatenate([h, items[u, :1]]) for u, h in enumerate(hist)]
+    ex_items, ex_scores = children.search(hist, k, exclude=exclude)
+    ref_items, ref_scores = beam_search(trie, RecomputeScorer(dec, hist, codes, beam, 12), users, beam, k,
+                                        renormalize=trie_softmax, exclude=exclude)
+    np.testing.assert_array_equal(ex_items, ref_items)
+    np.testing.assert_allclose(ex_scores, ref_scores, rtol=1e-5, atol=2e-5)
+    for other in (full, per_beam):
+        np.testing.assert_array_equal(other.search(hist, k, exclude=exclude)[0], ex_items)
+    for u in range(users):
+        assert not np.isin(ex_items[u], exclude[u]).any()
 
 
 @pytest.mark.parametrize("seed", range(10))

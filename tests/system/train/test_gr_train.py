@@ -76,6 +76,35 @@ def test_eval_equals_plain_beam_search(gr_setup):
     items, _ = beam_search(run.trie, RecomputeScorer(run.decoder, hist, run.codes, 10, p_cap), len(rows), 10, 10)
     assert np.array_equal(greater, beam_ranks(items, ev.targets[rows], [ev.histories[r] for r in rows],
                                               data.num_items))
+    # the decode that skips the history (eval.exclude_history_in_search): the plain search with the same
+    # items excluded; its lists hold beam items new to each user, so it hits at least as often
+    seen = [np.setdiff1d(ev.histories[r], [ev.targets[r]]) for r in rows]
+    searched, _, _ = generative_ranks(run.decoder, run.trie, run.codes, ev, rows, run.max_history, 10, 5,
+                                      data.num_items, exclude_in_search=True)
+    items, _ = beam_search(run.trie, RecomputeScorer(run.decoder, hist, run.codes, 10, p_cap), len(rows), 10, 10,
+                           exclude=seen)
+    assert np.array_equal(searched, beam_ranks(items, ev.targets[rows], None, data.num_items))
+    assert all(not np.isin(items[u], seen[u]).any() for u in range(len(rows)))
+    assert (searched <= greater).all() and (searched < greater).any()
+
+
+def test_eval_and_compare_with_the_history_skipped_by_the_search(gr_setup, capsys, tmp_path):
+    """--filter-history search: its own ranks file, reused by a second eval, and compare pairs it."""
+    from mindgr.cli import main
+    run = gr_setup["run"]
+    assert main(["eval", "--run", str(run), "--filter-history", "search", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ranks_file"].endswith("test-best-searched.npz") and out["filter_history"] == "search"
+    assert main(["eval", "--run", str(run), "--filter-history", "search", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["decode"] == {"reused": out["ranks_file"]} and again["hr@10"] == out["hr@10"]
+    assert main(["eval", "--run", str(run), "--json"]) == 0
+    filtered = json.loads(capsys.readouterr().out)
+    assert out["hr@10"] >= filtered["hr@10"]
+    assert main(["compare", str(run), str(run), "--filter-history", "search", "--samples", "200",
+                 "--out", str(tmp_path / "c.json")]) == 0
+    compared = json.loads((tmp_path / "c.json").read_text())
+    assert compared["metrics"]["hr@10"]["a"] == pytest.approx(out["hr@10"]) and compared["users"] == out["count"]
 
 
 def test_trie_softmax_run_trains_and_decodes_renormalised(gr_setup):

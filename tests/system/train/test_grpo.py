@@ -94,6 +94,23 @@ def test_rollouts_are_valid_unique_items_with_teacher_forced_log_probs(setup):
     assert loss == pytest.approx(task.cfg.align.nll_weight * nll, rel=1e-5)
 
 
+def test_rollouts_excluding_consumed_items_are_the_best_new_items(setup):
+    """align.exclude_consumed: every candidate is new to its user, and the group is the G most likely of
+    the items outside the history (the exhaustive reference with the history masked)."""
+    from mindgr.models.generative import item_log_probs
+    task = _task(setup, "align.exclude_consumed=true")
+    model, g = task.model, task.shape.group
+    inputs, _ = task.inputs(0, 0, [0, 5, 9])
+    items = model.rollout.run(inputs.histories, inputs.nll_rows).items
+    assert (items > 0).all()
+    full = item_log_probs(model.decoder, inputs.histories, setup["table"], model.rollout.p_cap)
+    for u, h in enumerate(inputs.histories):
+        assert not np.isin(items[u], h).any() and len(set(items[u].tolist())) == g
+        masked = full[u].copy()
+        masked[0], masked[np.asarray(h)] = -np.inf, -np.inf
+        assert items[u, 0] == masked.argmax()
+
+
 def test_loss_cell_equals_numpy_on_its_own_log_probs(setup):
     """GRPOLoss = the numpy formula over the candidates' log-probs (from the forward cell) + lambda * NTP."""
     from mindspore import Tensor

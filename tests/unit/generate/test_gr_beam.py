@@ -5,7 +5,7 @@ import pytest
 
 from mindspore import Tensor
 
-from mindgr.generate.beam import BeamError, beam_ranks, beam_search, topk_items
+from mindgr.generate.beam import BeamError, ItemExclusion, beam_ranks, beam_search, topk_items
 from mindgr.ids.trie import PrefixTrie
 from mindgr.models.generative import GRDecoder, RecomputeScorer, item_log_probs
 from gr_fixtures import fast_backend, random_codes  # noqa: F401
@@ -72,6 +72,46 @@ def test_only_valid_distinct_items_and_exhaustive_when_beam_covers(seed):
     items2, scores2 = beam_search(trie, scorer, users, max(beam, k), k, rebuild_masks=True)
     np.testing.assert_array_equal(items2, items)
     np.testing.assert_array_equal(scores2, scores)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_excluded_items_are_replaced_by_the_next_best(seed):
+    """exclude: with a beam that covers every prefix the list is the exhaustive top k of the other items;
+    with a narrow beam it is the unexcluded search's widest last level with those items removed (earlier
+    levels are unchanged, the last level picks among the same beams' children)."""
+    rng = np.random.default_rng([seed, 9])
+    sizes = [int(rng.integers(3, 6)) for _ in range(int(rng.integers(1, 4)))]
+    codes = random_codes(rng, int(rng.integers(3, min(24, int(np.prod(sizes))) + 1)), sizes)
+    trie = PrefixTrie(codes, sizes)
+    scorer = HashScorer(sizes, seed)
+    users, v = 3, codes.shape[0] - 1
+    exclude = [rng.choice(np.arange(1, v + 1), int(rng.integers(0, v // 2 + 1)), replace=False) for _ in range(users)]
+    item_scores = scorer.item_scores(codes, users)
+    for u in range(users):
+        item_scores[u, exclude[u]] = -np.inf
+    k = min(3, v - max(len(e) for e in exclude))
+    items, scores = beam_search(trie, scorer, users, max(max_prefixes(trie), v), k, exclude=exclude)
+    want_items, want_scores = topk_items(item_scores, k)
+    np.testing.assert_array_equal(items, want_items)
+    np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-5)
+    beam = 2
+    wide, wide_scores = beam_search(trie, scorer, users, beam, beam)
+    narrow, narrow_scores = beam_search(trie, scorer, users, beam, beam, exclude=ItemExclusion(exclude))
+    for u in range(users):
+        keep = np.isfinite(wide_scores[u]) & ~np.isin(wide[u], exclude[u])
+        n = int(keep.sum())
+        np.testing.assert_array_equal(narrow[u][:n], wide[u][keep])
+        assert not np.isin(narrow[u][np.isfinite(narrow_scores[u])], exclude[u]).any()
+
+
+def test_exclusion_membership_is_per_user():
+    ex = ItemExclusion([np.array([3, 5]), None, np.array([5])])
+    owner = np.array([0, 0, 1, 2, 2, 0])
+    got = ex.hits(owner, np.array([3, 4, 5, 5, 3, 0]))
+    assert got.tolist() == [True, False, False, True, False, False]
+    assert not ItemExclusion([None]).hits(np.array([0]), np.array([1])).any()
+    with pytest.raises(BeamError):
+        beam_search(PrefixTrie(np.array([[0], [0], [1]]), [2]), HashScorer([2], 0), 2, 2, 1, exclude=[[1]])
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -54,9 +54,10 @@ def test_gr_overlap_and_naive_give_the_engine_lists_concurrently(bundle):
             np.testing.assert_allclose(gs, ws, rtol=1e-5, atol=2e-5)
 
 
-def test_gr_fewer_than_k_items_is_refused_like_the_hstu_server(bundle):
-    """A history that holds every item of its own beam: excluding it leaves fewer than k items, and the
-    answer is a 422 reason (check_complete, the rule of both kinds of server), never a short list."""
+def test_gr_excluded_history_is_replaced_by_other_items(bundle):
+    """exclude_history: the search skips the history's items, so a history that holds every item of the
+    plain search's list still gets other items (the same beams' other children), each new to the user,
+    where filtering the plain list would leave none."""
     rec = gr.GenerativeRecommender(bundle, beam=4, shapes=(1,))
     tail = [fx.RAW_ID_BASE + i for i in (5, 9, 14, 30)]          # the prompt: the last prompt_items items
     assert rec.prompt_items == len(tail)
@@ -64,10 +65,30 @@ def test_gr_fewer_than_k_items_is_refused_like_the_hstu_server(bundle):
     history = [int(x) for x in rec.catalogue.to_raw(beam_items[0][beam_items[0] > 0])] + tail
     kept = rec.parse(history, k=3, exclude_history=False)
     ids, _ = rec.recommend([kept])[0]
-    rec.check_complete(kept, ids)                                 # history kept: k items, accepted
-    q = rec.parse(history, k=3, exclude_history=True)
+    np.testing.assert_array_equal(ids, beam_items[0][:3])
+    q = rec.parse(history, k=2, exclude_history=True)
     ids, _ = rec.recommend([q])[0]
-    assert len(ids) < 3
+    assert len(ids) == 2 and not np.isin(ids, q.items).any()
+    rec.check_complete(q, ids)
+
+
+def test_gr_fewer_than_k_items_is_refused_like_the_hstu_server(bundle):
+    """A history that holds every item the beams can reach: excluding it leaves fewer than k items, and the
+    answer is a 422 reason (check_complete, the rule of both kinds of server), never a short list. With
+    beam 1 the first level keeps one code; every item outside it but one is in the history, so nothing
+    the beam can complete is left."""
+    rec = gr.GenerativeRecommender(bundle, beam=1, shapes=(1,))
+    tail = [fx.RAW_ID_BASE + i for i in (5, 9, 14, 30)]
+    top, _ = rec.search([rec.catalogue.to_internal(tail)])
+    codes = np.asarray(bundle.codes)
+    first = codes[int(top[0][0]), 0]
+    free = int(np.flatnonzero(codes[1:, 0] != first)[0]) + 1     # an item the beam cannot reach
+    inside = rec.catalogue.to_internal(tail)
+    rest = [i for i in range(1, codes.shape[0]) if i != free and i not in inside]
+    history = [int(x) for x in rec.catalogue.to_raw(np.asarray(rest))] + tail
+    q = rec.parse(history, k=1, exclude_history=True)
+    ids, _ = rec.recommend([q])[0]
+    assert len(ids) < 1
     with pytest.raises(RequestError) as e:
         rec.check_complete(q, ids)
     assert e.value.status == 422 and "only" in str(e.value) and "--beam" in str(e.value)
