@@ -223,7 +223,7 @@ class AlignConfig:
     gate_recent: int = field(default=10, metadata=_rng(lo=1))   # first_code: the user's last N items
     # rollouts never generate an item the user consumed (the search skips them; the group is G new items),
     # so the advantages rank new items only; false: consumed items are generated and get reward 0
-    exclude_consumed: bool = False
+    exclude_consumed: bool = True
 
 
 @dataclass

@@ -123,7 +123,7 @@ class Rollout:
     """Generation and log-probs of rollout batches for a policy decoder and its frozen reference."""
 
     def __init__(self, decoder, reference, trie, codes: np.ndarray, shape: RolloutShape, max_prompt_tokens: int,
-                 exclude_consumed: bool = False):
+                 exclude_consumed: bool = True):
         from mindgr.generate.engine import DecodingEngine
         from mindgr.models.grpo import CandidateLogProbs
         self.dec, self.codes, self.shape, self.p_cap = decoder, np.asarray(codes), shape, max_prompt_tokens

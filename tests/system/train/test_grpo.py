@@ -63,7 +63,7 @@ def test_rollouts_are_valid_unique_items_with_teacher_forced_log_probs(setup):
     from mindgr.models.generative import item_log_probs
     from mindgr.models.ntp import NTPLoss
     from mindgr.train.rollout import batch_tensors
-    task = _task(setup)
+    task = _task(setup, "align.exclude_consumed=false")
     model, g = task.model, task.shape.group
     inputs, info = task.inputs(0, 0, [0, 5, 9])
     roll = model.rollout.run(inputs.histories, inputs.nll_rows)
