@@ -63,11 +63,12 @@ class ItemExclusion:
 
 def exclusion(exclude, num_users: int):
     """ItemExclusion of `exclude` (None, an ItemExclusion, or one item array per user), or None."""
-    if exclude is None or isinstance(exclude, ItemExclusion):
-        return exclude
-    if len(exclude) != num_users:
-        raise BeamError(f"exclude: {len(exclude)} item lists for {num_users} users")
-    return ItemExclusion(exclude)
+    if exclude is None:
+        return None
+    given = exclude.num_users if isinstance(exclude, ItemExclusion) else len(exclude)
+    if given != num_users:
+        raise BeamError(f"exclude: {given} item lists for {num_users} users")
+    return exclude if isinstance(exclude, ItemExclusion) else ItemExclusion(exclude)
 
 
 def select_full_sort(cand: np.ndarray, width: int):
