@@ -27,6 +27,11 @@ import numpy as np
 GENERATOR_ATTRIBUTES = ("num_levels", "level_offsets", "trie_softmax", "prompts", "decode_state")
 
 
+def _inline(fn, *args):
+    """The default runner: a model call on the calling thread."""
+    return fn(*args)
+
+
 class DecodeState(abc.ABC):
     """A decoder's serving state for a fixed batch capacity of users x beam.
 
@@ -35,6 +40,18 @@ class DecodeState(abc.ABC):
     `timings` holds the seconds spent in "prefill" and "step" model calls."""
 
     timings: dict
+
+    def __init__(self, decoder, num_users: int, beam: int, p_cap: int, runner=None, bounded_positions: bool = True):
+        """What every state holds: the decoder, the capacities (users x beam, prompt tokens), the runner and
+        the timings. bounded_positions: the prompt and the decoded codes must fit the decoder's max_len
+        positions (a ValueError otherwise)."""
+        self.dec, self.u, self.b, self.p = decoder, num_users, beam, p_cap
+        self.run = runner or _inline
+        self.steps = max(decoder.num_levels - 1, 1)
+        self.timings = {"prefill": 0.0, "step": 0.0}
+        if bounded_positions and p_cap + decoder.num_levels - 1 > decoder.max_len:
+            raise ValueError(f"prompt capacity {p_cap} + {decoder.num_levels - 1} decoded tokens exceeds the "
+                             f"decoder's max_len {decoder.max_len}")
 
     def timed(self, phase: str, fn, *args):
         """fn(*args) on the state's runner, its wall seconds added to timings[phase]."""

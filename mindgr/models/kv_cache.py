@@ -84,11 +84,6 @@ def code_head(dec):
     return (np.ascontiguousarray(dec.w_head.asnumpy().T, np.float32), np.asarray(dec.b_head.asnumpy(), np.float32))
 
 
-def _inline(fn, *args):
-    """The default runner: a model call on the calling thread."""
-    return fn(*args)
-
-
 def prompt_batch(dec, prompts, u: int, p: int):
     """The prefill's inputs: each user's prompt at stride p, a filler row after it -> (slots, merged, offsets,
     last token of each user, prompt lengths [U])."""
@@ -120,12 +115,7 @@ class KVCacheState(DecodeState):
                  graphs=None):
         """graphs: (prefill, step) callables with PrefillCell's and DecodeStepCell's inputs and outputs, run
         instead of cells built on the decoder (the exported MindIR graphs a server loads)."""
-        self.dec, self.u, self.b, self.p = decoder, num_users, beam, p_cap
-        self.run = runner or _inline
-        self.steps = max(decoder.num_levels - 1, 1)
-        if p_cap + decoder.num_levels - 1 > decoder.max_len:
-            raise ValueError(f"prompt capacity {p_cap} + {decoder.num_levels - 1} decoded tokens exceeds the "
-                             f"decoder's max_len {decoder.max_len}")
+        super().__init__(decoder, num_users, beam, p_cap, runner)
         self.fast_prefill = self.fast_step = None
         if graphs is not None:
             self.prefill_net, self.step_net = graphs
@@ -138,7 +128,6 @@ class KVCacheState(DecodeState):
             self.fast_step = [FastStepCell(decoder, num_users, beam, t) for t in range(self.steps)]  # per level
             for net in [self.prefill_net, self.step_net, self.fast_prefill] + self.fast_step:
                 net.set_train(False)
-        self.timings = {"prefill": 0.0, "step": 0.0}
         self.kr = self.vr = None
         self.fast_active = False
 

@@ -36,7 +36,7 @@ import mindspore as ms
 from mindspore import Tensor, mutable, nn, ops
 
 from mindgr.models.generation import DecodeState
-from mindgr.models.kv_cache import _inline, code_head, run_prefill
+from mindgr.models.kv_cache import code_head, run_prefill
 from mindgr.models.layers import layer_norm
 from mindgr.models.ntp import code_tokens
 
@@ -221,15 +221,12 @@ class _LinearState(DecodeState):
                  prefill=None):
         """prefill: a callable with LinearPrefillCell's inputs and outputs (stacked or not) run instead of a
         cell built on the decoder (an exported graph)."""
-        self.dec, self.u, self.b, self.p = decoder, num_users, beam, p_cap
-        self.run = runner or _inline
-        self.steps = max(decoder.num_levels - 1, 1)
+        super().__init__(decoder, num_users, beam, p_cap, runner, bounded_positions=False)
         self.decays = decays_of(decoder)                                    # [blocks, H]
         self.prefill_net = prefill
         if prefill is None:
             self.prefill_net = LinearPrefillCell(decoder, num_users, p_cap, stacked)
             self.prefill_net.set_train(False)
-        self.timings = {"prefill": 0.0, "step": 0.0}
 
     @property
     def gives_hidden(self) -> bool:

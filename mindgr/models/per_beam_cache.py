@@ -18,7 +18,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from mindgr.models.generation import DecodeState
-from mindgr.models.kv_cache import PrefillCell, _inline, run_prefill
+from mindgr.models.kv_cache import PrefillCell, run_prefill
 from mindgr.models.layers import layer_norm
 from mindgr.models.ntp import code_tokens
 
@@ -59,18 +59,12 @@ class PerBeamKVState(DecodeState):
     """A dense K/V cache per beam (prompt copied per beam), reordered by parent index every step."""
 
     def __init__(self, decoder, num_users: int, beam: int, p_cap: int, runner=None):
-        self.dec, self.u, self.b, self.p = decoder, num_users, beam, p_cap
-        self.run = runner or _inline
-        self.steps = max(decoder.num_levels - 1, 1)
-        if p_cap + decoder.num_levels - 1 > decoder.max_len:
-            raise ValueError(f"prompt capacity {p_cap} + {decoder.num_levels - 1} decoded tokens exceeds the "
-                             f"decoder's max_len {decoder.max_len}")
+        super().__init__(decoder, num_users, beam, p_cap, runner)
         self.prefill_net = PrefillCell(decoder, num_users, p_cap)
         self.expand_net = ExpandCell(beam, self.steps)
         self.step_net = PerBeamStepCell(decoder)
         for net in (self.prefill_net, self.expand_net, self.step_net):
             net.set_train(False)
-        self.timings = {"prefill": 0.0, "step": 0.0}
 
     def share_graphs(self, other: "PerBeamKVState"):
         self.prefill_net, self.expand_net, self.step_net = other.prefill_net, other.expand_net, other.step_net
