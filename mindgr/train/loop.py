@@ -489,9 +489,10 @@ class TrainLoop:
         if not self.cfg.run.ckpt_every:
             self.save()
 
-    def evaluate(self, split: str, resume_phase: bool = True) -> dict:
+    def evaluate(self, split: str, resume_phase: bool = True, weights: dict | None = None) -> dict:
         """The executor's evaluation of `split`, logged; its memory is the phase `split`, after which the
-        phase before it goes on (resume_phase) or none does (the final test)."""
+        phase before it goes on (resume_phase) or none does (the final test). weights: the checkpoint
+        restored for it ({"name", "epoch", "step"}), named in the log; the current weights otherwise."""
         if not self.executor.can_evaluate(split):
             return {"count": 0}
         t0 = time.perf_counter()
@@ -505,8 +506,12 @@ class TrainLoop:
         rec = {"eval": split, "step": self.step, "epoch": self.epoch, "seconds": time.perf_counter() - t0,
                "ranks": eval_ranks, **metrics}
         ranks = f", {eval_ranks} ranks" if eval_ranks > 1 else ""
-        self.log.write(rec, f"eval {split} epoch {self.epoch} step {self.step}: {format_metrics(metrics)} "
-                            f"({rec['seconds']:.1f}s{ranks})")
+        at = f"epoch {self.epoch} step {self.step}"
+        if weights is not None:
+            rec["checkpoint"] = weights
+            at = (f"{weights['name']} checkpoint (epoch {weights['epoch']} step {weights['step']})"
+                  if "epoch" in weights else f"{weights['name']} checkpoint (step {weights['step']})")
+        self.log.write(rec, f"eval {split} {at}: {format_metrics(metrics)} ({rec['seconds']:.1f}s{ranks})")
         return metrics
 
     def finish(self) -> dict:
@@ -537,7 +542,7 @@ class TrainLoop:
                 result["checkpoint"] = {"name": "last", "step": self.step}
             self.executor.training_done()
             result["valid"] = valid if valid is not None else self.evaluate("valid")
-            result["test"] = self.evaluate("test", resume_phase=False)
+            result["test"] = self.evaluate("test", resume_phase=False, weights=result["checkpoint"])
             for name, metrics in self.executor.baselines().items():
                 result[name] = metrics
                 self.log.info(f"{name.replace('_', ' baseline, ')}: {format_metrics(metrics)}")

@@ -50,6 +50,9 @@ def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path,
     assert result["checkpoint"]["name"] == "best" and result["checkpoint"]["epoch"] == 2
     rows = [json.loads(line) for line in (tmp_path / "toy" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["epoch"], r["best"]["epoch"]) for r in rows if r.get("early_stop")] == [(4, 2)]
+    # the test record names the checkpoint it evaluated (best, epoch 2), not the loop's last position
+    assert [(r["checkpoint"]["epoch"], r["checkpoint"]["step"], r["step"]) for r in rows
+            if r.get("eval") == "test"] == [(2, 6, 12)]
     loop, _ = run("eval.patience=2", resume=True)              # a run that stopped early is complete
     assert loop.step == 12
     loop, result = run("eval.patience=3", resume=True)         # more patience trains on: a new best at epoch 5
