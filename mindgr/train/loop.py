@@ -509,8 +509,8 @@ class TrainLoop:
         at = f"epoch {self.epoch} step {self.step}"
         if weights is not None:
             rec["checkpoint"] = weights
-            at = (f"{weights['name']} checkpoint (epoch {weights['epoch']} step {weights['step']})"
-                  if "epoch" in weights else f"{weights['name']} checkpoint (step {weights['step']})")
+            known = " ".join(f"{k} {weights[k]}" for k in ("epoch", "step") if weights.get(k) is not None)
+            at = f"{weights['name']} checkpoint" + (f" ({known})" if known else "")
         self.log.write(rec, f"eval {split} {at}: {format_metrics(metrics)} ({rec['seconds']:.1f}s{ranks})")
         return metrics
 
