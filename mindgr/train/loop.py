@@ -521,6 +521,12 @@ class TrainLoop:
         try:
             result = {"run": str(self.run_dir), "step": self.step, "epoch": self.epoch, "history": self.history}
             best = self.ckpts.best()
+            if best is not None:
+                # The best file's own record says which weights it holds: a resumed run's last checkpoint
+                # may predate it (a best saved by an earlier finish).
+                self.best = read_sidecar(best).get("best", self.best)
+                if self.best.get("final") and self.best.get("step") != self.step:
+                    best = None               # an earlier finish's final weights, trained on since unvalidated
             valid = None
             if best is None and self.executor.can_evaluate("valid"):
                 # No validation ran during training (a short run, or eval.every_epochs = 0): the final weights

@@ -59,6 +59,19 @@ def test_patience_stops_after_that_many_validations_without_a_new_best(tmp_path,
     assert loop.step == 18 and result["checkpoint"]["epoch"] == 5
 
 
+def test_a_finished_run_without_validation_resumed_and_trained_on_is_tested_on_its_new_weights(tmp_path, monkeypatch):
+    from mindgr.train.loop import TrainLoop
+    monkeypatch.setattr(TrainLoop, "measure_peak", lambda self: 1.0)
+    cfg = toy_cfg(tmp_path, "eval.every_epochs=0")
+    first = TrainLoop(cfg, toy_executor(cfg), quiet=True).fit()
+    assert first["checkpoint"]["step"] == 6 and first["checkpoint"]["final"]     # final weights kept as best
+    cfg = toy_cfg(tmp_path, "eval.every_epochs=0", "train.epochs=3")
+    resumed = TrainLoop(cfg, toy_executor(cfg), resume=True, quiet=True)
+    result = resumed.fit()
+    assert resumed.step == 9 and result["checkpoint"]["step"] == 9      # not the best file of step 6
+    assert float(resumed.executor.w.asnumpy()[0]) == 9.0                # tested on the weights of step 9
+
+
 def test_run_steps_trains_n_more_steps_across_epochs(tmp_path):
     from mindgr.train.loop import TrainLoop
     cfg = toy_cfg(tmp_path, "train.epochs=100", "eval.every_epochs=0", "run.ckpt_every=1000")
