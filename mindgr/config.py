@@ -269,8 +269,6 @@ class ParallelConfig:
     nodes: int = field(default=0, metadata=_rng(lo=0))        # node groups; 0 = from msrun (nodes of the job)
     local_ranks: int = field(default=0, metadata=_rng(lo=0))  # ranks per node group; 0 = world / nodes
     staleness: int = field(default=1, metadata=_rng(lo=0, hi=16))  # tau: cross-node embedding update delay
-    # delay compensation of stale embedding gradients (mindgr.parallel.sparse.compensate): lambda0; 0 = off
-    stale_compensation: float = field(default=0.0, metadata=_rng(lo=0.0))
     unique_capacity: int = field(default=0, metadata=_rng(lo=0))   # distinct ids per rank-step; 0 = derived
     sparse_update: str = field(default="lazy", metadata=_rng(choices=["lazy", "dense"]))  # rows Adam touches
     intra_gbps: float = field(default=600.0, metadata=_rng(lo=0.0, lo_open=True))  # GB/s inside a node
@@ -502,9 +500,6 @@ def _validate_cross(cfg: Config):
             # the frequency layout's cut and the byte model count a uniform pool
             raise ConfigError(f"config: parallel.sparse = {p.sparse} with loss.negatives = shared_pool needs "
                               f"loss.sampling = uniform (not {cfg.loss.sampling})")
-    if p.stale_compensation and (p.sparse == "none" or p.sparse_update != "lazy"):
-        raise ConfigError("config: parallel.stale_compensation corrects the sharded table's lazy row update: "
-                          "set parallel.sparse (hierarchical, flat or frequency) and parallel.sparse_update=lazy")
     if (p.link_latency_ms or p.link_gbps) and p.sparse != "hierarchical":
         raise ConfigError(f"config: parallel.link_latency_ms / link_gbps model the cross-node exchange of "
                           f"parallel.sparse = hierarchical, not {p.sparse}; set them to 0")

@@ -149,7 +149,6 @@ class ShardedTableExecutor(DataParallelExecutor):
         return StepShape(tr.token_capacity, tr.row_capacity, lay.rank_tokens, lay.rank_rows, lay.unique_capacity)
 
     def build_model(self):
-        from mindgr.parallel.sparse.compensate import DelayCompensated
         from mindgr.parallel.sparse.exchange import BoundedStaleness, exchange_hot, exchange_replicas
         from mindgr.parallel.sparse.link import LinkModel, MeasuredExchange
         from mindgr.parallel.sparse.topology import Groups
@@ -171,11 +170,9 @@ class ShardedTableExecutor(DataParallelExecutor):
         if layout.kind == "frequency":
             exchange = (lambda s, g, *a: exchange_hot(s, g, model.table.hot_slots, *a))
         self.link = LinkModel(p.link_latency_ms, p.link_gbps, self.topo.local_ranks)
-        self.compensation = (DelayCompensated(model.row_opt, p.stale_compensation, layout.staleness)
-                             if p.stale_compensation and layout.staleness else None)
         self.stale = BoundedStaleness(layout.staleness,
                                       lambda s, g: exchange(s, g, inter[0], inter[1], self.traffic),
-                                      self.compensation.apply if self.compensation else model.row_opt.apply,
+                                      model.row_opt.apply,
                                       link=MeasuredExchange(self.link, self.traffic) if self.link.on else None)
         if self.link.on:
             self.run.log.info(f"sparse: modelled inter-node link on: {p.link_latency_ms:g} ms per cross-node "
@@ -228,8 +225,6 @@ class ShardedTableExecutor(DataParallelExecutor):
         t_join = time.perf_counter()
         loss = float(m.reduce_apply(loss.reshape((1,)), mutable(dense_grads)).asnumpy()[0])
         slots, sums = m.table.push(row_grads.asnumpy()[: len(uniq)])
-        if self.compensation:
-            self.compensation.submitted()
         self.stale.submit(step, slots, sums)
         self.stale.apply_due(step)
         t2 = time.perf_counter()
