@@ -134,8 +134,8 @@ def test_partial_selection_equals_full_sort(seed):
     np.testing.assert_array_equal(got[1][live], want[1][live])
 
 
-@pytest.mark.parametrize("seed,merger,trie_softmax,beam,users", [(21, "item", True, 6, 5), (22, "none", False, 9, 3),
-                                                                 (23, "pairs", True, 3, 4), (24, "item", False, 40, 2)])
+@pytest.mark.parametrize("seed,merger,trie_softmax,beam,users", [(21, "item", True, 6, 5), (22, "none", False, 40, 2),
+                                                                 (23, "pairs", True, 3, 4)])
 def test_children_scoring_equals_full_scoring_and_the_reference(seed, merger, trie_softmax, beam, users):
     """The engine's default scoring (the trie's allowed codes only: the step graph without the code head, the
     head on the host, ragged top-k over many users' beams at once) returns the lists of the whole-level
