@@ -163,7 +163,7 @@ def compare_runs(runs_a, runs_b, split: str = "test", which: str = "best", sampl
         files = [[r["ranks_file"] for r in side] for side in evaluated]
         both = np.all([entry[0] >= 0 for side in loaded for entry in side], 0)
         out["alignment"] = _add_holm(alignment_measures(sides, files, both, split, samples, by_value, value_metric,
-                                                        judge, coverage, list_k))
+                                                        judge, coverage, list_k, which))
     info = [[{"run": str(run), "checkpoint": r["checkpoint"]} for run, r in zip(runs, side)]
             for runs, side in zip(sides, evaluated)]
     out.update(split=split, a=info[0][0] if len(info[0]) == 1 else info[0],
@@ -179,8 +179,27 @@ def _ranks_array(run, path, key: str, why: str) -> tuple:
         return f[key], bool(f["filter_history"]) if "filter_history" in f.files else True
 
 
+TARGET_LOGP = "target_logp"   # --by-value-metric: log p(held-out target | history), generative runs only
+
+
+def _target_log_probs(run, split: str, which: str, rows) -> np.ndarray:
+    """log p(target | history) [len(rows)] of a generative run's checkpoint (`which`) for the split's users `rows`
+    (mindgr.train.gr_eval.target_log_probs); another kind of run is a one-line error."""
+    from mindgr.train.data import RunData
+    from mindgr.train.generative import load_generative_run
+    from mindgr.train.gr_eval import target_log_probs
+    from mindgr.train.tasks import resolve_run
+    if resolve_run(run).serving != "generative":
+        raise ValueError(f"--by-value-metric {TARGET_LOGP}: {run} is a {resolve_run(run).name} run; the "
+                         "target's log-probability is a generative run's")
+    loaded = load_generative_run(run, which)
+    evalset = getattr(RunData(loaded.cfg).split, split)
+    return target_log_probs(loaded.decoder, loaded.codes, evalset, rows, loaded.max_history,
+                            loaded.cfg.eval.batch_size)
+
+
 def alignment_measures(sides, files, both, split, samples, by_value, value_metric, judge, coverage,
-                       list_k) -> dict:
+                       list_k, which: str = "best") -> dict:
     """The alignment family of `compare_runs`: {name: bootstrap result} over the users every run evaluated
     (`both`): by value group (value_split), judge reward and coverage of the top-list_k lists (judge)."""
     out = {}
@@ -190,13 +209,17 @@ def alignment_measures(sides, files, both, split, samples, by_value, value_metri
                                 "e.g. ratings")[0] for run, f in zip(runs, side)] for runs, side in zip(sides, files)]
         k = int(value_metric.split("@")[1]) if "@" in value_metric else 0
         per_user = []
-        for side in files:
+        for runs, side in zip(sides, files):
             rows = []
-            for f in side:
+            for run, f in zip(runs, side):
+                if value_metric == TARGET_LOGP:
+                    rows.append(_target_log_probs(run, split, which, np.flatnonzero(both)))
+                    continue
                 ranks, ties, _ = load_ranks(f)
                 got = per_user_metrics(ranks[both], [k] if k else [1], ties[both])
                 if value_metric not in got:
-                    raise ValueError(f"--by-value-metric {value_metric}: one of {', '.join(got)} (K of the run)")
+                    raise ValueError(f"--by-value-metric {value_metric}: one of {', '.join(got)} (K of the run) "
+                                     f"or {TARGET_LOGP}")
                 rows.append(got[value_metric])
             per_user.append(np.stack(rows))
         out.update(compare_by_value(per_user[0], per_user[1], values[0][0][both], by_value, value_metric, samples))

@@ -236,3 +236,35 @@ def generative_metrics(decoder, trie, codes, evalset, ks, max_history: int, beam
     if not per_user:
         return metrics
     return metrics, both
+
+
+def target_log_probs(decoder, codes, evalset, rows, max_history: int, batch_users: int = 64) -> np.ndarray:
+    """log p(target | prompt) [len(rows)] (float64) of evalset's users `rows`: a teacher-forced pass over each
+    held-out target's code tuple after the user's last `max_history` items, the sequence log-probability
+    GRPO-SR's policy ratio uses (minus the sum of the level-masked code cross-entropies of the NTP loss).
+    Unlike a hit, it moves with every change of the model's belief about the target, inside the list or
+    not. batch_users users per pass, one compiled graph (the last batch padded)."""
+    from mindgr.models.generative import max_prompt_tokens
+    from mindgr.models.grpo import CandidateLogProbs
+    from mindgr.train.rollout import RolloutShape, batch_tensors, candidate_rows, pack_rollout
+    rows = np.asarray(rows, np.int64)
+    out = np.zeros(len(rows), np.float64)
+    if not len(rows):
+        return out
+    batch_users = max(1, min(int(batch_users), len(rows)))
+    p_cap = max_prompt_tokens(decoder.num_levels, decoder.token_merger, max_history)
+    lt = decoder.num_levels
+    shape = RolloutShape(batch_users, 1, batch_users * (p_cap + lt - 1), batch_users)
+    net = CandidateLogProbs(decoder, shape.candidates)
+    net.set_train(False)
+    for lo in range(0, len(rows), batch_users):
+        chunk = rows[lo:lo + batch_users]
+        hist = [np.asarray(evalset.histories[r][-max_history:], np.int64) for r in chunk]
+        prompts = decoder.prompts(hist, codes, p_cap)
+        cand = []
+        for u, (prompt, r) in enumerate(zip(prompts, chunk)):
+            cand += candidate_rows(prompt, [int(evalset.targets[r])], codes, decoder.level_offsets, decoder.group,
+                                   decoder.pad_id, u)
+        logp = net(*batch_tensors(pack_rollout(cand, shape, decoder.group, decoder.pad_id))).asnumpy()
+        out[lo:lo + len(chunk)] = logp[:len(chunk)]
+    return out

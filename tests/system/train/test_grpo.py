@@ -296,6 +296,34 @@ def test_compare_reports_value_groups_judge_and_coverage(setup, aligned, reward_
     assert res["judge reward@10"]["b"] == pytest.approx(means[b][both].mean(), rel=1e-5)
 
 
+def test_compare_splits_the_targets_log_probability_by_value(setup, aligned, capsys):
+    """--by-value-metric target_logp: each group's figure is the mean over its users of the run's log p(target
+    | history) (mindgr.train.gr_eval.target_log_probs, checked against the exhaustive reference in
+    tests/unit/generate/test_gr_beam.py) of its best checkpoint."""
+    from mindgr.cli import main
+    from mindgr.train.compare import load_ranks
+    from mindgr.train.data import RunData
+    from mindgr.train.generative import load_generative_run
+    from mindgr.train.gr_eval import target_log_probs
+    out = setup["out"]
+    a, b = out / "gr", aligned["run"]
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--by-value", "liked=4:", "disliked=:2", "--by-value-metric",
+                 "target_logp", "--samples", "300", "--out", str(out / "cmp-logp.json")]) == 0
+    res = json.loads((out / "cmp-logp.json").read_text())["alignment"]
+    evalset = RunData(load_generative_run(a).cfg).split.test
+    seen = np.all([load_ranks(run / "ranks" / "test-best.npz")[0] >= 0 for run in (a, b)], 0)
+    rows = np.flatnonzero(seen)                      # the users both runs evaluated
+    liked = evalset.target_values[rows] >= 4
+    for run, side in ((a, "a"), (b, "b")):
+        loaded = load_generative_run(run)
+        logp = target_log_probs(loaded.decoder, loaded.codes, evalset, rows, loaded.max_history, 16)
+        assert np.all(logp < 0)
+        assert res["target_logp liked"][side] == pytest.approx(logp[liked].mean(), rel=1e-5)
+    assert res["target_logp liked"]["users"] == int(liked.sum())
+    assert "target_logp liked - disliked change" in res
+
+
 def test_compare_errors_are_one_line(setup, aligned, reward_run, capsys):
     from mindgr.cli import main
     gr = setup["out"] / "gr"

@@ -172,6 +172,27 @@ def test_decoder_beam_equals_exhaustive(merger):
     np.testing.assert_allclose(scores, want_scores, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("merger", ["none", "item_id", "pairs"])
+def test_target_log_probs_equal_the_exhaustive_teacher_forcing(merger):
+    """`mindgr compare --by-value-metric target_logp`'s per-user figure (mindgr.train.gr_eval): log p(target |
+    the last max_history items), in batches with a padded last one, equals the exhaustive reference's entry."""
+    from types import SimpleNamespace
+    from mindgr.models.generative import max_prompt_tokens
+    from mindgr.train.gr_eval import target_log_probs
+    rng, codes, dec, _ = gr_case(7, merger)
+    max_history = 3
+    histories = [rng.integers(1, 15, n) for n in (1, 5, 2, 4, 3)]           # two longer than max_history
+    targets = rng.integers(1, 15, len(histories))
+    evalset = SimpleNamespace(histories=histories, targets=targets)
+    rows = np.array([4, 0, 1, 3])
+    got = target_log_probs(dec, codes, evalset, rows, max_history, batch_users=3)
+    cap = max_prompt_tokens(dec.num_levels, merger, max_history)
+    want = item_log_probs(dec, [histories[r][-max_history:] for r in rows], codes, cap)[np.arange(len(rows)),
+                                                                                       targets[rows]]
+    assert np.all(want < 0) and len(np.unique(want)) == len(rows)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_beam_ranks_like_eval():
     items = np.array([[5, 3, 9, 0], [2, 7, 4, 1], [8, 6, 1, 3]])
     hist = [[5], [7, 4], [1]]
