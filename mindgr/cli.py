@@ -455,7 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data with values (ratings): the metric split by the target's own value, one group per "
                         "word, bounds inclusive, an end may be open (bare: liked=4: disliked=:2); the first two "
                         "groups also give the difference of their changes")
-    c.add_argument("--by-value-metric", default="hr@10", help="the per-user metric split by value (default hr@10; target_logp: generative runs' "
+    c.add_argument("--by-value-metric", default="hr@10",
+                   help="the per-user metric split by value (default hr@10; target_logp: a generative run's "
                         "log-probability of the held-out target, teacher-forced after the history)")
     c.add_argument("--judge", metavar="REWARD_RUN",
                    help="generative runs: the mean score of each user's top-K list under this reward run (not the "
