@@ -215,6 +215,9 @@ class AlignConfig:
     clip_eps: float = field(default=0.2, metadata=_rng(lo=0.0, hi=1.0, lo_open=True))  # ratio clip 1 -/+ eps
     beta: float = field(default=0.04, metadata=_rng(lo=0.0))  # weight of the KL to the initial policy (k3)
     nll_weight: float = field(default=1.0, metadata=_rng(lo=0.0))  # lambda: weight of the NTP loss (0 = pure GRPO)
+    # the NTP loss counts only the observed items whose value is at least this (e.g. 4: the movies the user
+    # rated 4 or 5, the supervised term then imitates what users liked); 0 = every observed item
+    nll_min_value: float = field(default=0.0, metadata=_rng(lo=0.0))
     reward_run: str = ""                      # the reward-model run that scores (history, item)
     reward_checkpoint: str = field(default="best", metadata=_rng(choices=["best", "latest"]))  # its checkpoint
     # the relevance gate: none (the plain reward) or first_code (the item shares its first code with one of the

@@ -229,7 +229,11 @@ class AlignmentTask(GenerativeTask):
         per = tokens_per_prompt_item(lt, cfg.model.token_merger)
         p_cap = max_prompt_tokens(lt, cfg.model.token_merger, cfg.data.max_len)
         train_values = getattr(split, "train_values", None)
+        if a.nll_min_value and train_values is None:
+            raise ConfigError(f"config: align.nll_min_value = {a.nll_min_value} needs data with values (a rating "
+                              "per interaction) and this data has none")
         self.histories, self.values, prompt_tokens = [], [] if train_values is not None else None, []
+        self.window_values = []              # the value of every item of each example's window (data with values)
         for k, i in enumerate(gd.example_ids):
             window = gd.windows[k]
             cut = prompt_cut(window, None if gd.pages is None else gd.pages[k])
@@ -237,6 +241,7 @@ class AlignmentTask(GenerativeTask):
             self.histories.append(full[: len(full) - (len(window) - cut)])   # all the user had before the cut
             if self.values is not None:
                 self.values.append(np.asarray(train_values[i], np.float32)[: len(self.histories[-1])])
+                self.window_values.append(np.asarray(train_values[i], np.float32)[len(full) - len(window):])
             prompt_tokens.append(min(cut * per, (p_cap // per) * per))
         nll_tokens = np.array([sum(c) for c in gd.row_counts], np.int64)
         costs = rollout_costs(np.array(prompt_tokens), nll_tokens, a.group_size, lt)
@@ -307,7 +312,7 @@ class AlignmentTask(GenerativeTask):
 
     def inputs(self, epoch: int, b: int, indices):
         indices = [int(i) for i in indices]
-        rows = [r for i in indices for r in self.train.rows(i)]
+        rows = [r for i in indices for r in self._nll_rows(i)]
         lt = len(self.codes.level_sizes)
         lengths = np.concatenate([np.repeat(self.prompt_tokens[indices] + lt - 1, self.shape.group),
                                   np.array([r["slots"].shape[0] for r in rows], np.int64)])
@@ -315,6 +320,15 @@ class AlignmentTask(GenerativeTask):
         info = {"tokens": n, "fill": n / self.shape.token_capacity, "lengths": lengths}
         values = None if self.values is None else [self.values[i] for i in indices]
         return AlignInputs([self.histories[i] for i in indices], values, rows), info
+
+    def _nll_rows(self, i: int) -> list:
+        """Example i's NLL rows; with align.nll_min_value, the targets valued below it weigh 0."""
+        rows = self.train.rows(i)
+        floor = self.cfg.align.nll_min_value
+        if not floor:
+            return rows
+        flat = self.nll_objective == "ntp" and self.cfg.model.token_merger == "none"
+        return rows_of_valued_targets(rows, self.window_values[i] >= floor, flat, len(self.codes.level_sizes))
 
     def rank_inputs(self, epoch, b, indices, share, shape):
         raise NotImplementedError("GRPO-SR trains in one process")
@@ -398,6 +412,19 @@ class AlignmentTask(GenerativeTask):
         fwd = model_spec(self.cfg.model.arch).encoder_flops(self.cfg.model, info["lengths"])
         fwd += objective_spec("ntp").flops(self.cfg.model, info["tokens"], self.model.decoder.num_codes)
         return (2.0 + 3.0 * self.cfg.align.inner_updates) * fwd
+
+
+def rows_of_valued_targets(rows: list, kept, flat: bool, num_levels: int) -> list:
+    """NTP rows of one n-item window (mindgr.models.ntp.user_rows) with the weight of every target item whose
+    `kept` [n] is false set to 0. One row per target item (a token merger, or page-wise): row k's target is
+    item n - len(rows) + k; flat (point-wise, no merger): one row whose target token t is of item
+    (t + 1) // Lt."""
+    kept = np.asarray(kept, bool)
+    n = kept.shape[0]
+    if flat:
+        return [dict(r, weight=r["weight"] * kept[(np.arange(r["weight"].shape[0]) + 1) // num_levels])
+                for r in rows]
+    return [dict(r, weight=r["weight"] * np.float32(kept[n - len(rows) + k])) for k, r in enumerate(rows)]
 
 
 def _asdict(section) -> dict:

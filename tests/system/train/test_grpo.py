@@ -111,6 +111,31 @@ def test_rollouts_excluding_consumed_items_are_the_best_new_items(setup):
         assert items[u, 0] == masked.argmax()
 
 
+def test_nll_min_value_keeps_the_nll_targets_the_user_valued_at_least_that(setup):
+    """align.nll_min_value=4: the NLL rows of a batch are the GR task's, with every target token of an item
+    the user valued under 4 weighing 0 (the values read from the split, the items from the rows' targets)."""
+    task = _task(setup, "align.nll_min_value=4")
+    split, gd, lt = task.data.split, task.train, len(task.codes.level_sizes)
+    offsets = np.asarray(task.model.decoder.level_offsets)
+    indices = [0, 5, 9]
+    inputs, _ = task.inputs(0, 0, indices)
+    plain = [r for i in indices for r in gd.rows(i)]
+    assert len(inputs.nll_rows) == len(plain)
+    dropped = kept = 0
+    for k, i in enumerate(indices):                  # the smoke GR run is point-wise without merger: one row each
+        row, base = inputs.nll_rows[k], plain[k]
+        window = gd.windows[i]
+        values = np.asarray(split.train_values[gd.example_ids[i]])[-len(window):]
+        item = (np.arange(row["weight"].shape[0]) + 1) // lt
+        live = base["weight"] > 0
+        gids = (np.asarray(task.codes.codes)[window] + offsets[:-1]).reshape(-1)[1:]
+        np.testing.assert_array_equal(row["target"][live], gids[live])
+        np.testing.assert_array_equal(row["weight"], base["weight"] * (values[item] >= 4))
+        dropped += int((live & (values[item] < 4)).sum())
+        kept += int((row["weight"] > 0).sum())
+    assert dropped > 0 and kept > 0
+
+
 def test_loss_cell_equals_numpy_on_its_own_log_probs(setup):
     """GRPOLoss = the numpy formula over the candidates' log-probs (from the forward cell) + lambda * NTP."""
     from mindspore import Tensor

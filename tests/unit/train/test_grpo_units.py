@@ -75,3 +75,40 @@ def test_gate_never_rewards_consumed_items_and_none_is_the_plain_reward():
     allowed = np.array([[True, True, False, True], [True, True, True, True]])
     np.testing.assert_array_equal(gate_mask("retrieval_topm", histories, items, allowed=allowed),
                                   [[False, True, False, True], [False, True, True, False]])
+
+
+# ---- the NLL term restricted to valued targets (align.nll_min_value) --------------------------------------
+@pytest.mark.parametrize("objective,merger", [("ntp", "item"), ("ntp", "none"), ("page_ntp", "item")])
+def test_nll_rows_of_valued_targets_zero_exactly_the_targets_below_the_floor(objective, merger):
+    """Every target token of an item valued below the floor weighs 0, every other keeps its weight, for the
+    row layouts GRPO-SR packs: one row per target item (merger, page-wise) and the flat point-wise row."""
+    from mindgr.models.ntp import user_rows
+    from mindgr.train.alignment import rows_of_valued_targets
+    rng = np.random.default_rng(0)
+    lt, n = 3, 7
+    codes = np.concatenate([np.zeros((1, lt), np.int64), rng.integers(0, 4, (20, lt))])
+    offsets = np.arange(lt + 1) * 4
+    items = rng.integers(1, 21, n)
+    pages = np.array([0, 0, 1, 2, 2, 2, 3]) if objective == "page_ntp" else None
+    values = np.array([5, 1, 4, 2, 5, 3, 4], np.float32)
+    rows = user_rows(items, codes, offsets, objective, merger, pages)
+    kept = rows_of_valued_targets(rows, values >= 4, merger == "none", lt)
+    assert len(kept) == len(rows)
+    # which item each target token predicts: the target's codes are a known slice of the item's codes
+    item_of_row = (np.arange(len(rows)) + n - len(rows)) if merger != "none" else None
+    for k, (before, after) in enumerate(zip(rows, kept)):
+        np.testing.assert_array_equal(after["slots"], before["slots"])
+        np.testing.assert_array_equal(after["target"], before["target"])
+        live = before["weight"] > 0
+        if merger == "none":
+            item = (np.arange(before["weight"].shape[0]) + 1) // lt
+            # the flat row's targets are the items' codes in order: token t predicts code (t + 1) % Lt of item
+            gids = (codes[items] + offsets[:-1]).reshape(-1)[1:]
+            np.testing.assert_array_equal(before["target"][live], gids[live])
+            want = before["weight"] * (values[item] >= 4)
+        else:
+            item = item_of_row[k]
+            np.testing.assert_array_equal(before["target"][live], codes[items[item]] + offsets[:-1])
+            want = before["weight"] * (values[item] >= 4)
+        np.testing.assert_array_equal(after["weight"], want)
+    assert 0 < sum(float(r["weight"].sum()) for r in kept) < sum(float(r["weight"].sum()) for r in rows)
