@@ -215,6 +215,9 @@ class AlignConfig:
     clip_eps: float = field(default=0.2, metadata=_rng(lo=0.0, hi=1.0, lo_open=True))  # ratio clip 1 -/+ eps
     beta: float = field(default=0.04, metadata=_rng(lo=0.0))  # weight of the KL to the initial policy (k3)
     nll_weight: float = field(default=1.0, metadata=_rng(lo=0.0))  # lambda: weight of the NTP loss (0 = pure GRPO)
+    # rho: weight of the group-relative policy term (0: no policy gradient, the KL and NLL terms alone: the
+    # ablation that shows what the rollouts and the reward add)
+    policy_weight: float = field(default=1.0, metadata=_rng(lo=0.0))
     # the NTP loss counts only the observed items whose value is at least this (e.g. 4: the movies the user
     # rated 4 or 5, the supervised term then imitates what users liked); 0 = every observed item
     nll_min_value: float = field(default=0.0, metadata=_rng(lo=0.0))

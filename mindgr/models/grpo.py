@@ -10,8 +10,8 @@ One jagged batch holds two kinds of rows, packed at fixed capacities (one compil
 One decoder pass over both gives the candidates' log-probs and the NTP loss.
 
 The objective (per prompt g with G candidates i, advantages A, old-policy and reference log-probs):
-    L = mean_g [ -1/G sum_i min(r_i A_i, clip(r_i, 1 - eps, 1 + eps) A_i) + beta/G sum_i k3_i ] + lambda * NLL
-with r_i = exp(logp_i - old_i) and the KL to the frozen initial policy by the k3 estimator
+    L = mean_g [ -rho/G sum_i min(r_i A_i, clip(r_i, 1 - eps, 1 + eps) A_i) + beta/G sum_i k3_i ] + lambda * NLL
+with rho the policy term's weight (1; 0 leaves the KL and NLL terms alone, an ablation), r_i = exp(logp_i - old_i) and the KL to the frozen initial policy by the k3 estimator
     k3_i = exp(ref_i - logp_i) - (ref_i - logp_i) - 1   (>= 0, unbiased for KL(current || ref) on samples).
 `cand_w` carries 1 / (G * prompts) for a real candidate and 0 for a padded one, so sums are the means above.
 """
@@ -72,16 +72,18 @@ class GRPOLoss(CandidateLogProbs):
     """The GRPO-SR loss of a rollout batch -> (loss, surrogate, KL, NLL, clip fraction); the NLL is the GR
     run's NTP loss (NTPLoss.weighted_mean over the NLL rows' weights)."""
 
-    def __init__(self, decoder, num_candidates: int, clip_eps: float, beta: float, nll_weight: float):
+    def __init__(self, decoder, num_candidates: int, clip_eps: float, beta: float, nll_weight: float,
+                 policy_weight: float = 1.0):
         super().__init__(decoder, num_candidates)
         self.clip_eps, self.beta, self.nll_weight = float(clip_eps), float(beta), float(nll_weight)
+        self.policy_weight = float(policy_weight)
 
     def construct(self, slots, merged, offsets, target, group, weight, cand, old_logp, ref_logp, adv, cand_w):
         ce = self.token_losses(slots, merged, offsets, target, group)
         nll = self.weighted_mean(ce, weight)
         logp = self.candidate_log_probs(ce, cand)
         surrogate, kl, clip_frac = policy_terms(logp, old_logp, ref_logp, adv, cand_w, self.clip_eps)
-        loss = -surrogate + self.beta * kl + self.nll_weight * nll
+        loss = -self.policy_weight * surrogate + self.beta * kl + self.nll_weight * nll
         return loss, surrogate, kl, nll, clip_frac
 
 

@@ -147,7 +147,8 @@ class AlignModel:
         self.reference.set_train(False)
         self.encoder = self.decoder          # the executor's name for the trained network
         a = cfg.align
-        self.loss_net = GRPOLoss(self.decoder, shape.candidates, a.clip_eps, a.beta, a.nll_weight)
+        self.loss_net = GRPOLoss(self.decoder, shape.candidates, a.clip_eps, a.beta, a.nll_weight,
+                                 a.policy_weight)
         self.optimizer = build_optimizer(self.decoder.trainable_params(), cfg.train)
         self.train_step = AlignStep(self.loss_net, self.optimizer)
         p_cap = max_prompt_tokens(len(sizes), cfg.model.token_merger, cfg.data.max_len)

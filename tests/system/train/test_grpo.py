@@ -141,7 +141,7 @@ def test_loss_cell_equals_numpy_on_its_own_log_probs(setup):
     from mindspore import Tensor
     from mindgr.train.reward_gate import gate_mask, group_advantages, hybrid_reward
     from mindgr.train.rollout import batch_tensors
-    task = _task(setup, "align.beta=0.3", "align.nll_weight=0.5")
+    task = _task(setup, "align.beta=0.3", "align.nll_weight=0.5", "align.policy_weight=0.7")
     model, a = task.model, task.cfg.align
     inputs, _ = task.inputs(0, 0, [1, 2, 3, 4])
     roll = model.rollout.run(inputs.histories, inputs.nll_rows)
@@ -158,10 +158,12 @@ def test_loss_cell_equals_numpy_on_its_own_log_probs(setup):
     loss, _, kl, nll, clip = (float(x.asnumpy()) for x in model.loss_net(
         *tensors, *(Tensor(x) for x in (old, ref, adv, roll.cand_w))))
     logp = roll.old_logp.astype(np.float64)
-    want, _ = np_policy_loss(logp, old, ref, adv, roll.cand_w, a.clip_eps, a.beta)
-    assert loss == pytest.approx(want + a.nll_weight * nll, rel=1e-4, abs=1e-5)
+    policy_and_kl, _ = np_policy_loss(logp, old, ref, adv, roll.cand_w, a.clip_eps, a.beta)
     w = roll.cand_w
-    assert kl == pytest.approx((w * (np.exp(ref - logp) - (ref - logp) - 1)).sum(), rel=1e-4)
+    want_kl = (w * (np.exp(ref - logp) - (ref - logp) - 1)).sum()
+    want = a.policy_weight * (policy_and_kl - a.beta * want_kl) + a.beta * want_kl     # rho scales the policy term
+    assert loss == pytest.approx(want + a.nll_weight * nll, rel=1e-4, abs=1e-5)
+    assert kl == pytest.approx(want_kl, rel=1e-4)
     assert clip == pytest.approx((w * (np.abs(np.exp(logp - old) - 1) > a.clip_eps)).sum() / w.sum(), abs=1e-6)
 
 
