@@ -244,6 +244,10 @@ class AlignmentTask(GenerativeTask):
                 self.values.append(np.asarray(train_values[i], np.float32)[: len(self.histories[-1])])
                 self.window_values.append(np.asarray(train_values[i], np.float32)[len(full) - len(window):])
             prompt_tokens.append(min(cut * per, (p_cap // per) * per))
+        if a.nll_min_value and not any((w[1:] >= a.nll_min_value).any() for w in self.window_values):
+            top = max(float(w.max()) for w in self.window_values)
+            raise ConfigError(f"config: align.nll_min_value = {a.nll_min_value} keeps no observed item in the NLL "
+                              f"term (the training values reach {top:g})")
         nll_tokens = np.array([sum(c) for c in gd.row_counts], np.int64)
         costs = rollout_costs(np.array(prompt_tokens), nll_tokens, a.group_size, lt)
         try:

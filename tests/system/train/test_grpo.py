@@ -134,6 +134,9 @@ def test_nll_min_value_keeps_the_nll_targets_the_user_valued_at_least_that(setup
         dropped += int((live & (values[item] < 4)).sum())
         kept += int((row["weight"] > 0).sum())
     assert dropped > 0 and kept > 0
+    with pytest.raises(ConfigError, match="align.nll_min_value = 99.0 keeps no observed item") as e:
+        _task(setup, "align.nll_min_value=99")
+    assert "\n" not in str(e.value)
 
 
 def test_loss_cell_equals_numpy_on_its_own_log_probs(setup):
