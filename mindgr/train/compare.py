@@ -189,8 +189,9 @@ def _target_log_probs(run, split: str, which: str, rows) -> np.ndarray:
     from mindgr.train.generative import load_generative_run
     from mindgr.train.gr_eval import target_log_probs
     from mindgr.train.tasks import resolve_run
-    if resolve_run(run).serving != "generative":
-        raise ValueError(f"--by-value-metric {TARGET_LOGP}: {run} is a {resolve_run(run).name} run; the "
+    task = resolve_run(run)
+    if task.serving != "generative":
+        raise ValueError(f"--by-value-metric {TARGET_LOGP}: {run} is a {task.name} run; the "
                          "target's log-probability is a generative run's")
     loaded = load_generative_run(run, which)
     evalset = getattr(RunData(loaded.cfg).split, split)
