@@ -11,7 +11,8 @@ One decoder pass over both gives the candidates' log-probs and the NTP loss.
 
 The objective (per prompt g with G candidates i, advantages A, old-policy and reference log-probs):
     L = mean_g [ -rho/G sum_i min(r_i A_i, clip(r_i, 1 - eps, 1 + eps) A_i) + beta/G sum_i k3_i ] + lambda * NLL
-with rho the policy term's weight (1; 0 leaves the KL and NLL terms alone, an ablation), r_i = exp(logp_i - old_i) and the KL to the frozen initial policy by the k3 estimator
+with rho the policy term's weight (1; 0 leaves the KL and NLL terms alone, an ablation),
+r_i = exp(logp_i - old_i) and the KL to the frozen initial policy by the k3 estimator
     k3_i = exp(ref_i - logp_i) - (ref_i - logp_i) - 1   (>= 0, unbiased for KL(current || ref) on samples).
 `cand_w` carries 1 / (G * prompts) for a real candidate and 0 for a padded one, so sums are the means above.
 """
