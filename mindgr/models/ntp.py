@@ -153,9 +153,10 @@ def check_row_options(objective: str, token_merger: str, pages):
 
 
 def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger: str = "none", pages=None,
-              pad_id: int | None = None, item_groups=None) -> list:
+              pad_id: int | None = None, item_groups=None, target_weights=None) -> list:
     """Training rows of one user's history `items` [n] (item ids into `codes` [V+1, Lt]; item_groups
-    [V+1, Lt] the softmax group of each item's codes, None = their level)."""
+    [V+1, Lt] the softmax group of each item's codes, None = their level; target_weights [n]: each item's
+    factor on the weight of the tokens that predict it, None = 1)."""
     check_row_options(objective, token_merger, pages)
     items = np.asarray(items, np.int64)
     codes = np.asarray(codes)
@@ -169,8 +170,14 @@ def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger:
         target_groups = np.asarray(item_groups, np.int32)[items]
     if items.shape[0] < 2:
         return []
+    tw = None if target_weights is None else np.asarray(target_weights, np.float32)
+    if tw is not None and tw.shape != items.shape:
+        raise RowError(f"target_weights has {tw.shape[0] if tw.ndim else 0} weights for {items.shape[0]} items")
     if objective == "ntp" and token_merger == "none":
-        return [_flat_row(item_codes, target_groups, level_offsets, pad_id)]
+        row = _flat_row(item_codes, target_groups, level_offsets, pad_id)
+        if tw is not None:          # token t predicts a code of item (t + 1) // Lt
+            row["weight"] = row["weight"] * tw[(np.arange(row["weight"].shape[0]) + 1) // lt]
+        return [row]
     if objective == "ntp":
         groups = [(j, j + 1) for j in range(items.shape[0])]
     else:
@@ -182,7 +189,8 @@ def user_rows(items, codes, level_offsets, objective: str = "ntp", token_merger:
         p_slots, p_merged = prompt_tokens(item_codes[:start], level_offsets, token_merger, pad_id, items[:start])
         for j in range(start, stop):
             tgt = (item_codes[j] + np.asarray(level_offsets[:-1])).astype(np.int32)
-            rows.append(_row(p_slots, p_merged, tgt, target_groups[j], group, pad_id, 1.0 / (stop - start)))
+            weight = (1.0 if tw is None else float(tw[j])) / (stop - start)
+            rows.append(_row(p_slots, p_merged, tgt, target_groups[j], group, pad_id, weight))
     return rows
 
 

@@ -328,12 +328,10 @@ class AlignmentTask(GenerativeTask):
 
     def _nll_rows(self, i: int) -> list:
         """Example i's NLL rows; with align.nll_min_value, the targets valued below it weigh 0."""
-        rows = self.train.rows(i)
         floor = self.cfg.align.nll_min_value
         if not floor:
-            return rows
-        flat = self.nll_objective == "ntp" and self.cfg.model.token_merger == "none"
-        return rows_of_valued_targets(rows, self.window_values[i] >= floor, flat, len(self.codes.level_sizes))
+            return self.train.rows(i)
+        return self.train.rows(i, target_weights=self.window_values[i] >= floor)
 
     def rank_inputs(self, epoch, b, indices, share, shape):
         raise NotImplementedError("GRPO-SR trains in one process")
@@ -417,19 +415,6 @@ class AlignmentTask(GenerativeTask):
         fwd = model_spec(self.cfg.model.arch).encoder_flops(self.cfg.model, info["lengths"])
         fwd += objective_spec("ntp").flops(self.cfg.model, info["tokens"], self.model.decoder.num_codes)
         return (2.0 + 3.0 * self.cfg.align.inner_updates) * fwd
-
-
-def rows_of_valued_targets(rows: list, kept, flat: bool, num_levels: int) -> list:
-    """NTP rows of one n-item window (mindgr.models.ntp.user_rows) with the weight of every target item whose
-    `kept` [n] is false set to 0. One row per target item (a token merger, or page-wise): row k's target is
-    item n - len(rows) + k; flat (point-wise, no merger): one row whose target token t is of item
-    (t + 1) // Lt."""
-    kept = np.asarray(kept, bool)
-    n = kept.shape[0]
-    if flat:
-        return [dict(r, weight=r["weight"] * kept[(np.arange(r["weight"].shape[0]) + 1) // num_levels])
-                for r in rows]
-    return [dict(r, weight=r["weight"] * np.float32(kept[n - len(rows) + k])) for k, r in enumerate(rows)]
 
 
 def _asdict(section) -> dict:

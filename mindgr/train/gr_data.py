@@ -114,9 +114,11 @@ class GRTrainData:
     def inputs(self) -> list:
         return self.windows
 
-    def rows(self, i: int) -> list:
+    def rows(self, i: int, target_weights=None) -> list:
+        """Example i's rows (target_weights [n]: as mindgr.models.ntp.user_rows)."""
         rows = user_rows(self.windows[i], self.codes, self.level_offsets, self.objective, self.token_merger,
-                         None if self.pages is None else self.pages[i], self.pad_id, self.item_groups)
+                         None if self.pages is None else self.pages[i], self.pad_id, self.item_groups,
+                         target_weights)
         if [r["slots"].shape[0] for r in rows] != self.row_counts[i]:
             raise AssertionError(f"example {i}: rows differ from their planned token counts")
         return rows

@@ -67,5 +67,7 @@ def test_page_rows_errors():
         user_rows([1, 2, 3], codes, lo, "listwise")
     with pytest.raises(RowError, match="model.token_merger = 'all': expected one of none, item, item_id, pairs"):
         user_rows([1, 2, 3], codes, lo, "ntp", "all")
+    with pytest.raises(RowError, match="target_weights has 2 weights for 3 items"):
+        user_rows([1, 2, 3], codes, lo, target_weights=[1.0, 0.0])
     with pytest.raises(RowError, match="more than the token capacity 4"):
         pack_rows(user_rows([1, 2, 3], codes, lo), 4, 2, 1, 8)

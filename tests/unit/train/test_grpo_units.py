@@ -79,11 +79,11 @@ def test_gate_never_rewards_consumed_items_and_none_is_the_plain_reward():
 
 # ---- the NLL term restricted to valued targets (align.nll_min_value) --------------------------------------
 @pytest.mark.parametrize("objective,merger", [("ntp", "item"), ("ntp", "none"), ("page_ntp", "item")])
-def test_nll_rows_of_valued_targets_zero_exactly_the_targets_below_the_floor(objective, merger):
-    """Every target token of an item valued below the floor weighs 0, every other keeps its weight, for the
-    row layouts GRPO-SR packs: one row per target item (merger, page-wise) and the flat point-wise row."""
+def test_nll_rows_weighted_by_target_zero_exactly_the_targets_below_the_floor(objective, merger):
+    """user_rows(target_weights=value >= floor): every target token of an item valued below the floor weighs
+    0, every other keeps its weight, for the row layouts GRPO-SR packs: one row per target item (merger,
+    page-wise) and the flat point-wise row."""
     from mindgr.models.ntp import user_rows
-    from mindgr.train.alignment import rows_of_valued_targets
     rng = np.random.default_rng(0)
     lt, n = 3, 7
     codes = np.concatenate([np.zeros((1, lt), np.int64), rng.integers(0, 4, (20, lt))])
@@ -92,7 +92,7 @@ def test_nll_rows_of_valued_targets_zero_exactly_the_targets_below_the_floor(obj
     pages = np.array([0, 0, 1, 2, 2, 2, 3]) if objective == "page_ntp" else None
     values = np.array([5, 1, 4, 2, 5, 3, 4], np.float32)
     rows = user_rows(items, codes, offsets, objective, merger, pages)
-    kept = rows_of_valued_targets(rows, values >= 4, merger == "none", lt)
+    kept = user_rows(items, codes, offsets, objective, merger, pages, target_weights=values >= 4)
     assert len(kept) == len(rows)
     # which item each target token predicts: the target's codes are a known slice of the item's codes
     item_of_row = (np.arange(len(rows)) + n - len(rows)) if merger != "none" else None
