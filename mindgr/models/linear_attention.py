@@ -131,17 +131,23 @@ class LinearAttentionBlock(nn.Cell):
     # ---- the pieces of a cached forward (what a decoder built from these blocks generates with) ----------
 
     def project(self, x):
-        """u [T, H*dv], q [T, H, dqk] (times dqk**-0.5), k [T, H, dqk], v [T, H, dv] of inputs x [T, D]."""
+        """u [T, H*dv], q [T, H, dqk] (times dqk**-0.5), k [T, H, dqk], v [T, H, dv] of inputs x [T, D]: the
+        backend's fused glue, as construct's (a decode step's few hundred rows: fewer ops per step)."""
+        return self._projected(x)
+
+    def finish(self, x, u, o):
+        """The block's output from its attention output o [T, H*dv]: x + Linear(u * LN(o)) (no dropout)."""
+        return self._output(x, u, o)
+
+    def _project_plain(self, x):
+        """project in plain MindSpore ops: where a custom op would cost more than it saves (prompt_last's
+        few rows at the end of a long prefill graph, measured slower with the fused glue)."""
         t = x.shape[0]
         hv, hqk = self.h * self.dv, self.h * self.dqk
         z = ops.silu(ops.matmul(layers.layer_norm(x), self.w_uvqk))
         u, v, q, k = ops.split(z, [hv, hv, hqk, hqk], 1)
         return (u, q.reshape(t, self.h, self.dqk) * self.scale, k.reshape(t, self.h, self.dqk),
                 v.reshape(t, self.h, self.dv))
-
-    def finish(self, x, u, o):
-        """The block's output from its attention output o [T, H*dv]: x + Linear(u * LN(o)) (no dropout)."""
-        return x + ops.matmul(u * layers.layer_norm(o), self.w_out) + self.b_out
 
     def prompt_forward(self, x, offsets, rows: int, row_len: int):
         """The block over prompts laid out one per `row_len` tokens (x [rows*row_len, D]: row r's prompt is
@@ -167,9 +173,9 @@ class LinearAttentionBlock(nn.Cell):
         s = self._prompt_states(k.reshape(t, self.h, self.dqk), v.reshape(t, self.h, self.dv), offsets, rows,
                                 row_len)
         x_last = ops.gather(x, last, 0)
-        u, q, _, _ = self.project(x_last)
+        u, q, _, _ = self._project_plain(x_last)
         o = ops.matmul(q.reshape(rows, self.h, 1, self.dqk), s).reshape(rows, self.h * self.dv)
-        return self.finish(x_last, u, o), s
+        return x_last + ops.matmul(u * layers.layer_norm(o), self.w_out) + self.b_out, s
 
     def _prompt_states(self, k, v, offsets, rows: int, row_len: int):
         """S = sum_j gamma^(n-1-j) k_j v_j^T over each prompt's n tokens (prompt_forward's layout)."""
